@@ -2,6 +2,8 @@
 //!
 //! Run with `cargo bench --bench arena`; results and method in BENCHMARKS.md.
 
+#![allow(clippy::many_single_char_names)]
+
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};

@@ -12,7 +12,7 @@
 //! - [`arena`]: the shared arena, one memory-mapped file of opaque items that
 //!   every process on a node maps, so dataset metadata exists once per node.
 //!
-//! The pipeline engine, image kernels, staging buffers and DLPack export are
+//! The pipeline engine, image kernels, staging buffers and `DLPack` export are
 //! built on top of these (see `DESIGN.md`).
 
 #![deny(unsafe_op_in_unsafe_fn)]

@@ -19,9 +19,8 @@ use super::error::{ArenaError, Result};
 pub(crate) fn lock_shared(file: &File, path: &Path) -> Result<()> {
     loop {
         match flock(file, FlockOperation::LockShared) {
-            Ok(()) => return Ok(()),
+            Ok(()) | Err(Errno::NOLCK | Errno::OPNOTSUPP | Errno::NOSYS) => return Ok(()),
             Err(Errno::INTR) => {}
-            Err(Errno::NOLCK | Errno::OPNOTSUPP | Errno::NOSYS) => return Ok(()),
             Err(e) => return Err(ArenaError::io("lock", path, e.into())),
         }
     }

@@ -2,7 +2,6 @@
 
 use std::fs::File;
 use std::ops::Range;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -81,9 +80,9 @@ impl Arena {
     /// ```
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
+        // std opens every file with O_CLOEXEC.
         let file = File::options()
             .read(true)
-            .custom_flags(rustix::fs::OFlags::CLOEXEC.bits() as i32)
             .open(path)
             .map_err(|e| ArenaError::io("open", path, e))?;
         lock::lock_shared(&file, path)?;
@@ -246,7 +245,8 @@ pub fn validate(path: &Path, bytes: &[u8]) -> Result<Layout> {
             actual,
         });
     };
-    let header = Header::ref_from_bytes(header_bytes).map_err(|_| bad("unreadable header".into()))?;
+    let header =
+        Header::ref_from_bytes(header_bytes).map_err(|_| bad("unreadable header".into()))?;
     if header.magic != MAGIC {
         return Err(ArenaError::BadMagic {
             path: path.to_path_buf(),
@@ -307,7 +307,21 @@ pub fn validate(path: &Path, bytes: &[u8]) -> Result<Layout> {
     }
     // The file length fits in usize (it is the length of a slice), so do all
     // offsets up to it.
-    let (item_count, index_at) = (count as usize, index_offset as usize);
+    let layout = Layout {
+        item_count: count as usize,
+        data_offset: data_offset as usize,
+        index_offset: index_offset as usize,
+    };
+    validate_index(path, bytes, &layout)?;
+    Ok(layout)
+}
+
+/// Checks the offsets of an index whose position and size are validated:
+/// the first is the data offset, each item ends no earlier than it starts,
+/// and none runs into the index.
+fn validate_index(path: &Path, bytes: &[u8], layout: &Layout) -> Result<()> {
+    let (item_count, index_at) = (layout.item_count, layout.index_offset);
+    let (data_offset, index_offset) = (layout.data_offset as u64, index_at as u64);
     let bad_index = |item: usize, detail: String| ArenaError::BadIndex {
         path: path.to_path_buf(),
         item: item as u64,
@@ -339,9 +353,5 @@ pub fn validate(path: &Path, bytes: &[u8]) -> Result<Layout> {
         }
         prev_end = end;
     }
-    Ok(Layout {
-        item_count,
-        data_offset: data_offset as usize,
-        index_offset: index_at,
-    })
+    Ok(())
 }

@@ -28,9 +28,22 @@ enum Candidate {
     Arena,
     /// An arena being written by process `pid`: `.NAME.arena.PID.RAND.tmp`.
     Partial { pid: i32 },
+    /// The claim of a node-shared arena's builder (`ferrofeed-shared-*.claim`,
+    /// written by the Python `SharedList.shared`): it records that the build
+    /// failed or that its builder died, for the ranks waiting on it.
+    Claim,
 }
 
+/// Prefix and suffix of a shared arena builder's claim file.
+const CLAIM_PREFIX: &str = "ferrofeed-shared-";
+const CLAIM_SUFFIX: &str = ".claim";
+/// A claim nobody holds is kept this long, for waiters to read.
+const CLAIM_TTL: std::time::Duration = std::time::Duration::from_secs(60);
+
 fn classify(name: &str) -> Option<Candidate> {
+    if name.starts_with(CLAIM_PREFIX) && name.ends_with(CLAIM_SUFFIX) {
+        return Some(Candidate::Claim);
+    }
     if name.ends_with(ARENA_SUFFIX) && !name.starts_with('.') {
         return Some(Candidate::Arena);
     }
@@ -50,12 +63,32 @@ fn process_is_dead(pid: i32) -> bool {
     }
 }
 
+/// Removes `path`, a claim file, if nobody holds it and it is older than
+/// [`CLAIM_TTL`]. Returns whether it did.
+fn sweep_claim(path: &Path) -> bool {
+    let Ok(file) = File::options()
+        .read(true)
+        .custom_flags((OFlags::NOFOLLOW | OFlags::NONBLOCK).bits().cast_signed())
+        .open(path)
+    else {
+        return false;
+    };
+    let old = file
+        .metadata()
+        .ok()
+        .filter(std::fs::Metadata::is_file)
+        .and_then(|m| m.modified().ok())
+        .and_then(|t| t.elapsed().ok())
+        .is_some_and(|age| age > CLAIM_TTL);
+    old && try_lock_exclusive(&file) && std::fs::remove_file(path).is_ok()
+}
+
 /// Removes `path` if it is an arena file (by its magic) that no process
 /// holds. Returns whether it did.
 fn sweep_one(path: &Path) -> bool {
     let Ok(file) = File::options()
         .read(true)
-        .custom_flags((OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC).bits() as i32)
+        .custom_flags((OFlags::NOFOLLOW | OFlags::NONBLOCK).bits().cast_signed())
         .open(path)
     else {
         return false;
@@ -74,8 +107,9 @@ fn sweep_one(path: &Path) -> bool {
 }
 
 /// Removes, from `dir`, the arena files that no process holds any more:
-/// complete arenas (`*.arena`) with nobody mapping them, and partial ones
-/// whose writer has died. Files that are not ours (wrong name or magic) are
+/// complete arenas (`*.arena`) with nobody mapping them, partial ones whose
+/// writer has died, and shared-arena claims nobody holds that are over a
+/// minute old. Files that are not ours (wrong name or magic) are
 /// never touched. Returns the paths removed; errors (an unreadable
 /// directory, a file that vanished) only mean fewer removals.
 ///
@@ -97,13 +131,13 @@ pub fn sweep_orphans(dir: impl AsRef<Path>) -> Vec<PathBuf> {
         let Some(kind) = name.to_str().and_then(classify) else {
             continue;
         };
-        if let Candidate::Partial { pid } = kind {
-            if !process_is_dead(pid) {
-                continue;
-            }
-        }
         let path = entry.path();
-        if sweep_one(&path) {
+        let swept = match kind {
+            Candidate::Arena => sweep_one(&path),
+            Candidate::Partial { pid } => process_is_dead(pid) && sweep_one(&path),
+            Candidate::Claim => sweep_claim(&path),
+        };
+        if swept {
             removed.push(path);
         }
     }
@@ -126,12 +160,13 @@ mod tests {
         assert_eq!(classify(".x.arena.notapid.ab.tmp"), None);
         assert_eq!(classify(".x.bin.12.ab.tmp"), None);
         assert_eq!(classify("x.txt"), None);
-        assert_eq!(classify("ferrofeed-shared-x.claim"), None);
+        assert_eq!(classify("ferrofeed-shared-x.claim"), Some(Candidate::Claim));
+        assert_eq!(classify("other.claim"), None);
     }
 
     #[test]
     fn live_and_dead_pids() {
-        assert!(!process_is_dead(std::process::id() as i32));
+        assert!(!process_is_dead(i32::try_from(std::process::id()).unwrap()));
         // Linux pids never reach i32::MAX (pid_max is at most 2^22).
         assert!(process_is_dead(i32::MAX));
     }

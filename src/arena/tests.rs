@@ -41,7 +41,12 @@ fn put_u64(bytes: &mut [u8], at: usize, v: u64) {
 }
 
 fn sample() -> Vec<Vec<u8>> {
-    vec![b"alpha".to_vec(), Vec::new(), vec![7u8; 1000], b"z".to_vec()]
+    vec![
+        b"alpha".to_vec(),
+        Vec::new(),
+        vec![7u8; 1000],
+        b"z".to_vec(),
+    ]
 }
 
 #[test]
@@ -180,13 +185,26 @@ fn corrupt_files_are_refused_with_distinct_errors() {
     let e = open_patched(&a, |b| b[0] = b'X').unwrap_err();
     assert!(matches!(e, ArenaError::BadMagic { .. }), "{e}");
     let e = open_patched(&a, |b| b[8] = 2).unwrap_err();
-    assert!(matches!(e, ArenaError::UnsupportedVersion { found: 2, .. }), "{e}");
+    assert!(
+        matches!(e, ArenaError::UnsupportedVersion { found: 2, .. }),
+        "{e}"
+    );
     let e = open_patched(&a, |b| b[12] = 0).unwrap_err();
     assert!(matches!(e, ArenaError::Incomplete { .. }), "{e}");
     let e = open_patched(&a, |b| b.truncate(len - 1)).unwrap_err();
     assert!(matches!(e, ArenaError::Truncated { .. }), "{e}");
     let e = open_patched(&a, |b| b.truncate(10)).unwrap_err();
-    assert!(matches!(e, ArenaError::Truncated { expected: 64, actual: 10, .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            ArenaError::Truncated {
+                expected: 64,
+                actual: 10,
+                ..
+            }
+        ),
+        "{e}"
+    );
     let e = open_patched(&a, Vec::clear).unwrap_err();
     assert!(matches!(e, ArenaError::Truncated { actual: 0, .. }), "{e}");
     let e = open_patched(&a, |b| b.push(0)).unwrap_err();
@@ -282,11 +300,16 @@ fn no_space_is_a_clear_error_and_leaves_nothing() {
         let dir = PathBuf::from(dir);
         let mut w = ArenaWriter::create_in(&dir).unwrap();
         let item = vec![1u8; 100_000];
-        let err = (0..100).find_map(|_| w.push(&item).err()).expect("must fail");
+        let err = (0..100)
+            .find_map(|_| w.push(&item).err())
+            .expect("must fail");
         drop(w);
         let msg = err.to_string();
         assert!(matches!(err, ArenaError::NoSpace { .. }), "{msg}");
-        assert!(msg.contains("path=") && msg.contains("bytes needed"), "{msg}");
+        assert!(
+            msg.contains("path=") && msg.contains("bytes needed"),
+            "{msg}"
+        );
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -302,7 +325,8 @@ fn no_space_is_a_clear_error_and_leaves_nothing() {
         .env("FERROFEED_FSIZE_CHILD", dir.path())
         .output()
         .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{text}");
     assert!(text.contains("1 passed"), "{text}");
     assert!(files_in(dir.path()).is_empty());

@@ -2,11 +2,11 @@
 
 use std::fs::File;
 use std::hash::{BuildHasher, Hasher};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use rustix::fs::{FallocateFlags, OFlags};
+use rustix::fs::FallocateFlags;
 use rustix::io::Errno;
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::IntoBytes;
@@ -141,7 +141,6 @@ impl ArenaWriter {
             .read(true)
             .write(true)
             .create_new(true)
-            .custom_flags(OFlags::CLOEXEC.bits() as i32)
             .open(&tmp_path)
             .map_err(|e| match e.kind() {
                 std::io::ErrorKind::NotFound => ArenaError::NotFound { path: dir.clone() },
@@ -199,7 +198,9 @@ impl ArenaWriter {
     }
 
     fn file(&self) -> &File {
-        self.file.as_ref().expect("the file is open until finish or drop")
+        self.file
+            .as_ref()
+            .expect("the file is open until finish or drop")
     }
 
     /// Appends one item.
@@ -279,8 +280,8 @@ impl ArenaWriter {
     /// Bytes this process may still add to a file in the target directory:
     /// the file system's free space, capped by `RLIMIT_FSIZE`.
     fn available(&self) -> u64 {
-        let fs_free = rustix::fs::statvfs(self.dir())
-            .map_or(0, |s| s.f_bavail.saturating_mul(s.f_frsize));
+        let fs_free =
+            rustix::fs::statvfs(self.dir()).map_or(0, |s| s.f_bavail.saturating_mul(s.f_frsize));
         let limit = rustix::process::getrlimit(rustix::process::Resource::Fsize)
             .current
             .map_or(u64::MAX, |l| l.saturating_sub(self.reserved));
@@ -361,7 +362,8 @@ impl ArenaWriter {
     pub fn finish(mut self) -> Result<Arena> {
         self.flush()?;
         let n = self.ends.len() as u64;
-        let index_offset = align_up(self.end, INDEX_ALIGN).ok_or_else(|| self.no_space(u64::MAX))?;
+        let index_offset =
+            align_up(self.end, INDEX_ALIGN).ok_or_else(|| self.no_space(u64::MAX))?;
         let mut index = Vec::with_capacity((self.ends.len() + 1) * 8);
         index.extend_from_slice(&HEADER_LEN.to_le_bytes());
         for end in &self.ends {
@@ -385,7 +387,13 @@ impl ArenaWriter {
             .write_all_at(header.as_bytes(), 0)
             .map_err(|e| self.write_error(e, file_len))?;
         self.publish()?;
-        let file = self.file.take().expect("the file is open until finish");
+        let Some(file) = self.file.take() else {
+            return Err(ArenaError::io(
+                "finish",
+                &self.path,
+                std::io::Error::other("the writer's file is gone"),
+            ));
+        };
         Arena::from_file(file, self.path.clone(), Some(std::process::id())).inspect_err(|_| {
             let _ = std::fs::remove_file(&self.path);
         })

@@ -1,0 +1,91 @@
+# ferrofeed's one task runner: CI (.ci/run) and the README use these targets.
+# `make help` lists them.
+
+.DEFAULT_GOAL := help
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check
+WHEEL_DIR := target/wheels
+export PYO3_PYTHON := $(abspath $(PY))
+
+.PHONY: help
+help: ## Show the targets
+	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | \
+		awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+.PHONY: venv
+venv: $(PY) ## Create the virtual environment (.venv)
+
+.PHONY: wheel
+wheel: $(PY) ## Build the release wheel into target/wheels
+	$(PIP) install -q "maturin>=1.8,<2"
+	rm -f $(WHEEL_DIR)/ferrofeed-*.whl
+	$(VENV)/bin/maturin build --release --out $(WHEEL_DIR)
+
+.PHONY: install
+install: wheel ## Build the wheel and install it into .venv
+	$(PIP) install -q --force-reinstall --no-deps $(WHEEL_DIR)/ferrofeed-*.whl
+
+.PHONY: demo
+demo: install ## Install ferrofeed and run its main job (ferrofeed demo)
+	$(VENV)/bin/ferrofeed demo
+
+.PHONY: install-test
+install-test: install ## Install the wheel with everything the tests need
+	$(PIP) install -q "$$(ls $(WHEEL_DIR)/ferrofeed-*.whl)[test,lint]"
+
+.PHONY: build-dev
+build-dev: $(PY) ## Build the extension in place (editable, debug) for quick iteration
+	$(PIP) install -q "maturin>=1.8,<2"
+	$(VENV)/bin/maturin develop
+
+.PHONY: format
+format: $(PY) ## Format Rust and Python code
+	cargo fmt --all
+	$(VENV)/bin/ruff format python tests benches examples
+	$(VENV)/bin/ruff check --fix python tests benches examples
+
+.PHONY: lint-rust
+lint-rust: ## cargo fmt --check and clippy with warnings denied
+	cargo fmt --all -- --check
+	cargo clippy --all-targets -- -D warnings
+	cargo clippy --all-targets --features python -- -D warnings
+
+.PHONY: lint-python
+lint-python: ## ruff, ruff format --check, mypy and stubtest (needs install-test)
+	$(VENV)/bin/ruff check python tests benches examples
+	$(VENV)/bin/ruff format --check python tests benches examples
+	$(VENV)/bin/mypy
+	cd /tmp && $(abspath $(PY)) -m mypy.stubtest ferrofeed --allowlist $(abspath .stubtest-allowlist)
+
+.PHONY: lint
+lint: lint-rust lint-python ## All lints
+
+.PHONY: test-rust
+test-rust: ## Rust unit, property and doc tests
+	cargo test
+
+.PHONY: test-python
+test-python: ## pytest against the installed wheel
+	$(PY) -m pytest
+
+.PHONY: test
+test: install-test test-rust test-python ## Install what the tests need, then run every test
+
+.PHONY: bench
+bench: install-test ## Criterion benches and the Python RAM study
+	cargo bench --bench arena
+	$(PY) benches/ram_study.py
+
+.PHONY: clean
+clean: ## Remove build outputs (keeps .venv)
+	cargo clean
+	rm -rf $(WHEEL_DIR) python/ferrofeed/*.so

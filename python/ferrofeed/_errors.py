@@ -1,0 +1,61 @@
+"""The exception hierarchy of ferrofeed.
+
+Every exception ferrofeed raises on purpose derives from `FerrofeedError`,
+and also from the standard exception whose meaning it shares, so that code
+which already catches ``FileNotFoundError`` or ``ValueError`` keeps working.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ArenaBuilderError",
+    "ArenaClosedError",
+    "ArenaCorruptError",
+    "ArenaError",
+    "ArenaExistsError",
+    "ArenaFullError",
+    "ArenaIOError",
+    "ArenaNotFoundError",
+    "ArenaTimeoutError",
+    "FerrofeedError",
+]
+
+
+class FerrofeedError(Exception):
+    """Base class of every error ferrofeed raises."""
+
+
+class ArenaError(FerrofeedError):
+    """Base class of the errors of shared arenas (`ferrofeed.SharedList`)."""
+
+
+class ArenaNotFoundError(ArenaError, FileNotFoundError):
+    """The arena file does not exist (or its directory does not)."""
+
+
+class ArenaExistsError(ArenaError, FileExistsError):
+    """The target path of a new arena exists already; arenas are never overwritten."""
+
+
+class ArenaCorruptError(ArenaError, ValueError):
+    """The file is not a complete, valid arena: truncated, foreign, half-written or damaged."""
+
+
+class ArenaFullError(ArenaError, OSError):
+    """Not enough space for the arena; the message says how much was needed and free."""
+
+
+class ArenaIOError(ArenaError, OSError):
+    """An operating-system call on an arena file failed."""
+
+
+class ArenaClosedError(ArenaError, ValueError):
+    """The arena was used after ``close()``."""
+
+
+class ArenaTimeoutError(ArenaError, TimeoutError):
+    """Waiting for another rank's arena took longer than the timeout."""
+
+
+class ArenaBuilderError(ArenaError, RuntimeError):
+    """The local rank that builds a shared arena failed or died before finishing it."""

@@ -1,0 +1,377 @@
+"""`SharedList`: a read-only list stored once per node in a memory-mapped arena."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import fcntl
+import os
+import re
+import tempfile
+import time
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Generic, Self, TypeVar, overload
+
+from . import _core
+from ._errors import (
+    ArenaBuilderError,
+    ArenaExistsError,
+    ArenaNotFoundError,
+    ArenaTimeoutError,
+)
+
+__all__ = ["SharedList", "default_arena_dir"]
+
+T = TypeVar("T")
+
+# Owned arenas still open, closed (and so removed) at interpreter exit.
+_OWNED: weakref.WeakSet[_core.Arena] = weakref.WeakSet()
+
+_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,200}")
+# A builder's claim file untouched for this long belongs to an earlier run.
+_STALE_CLAIM_S = 60.0
+# How long a claim must look abandoned before waiters give up on its builder.
+_DEAD_BUILDER_GRACE_S = 2.0
+
+
+def default_arena_dir() -> Path:
+    """The directory new arenas go to when no ``path`` is given.
+
+    ``$FERROFEED_ARENA_DIR`` if set, else ``/dev/shm`` (memory-backed and shared by every
+    process of the node), else the system's temporary directory.
+
+    Example:
+        >>> default_arena_dir().is_dir()
+        True
+    """
+    env = os.environ.get("FERROFEED_ARENA_DIR")
+    if env:
+        return Path(env)
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK):
+        return shm
+    return Path(tempfile.gettempdir())
+
+
+@atexit.register
+def _close_owned_at_exit() -> None:
+    for arena in list(_OWNED):
+        with contextlib.suppress(Exception):
+            arena.close()
+
+
+class SharedList(Sequence[T], Generic[T]):
+    """A read-only list whose items live once per node, in a memory-mapped file.
+
+    Each item is pickled (protocol 5) into one arena file, on ``/dev/shm`` by default,
+    which every process maps read-only. Workers forked, spawned or forkserver-started,
+    PyTorch DataLoader workers and other ranks of the node all read the same pages: the
+    metadata exists once per node however many processes read it, and reading it never
+    copies it (no "copy-on-read" through reference counts, as with a list of dicts).
+
+    NumPy arrays inside items come back as zero-copy, read-only views into the arena.
+
+    The process that creates a SharedList owns its file and removes it on `close`, when
+    the object is garbage collected, and at interpreter exit. A pickled SharedList is
+    just its path: unpickling maps the same file (not an owner).
+
+    Args:
+        items: any iterable of picklable objects; consumed once, streaming.
+        path: where to put the arena: ``None`` for a new file in `default_arena_dir`, an
+            existing directory for a new file in it, or the path of a file to create
+            (which must not exist).
+
+    Raises:
+        ArenaExistsError: ``path`` names an existing file.
+        ArenaFullError: the file system cannot hold the arena (nothing is left behind).
+
+    Example:
+        >>> from ferrofeed import SharedList
+        >>> with SharedList({"id": i, "box": [i, i, 2, 2]} for i in range(1000)) as anns:
+        ...     len(anns), anns[-1]["id"], anns[10:12][0]["box"]
+        (1000, 999, [10, 10, 2, 2])
+    """
+
+    __slots__ = ("__weakref__", "_arena")
+
+    _arena: _core.Arena
+
+    def __init__(self, items: Iterable[T], *, path: str | os.PathLike[str] | None = None) -> None:
+        if path is None:
+            arena = _core.Arena.build(items, dir=default_arena_dir())
+        elif Path(path).is_dir():
+            arena = _core.Arena.build(items, dir=Path(path))
+        else:
+            arena = _core.Arena.build(items, path=Path(path))
+        _OWNED.add(arena)
+        self._arena = arena
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str]) -> Self:
+        """Map an existing arena, read-only; this process does not own it.
+
+        Raises:
+            ArenaNotFoundError: no such file.
+            ArenaCorruptError: the file is not a complete, valid arena.
+
+        Example:
+            >>> owner = SharedList(["a", "b"])
+            >>> SharedList.open(owner.path)[1]
+            'b'
+            >>> owner.close()
+        """
+        self = cls.__new__(cls)
+        self._arena = _core.Arena.open(Path(path))
+        return self
+
+    @classmethod
+    def shared(
+        cls,
+        build: Callable[[], Iterable[T]],
+        *,
+        name: str,
+        local_rank: int | None = None,
+        local_world_size: int | None = None,
+        timeout: float = 300.0,
+        dir: str | os.PathLike[str] | None = None,
+    ) -> Self:
+        """Build one arena per node and map it in every local rank.
+
+        Local rank 0 calls ``build()`` and writes its items to the arena
+        ``ferrofeed-shared-<name>.arena`` in ``dir``; every other local rank waits for the
+        arena to appear and maps it, so the node holds a single copy however many ranks
+        it runs. ``local_rank`` and ``local_world_size`` default to the ``LOCAL_RANK``
+        and ``LOCAL_WORLD_SIZE`` environment variables that torchrun and similar
+        launchers set (else 0 and 1). Rank 0 owns the file.
+
+        Raises:
+            ArenaTimeoutError: no arena appeared within ``timeout`` seconds.
+            ArenaBuilderError: rank 0's ``build()`` raised, or rank 0 died while building.
+            ArenaExistsError: (rank 0) another live process built or is building ``name``.
+
+        Example:
+            >>> anns = SharedList.shared(lambda: range(5), name="doc-example")
+            >>> list(anns)
+            [0, 1, 2, 3, 4]
+            >>> anns.close()
+        """
+        if not _NAME_RE.fullmatch(name):
+            raise ValueError(f"name must match {_NAME_RE.pattern}, got {name!r}")
+        rank = _env_int("LOCAL_RANK", 0) if local_rank is None else local_rank
+        world = _env_int("LOCAL_WORLD_SIZE", 1) if local_world_size is None else local_world_size
+        if not 0 <= rank < world:
+            raise ValueError(f"local_rank {rank} is not in [0, local_world_size={world})")
+        directory = default_arena_dir() if dir is None else Path(dir)
+        path = directory / f"ferrofeed-shared-{name}.arena"
+        claim = directory / f"ferrofeed-shared-{name}.claim"
+        if rank == 0:
+            return cls._build_shared(build, path, claim)
+        return cls._wait_shared(path, claim, timeout)
+
+    @classmethod
+    def _build_shared(cls, build: Callable[[], Iterable[T]], path: Path, claim: Path) -> Self:
+        fd = os.open(claim, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            # Waiters probe the claim with momentary shared locks: retry briefly.
+            deadline = time.monotonic() + 2.0
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise ArenaExistsError(
+                            f"another process is building the shared arena {str(path)!r}",
+                        ) from None
+                    time.sleep(0.01)
+            _write_claim(fd, f"building {os.getpid()}")
+            try:
+                built = cls(build(), path=path)
+            except BaseException as e:
+                _write_claim(fd, f"failed {os.getpid()} {type(e).__name__}: {e}")
+                raise
+            # Unlink before unlocking: a waiter that gets the lock afterwards sees a
+            # claim without a name, i.e. a finished build.
+            os.unlink(claim)
+            return built
+        finally:
+            os.close(fd)
+
+    @classmethod
+    def _wait_shared(cls, path: Path, claim: Path, timeout: float) -> Self:
+        started = time.time()
+        deadline = time.monotonic() + timeout
+        abandoned_since: float | None = None
+        delay = 0.005
+        while True:
+            with contextlib.suppress(ArenaNotFoundError):
+                return cls.open(path)
+            state = _probe_claim(claim, started)
+            if state.startswith("failed"):
+                raise ArenaBuilderError(
+                    f"local rank 0 failed to build the shared arena {str(path)!r}: "
+                    f"{state.split(' ', 2)[-1]}"
+                )
+            if state.startswith("dead"):
+                now = time.monotonic()
+                abandoned_since = abandoned_since or now
+                if now - abandoned_since >= _DEAD_BUILDER_GRACE_S:
+                    raise ArenaBuilderError(
+                        f"local rank 0 (pid {state.split()[-1]}) died while building the "
+                        f"shared arena {str(path)!r}"
+                    )
+            else:
+                abandoned_since = None
+            if time.monotonic() >= deadline:
+                raise ArenaTimeoutError(
+                    f"no shared arena {str(path)!r} appeared within {timeout:g} s; is local "
+                    "rank 0 running and calling SharedList.shared with the same name and dir?",
+                )
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
+
+    # -- the sequence protocol -------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._arena)
+
+    @overload
+    def __getitem__(self, index: int) -> T: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[T]: ...
+    def __getitem__(self, index: int | slice) -> T | list[T]:
+        return self._arena[index]  # type: ignore[no-any-return]
+
+    def __iter__(self) -> Iterator[T]:
+        return iter(self._arena)
+
+    def __reversed__(self) -> Iterator[T]:
+        load = self._arena.load
+        return (load(i) for i in range(len(self._arena) - 1, -1, -1))
+
+    def raw(self, index: int) -> memoryview:
+        """Item ``index``'s stored bytes, as a zero-copy, read-only memoryview.
+
+        For an item without out-of-band buffers these are exactly
+        ``pickle.dumps(item, protocol=5)``.
+
+        Example:
+            >>> import pickle
+            >>> sl = SharedList([{"a": 1}])
+            >>> pickle.loads(sl.raw(0))
+            {'a': 1}
+            >>> sl.close()
+        """
+        return self._arena.raw(index)
+
+    # -- the file ---------------------------------------------------------------------
+
+    @property
+    def path(self) -> str:
+        """The arena file's path."""
+        return self._arena.path
+
+    @property
+    def nbytes(self) -> int:
+        """Size of the arena file in bytes."""
+        return self._arena.nbytes
+
+    @property
+    def owner(self) -> bool:
+        """Whether this process created the arena (and so removes its file)."""
+        return self._arena.owner
+
+    @property
+    def closed(self) -> bool:
+        """Whether `close` was called."""
+        return self._arena.closed
+
+    def close(self) -> None:
+        """Stop using the arena; the owner removes its file. Idempotent.
+
+        Items and views handed out earlier stay valid: the mapping goes away with the
+        last of them. Other processes that map the arena are not affected.
+        """
+        self._arena.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        if self.closed:
+            self._arena.raw(0)  # raises ArenaClosedError
+        return (_reopen, (type(self), self.path))
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"{len(self)} items, {self.nbytes} bytes"
+        return f"<{type(self).__name__} {self.path!r}: {state}>"
+
+
+def _reopen(cls: type[SharedList[Any]], path: str) -> SharedList[Any]:
+    return cls.open(path)
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
+
+
+def _write_claim(fd: int, text: str) -> None:
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, text.encode(), 0)
+
+
+def _probe_claim(claim: Path, started: float) -> str:
+    """What a builder's claim file says.
+
+    ``"none"`` (no claim, or a stale one from an earlier run), ``"building"`` (its
+    builder holds it), ``"failed PID MESSAGE"``, or ``"dead PID"`` (nobody holds it
+    although it says building).
+    """
+    try:
+        fd = os.open(claim, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return "none"
+    try:
+        st = os.fstat(fd)
+        if st.st_mtime < started - _STALE_CLAIM_S:
+            return "none"
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return "building"
+        if os.fstat(fd).st_nlink == 0:
+            return "none"  # finished meanwhile: the arena is there now
+        text = os.pread(fd, 4096, 0).decode(errors="replace")
+        if text.startswith("failed"):
+            return text
+        parts = text.split()
+        if len(parts) == 2 and parts[0] == "building" and parts[1].isdigit():
+            pid = int(parts[1])
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return f"dead {pid}"
+            except PermissionError:
+                pass
+            # Unlocked, but its process lives: it is between claiming and locking, or
+            # the pid was reused; keep waiting (the timeout bounds this).
+        return "none"
+    finally:
+        os.close(fd)

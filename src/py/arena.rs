@@ -1,0 +1,526 @@
+//! `ferrofeed._core.Arena`: the Python face of [`crate::arena`].
+//!
+//! Items are pickled with protocol 5. An item without out-of-band buffers is
+//! stored as its pickle stream (which starts with the PROTO opcode, 0x80).
+//! An item with out-of-band buffers (`NumPy` arrays, for instance) is stored
+//! as a frame, so that each buffer lands 64-byte aligned in the arena and is
+//! handed back on load as a zero-copy, read-only view of the mapping:
+//!
+//! ```text
+//! "FFOB"  u32 count  count × (u64 offset, u64 length)   offsets from the item start
+//! entry 0: the pickle stream; entries 1..: the out-of-band buffers, in order
+//! ```
+
+use std::ffi::{c_int, c_void};
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+
+use pyo3::buffer::PyBuffer;
+use pyo3::exceptions::{PyBufferError, PyIndexError, PyTypeError};
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBytes, PyDict, PyList, PySlice, PyTuple};
+
+use super::errors::{closed_error, corrupt_error};
+use crate::arena::format::{align_up, ITEM_ALIGN};
+use crate::arena::{sweep_orphans, Arena, ArenaWriter};
+
+/// First bytes of a framed item.
+const FRAME_MAGIC: &[u8; 4] = b"FFOB";
+/// The pickle PROTO opcode that starts every protocol >= 2 stream.
+const PICKLE_PROTO: u8 = 0x80;
+
+fn pickle_fn<'py>(py: Python<'py>, name: &'static str) -> PyResult<&'py Bound<'py, PyAny>> {
+    static LOADS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    static DUMPS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    let cell = if name == "loads" { &LOADS } else { &DUMPS };
+    cell.get_or_try_init(py, || {
+        Ok::<_, PyErr>(py.import("pickle")?.getattr(name)?.unbind())
+    })
+    .map(|f| f.bind(py))
+}
+
+/// The whole mapping, exported through the buffer protocol (read-only,
+/// bytes). Every view of the arena handed to Python is a slice of a
+/// `memoryview` of one of these, and each keeps it, and so the mapping,
+/// alive: closing the arena never invalidates a view.
+#[pyclass(name = "_ArenaBuffer", module = "ferrofeed._core", frozen)]
+struct ArenaBuffer {
+    arena: Arc<Arena>,
+}
+
+#[pymethods]
+impl ArenaBuffer {
+    /// # Safety
+    ///
+    /// Called by the interpreter with a valid, writable `view`.
+    #[allow(clippy::needless_pass_by_value)] // the signature pyo3 expects
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut ffi::Py_buffer,
+        flags: c_int,
+    ) -> PyResult<()> {
+        if view.is_null() {
+            return Err(PyBufferError::new_err("no Py_buffer to fill"));
+        }
+        if flags & ffi::PyBUF_WRITABLE == ffi::PyBUF_WRITABLE {
+            return Err(PyBufferError::new_err("an arena is read-only"));
+        }
+        let bytes = slf.get().arena.as_bytes();
+        // SAFETY: `view` is non-null and points to a Py_buffer the caller
+        // gives us to fill. `buf` points into the read-only mapping, which
+        // lives as long as `slf.arena`; `obj` takes a strong reference to
+        // `slf`, which the interpreter drops only when the buffer is
+        // released, so the mapping outlives every use of `buf`. `shape` and
+        // `strides` point into the Py_buffer itself (its `len` and
+        // `itemsize`), which lives as long as the export.
+        unsafe {
+            (*view).obj = slf.clone().into_any().into_ptr();
+            (*view).buf = bytes.as_ptr().cast_mut().cast::<c_void>();
+            (*view).len = bytes.len() as ffi::Py_ssize_t;
+            (*view).readonly = 1;
+            (*view).itemsize = 1;
+            (*view).format = if flags & ffi::PyBUF_FORMAT == ffi::PyBUF_FORMAT {
+                c"B".as_ptr().cast_mut()
+            } else {
+                std::ptr::null_mut()
+            };
+            (*view).ndim = 1;
+            (*view).shape = if flags & ffi::PyBUF_ND == ffi::PyBUF_ND {
+                &raw mut (*view).len
+            } else {
+                std::ptr::null_mut()
+            };
+            (*view).strides = if flags & ffi::PyBUF_STRIDES == ffi::PyBUF_STRIDES {
+                &raw mut (*view).itemsize
+            } else {
+                std::ptr::null_mut()
+            };
+            (*view).suboffsets = std::ptr::null_mut();
+            (*view).internal = std::ptr::null_mut();
+        }
+        Ok(())
+    }
+}
+
+/// An open arena: the mapping and a memoryview over all of it.
+struct Open {
+    arena: Arc<Arena>,
+    view: Py<PyAny>,
+}
+
+/// A memory-mapped arena of pickled items (the engine behind
+/// `ferrofeed.SharedList`).
+#[pyclass(name = "Arena", module = "ferrofeed._core", frozen, weakref)]
+pub(crate) struct PyArena {
+    state: RwLock<Option<Open>>,
+    path: String,
+    nbytes: u64,
+    len: usize,
+}
+
+impl PyArena {
+    fn wrap(py: Python<'_>, arena: Arena) -> PyResult<Self> {
+        let arena = Arc::new(arena);
+        let exporter = Bound::new(
+            py,
+            ArenaBuffer {
+                arena: Arc::clone(&arena),
+            },
+        )?;
+        // SAFETY: PyMemoryView_FromObject takes a new buffer export of a
+        // valid object and returns a new reference (or null with an error
+        // set, which `from_owned_ptr_or_err` turns into a PyErr).
+        let view = unsafe {
+            Bound::from_owned_ptr_or_err(py, ffi::PyMemoryView_FromObject(exporter.as_ptr()))?
+        };
+        Ok(Self {
+            path: arena.path().display().to_string(),
+            nbytes: arena.nbytes(),
+            len: arena.len(),
+            state: RwLock::new(Some(Open {
+                arena,
+                view: view.unbind(),
+            })),
+        })
+    }
+
+    /// The mapping and the full view, or `ArenaClosedError`.
+    fn open_state(&self, py: Python<'_>) -> PyResult<(Arc<Arena>, Py<PyAny>)> {
+        let guard = self
+            .state
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match guard.as_ref() {
+            Some(o) => Ok((Arc::clone(&o.arena), o.view.clone_ref(py))),
+            None => Err(closed_error(py, &self.path)),
+        }
+    }
+
+    fn normalize(&self, index: isize) -> PyResult<usize> {
+        let len = self.len as isize;
+        let i = if index < 0 { index + len } else { index };
+        if i < 0 || i >= len {
+            return Err(PyIndexError::new_err(format!(
+                "index {index} out of range for an arena of {len} items"
+            )));
+        }
+        Ok(i as usize)
+    }
+
+    /// Unpickles item `i`, its out-of-band buffers viewing the mapping.
+    fn load_one<'py>(
+        &self,
+        py: Python<'py>,
+        arena: &Arena,
+        view: &Bound<'py, PyAny>,
+        i: usize,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let span = arena.span(i).expect("index checked against len");
+        let bytes = &arena.as_bytes()[span.clone()];
+        let slice = |a: usize, b: usize| {
+            view.get_item(PySlice::new(
+                py,
+                (span.start + a) as isize,
+                (span.start + b) as isize,
+                1,
+            ))
+        };
+        let loads = pickle_fn(py, "loads")?;
+        if bytes.first() == Some(&PICKLE_PROTO) {
+            return loads.call1((slice(0, bytes.len())?,));
+        }
+        let entries = parse_frame(bytes).ok_or_else(|| {
+            corrupt_error(
+                py,
+                &format!(
+                    "item {i} of arena {:?} is neither a pickle stream nor a valid frame",
+                    self.path
+                ),
+            )
+        })?;
+        let buffers = PyList::empty(py);
+        for &(off, len) in &entries[1..] {
+            buffers.append(slice(off, off + len)?)?;
+        }
+        let (off, len) = entries[0];
+        let kwargs = PyDict::new(py);
+        kwargs.set_item("buffers", buffers)?;
+        loads.call((slice(off, off + len)?,), Some(&kwargs))
+    }
+}
+
+/// Parses a frame's table; `None` when it is malformed or out of bounds.
+fn parse_frame(bytes: &[u8]) -> Option<Vec<(usize, usize)>> {
+    let rest = bytes.strip_prefix(FRAME_MAGIC)?;
+    let count = u32::from_le_bytes(rest.get(..4)?.try_into().ok()?) as usize;
+    let table = rest.get(4..4 + count.checked_mul(16)?)?;
+    if count == 0 {
+        return None;
+    }
+    table
+        .chunks_exact(16)
+        .map(|e| {
+            let off = usize::try_from(u64::from_le_bytes(e[..8].try_into().ok()?)).ok()?;
+            let len = usize::try_from(u64::from_le_bytes(e[8..].try_into().ok()?)).ok()?;
+            (off.checked_add(len)? <= bytes.len()).then_some((off, len))
+        })
+        .collect()
+}
+
+/// The frame table for a pickle stream of `lens[0]` bytes and buffers of
+/// `lens[1..]` bytes, laid out as `ArenaWriter::push_parts` places parts.
+fn frame_table(lens: &[usize]) -> Vec<u8> {
+    let count = lens.len();
+    let mut table = Vec::with_capacity(8 + 16 * count);
+    table.extend_from_slice(FRAME_MAGIC);
+    table.extend_from_slice(&(count as u32).to_le_bytes());
+    let mut rel = (8 + 16 * count) as u64;
+    for &len in lens {
+        rel = align_up(rel, ITEM_ALIGN).expect("a frame is far below u64::MAX");
+        table.extend_from_slice(&rel.to_le_bytes());
+        table.extend_from_slice(&(len as u64).to_le_bytes());
+        rel += len as u64;
+    }
+    table
+}
+
+/// Adds a note naming the item to an exception raised while pickling it.
+fn note_item(py: Python<'_>, err: PyErr, k: usize) -> PyErr {
+    let _ = err.value(py).call_method1(
+        "add_note",
+        (format!("while pickling item {k} into an arena"),),
+    );
+    err
+}
+
+#[pymethods]
+impl PyArena {
+    /// Builds an arena from an iterable of picklable objects, at `path` or
+    /// under a generated name in `dir` (exactly one of them).
+    #[staticmethod]
+    #[pyo3(signature = (items, *, path=None, dir=None))]
+    fn build(
+        py: Python<'_>,
+        items: &Bound<'_, PyAny>,
+        path: Option<PathBuf>,
+        dir: Option<PathBuf>,
+    ) -> PyResult<Self> {
+        let mut writer = match (path, dir) {
+            (Some(p), None) => ArenaWriter::create(p)?,
+            (None, Some(d)) => ArenaWriter::create_in(d)?,
+            _ => return Err(PyTypeError::new_err("pass exactly one of path= and dir=")),
+        };
+        let dumps = pickle_fn(py, "dumps")?;
+        let kwargs = PyDict::new(py);
+        kwargs.set_item("protocol", 5)?;
+        for (k, obj) in items.try_iter()?.enumerate() {
+            let obj = obj?;
+            let oob = PyList::empty(py);
+            kwargs.set_item("buffer_callback", oob.getattr("append")?)?;
+            let payload = dumps
+                .call((obj,), Some(&kwargs))
+                .map_err(|e| note_item(py, e, k))?;
+            let payload = payload.cast::<PyBytes>()?.as_bytes();
+            if oob.is_empty() {
+                writer.push(payload)?;
+                continue;
+            }
+            let raws = oob
+                .iter()
+                .map(|pb| PyBuffer::<u8>::get(&pb.call_method0("raw")?))
+                .collect::<PyResult<Vec<_>>>()
+                .map_err(|e| note_item(py, e, k))?;
+            let mut parts: Vec<&[u8]> = Vec::with_capacity(raws.len() + 2);
+            let lens: Vec<usize> = std::iter::once(payload.len())
+                .chain(raws.iter().map(|r| r.len_bytes()))
+                .collect();
+            let table = frame_table(&lens);
+            parts.push(&table);
+            parts.push(payload);
+            for raw in &raws {
+                // SAFETY: `PickleBuffer.raw()` returns a C-contiguous byte
+                // view (it raises for anything else), and `raw` holds that
+                // buffer export until the end of this loop iteration, so
+                // `buf_ptr()..+len_bytes()` is valid, initialised memory for
+                // as long as `parts` is used. We hold the GIL throughout, so
+                // no Python code can resize or free the exporter meanwhile.
+                parts.push(unsafe {
+                    std::slice::from_raw_parts(raw.buf_ptr().cast::<u8>(), raw.len_bytes())
+                });
+            }
+            writer.push_parts(&parts)?;
+        }
+        let arena = py.detach(move || writer.finish())?;
+        Self::wrap(py, arena)
+    }
+
+    /// Maps an existing arena read-only (this process does not own it).
+    #[staticmethod]
+    fn open(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
+        let arena = py.detach(move || Arena::open(path))?;
+        Self::wrap(py, arena)
+    }
+
+    fn __len__(&self) -> usize {
+        self.len
+    }
+
+    /// Item `index` (negative counts from the end) unpickled, or a list of
+    /// items for a slice.
+    fn __getitem__<'py>(
+        &self,
+        py: Python<'py>,
+        index: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let (arena, view) = self.open_state(py)?;
+        let view = view.bind(py);
+        if let Ok(i) = index.extract::<isize>() {
+            return self.load_one(py, &arena, view, self.normalize(i)?);
+        }
+        if let Ok(s) = index.cast::<PySlice>() {
+            let ind = s.indices(self.len as isize)?;
+            let out = PyList::empty(py);
+            let mut i = ind.start;
+            for _ in 0..ind.slicelength {
+                out.append(self.load_one(py, &arena, view, i as usize)?)?;
+                i += ind.step;
+            }
+            return Ok(out.into_any());
+        }
+        Err(PyTypeError::new_err(format!(
+            "arena indices must be integers or slices, not {}",
+            index.get_type().name()?
+        )))
+    }
+
+    /// Item `index` unpickled (an int only: the fast path).
+    fn load<'py>(&self, py: Python<'py>, index: isize) -> PyResult<Bound<'py, PyAny>> {
+        let (arena, view) = self.open_state(py)?;
+        self.load_one(py, &arena, view.bind(py), self.normalize(index)?)
+    }
+
+    /// A zero-copy, read-only memoryview of item `index`'s stored bytes.
+    fn raw<'py>(&self, py: Python<'py>, index: isize) -> PyResult<Bound<'py, PyAny>> {
+        let (arena, view) = self.open_state(py)?;
+        let span = arena
+            .span(self.normalize(index)?)
+            .expect("index checked against len");
+        view.bind(py)
+            .get_item(PySlice::new(py, span.start as isize, span.end as isize, 1))
+    }
+
+    /// `(start, end)` of item `index` within `memoryview()`.
+    fn span(&self, py: Python<'_>, index: isize) -> PyResult<(usize, usize)> {
+        let (arena, _) = self.open_state(py)?;
+        let span = arena
+            .span(self.normalize(index)?)
+            .expect("index checked against len");
+        Ok((span.start, span.end))
+    }
+
+    /// A read-only memoryview of the whole file.
+    fn memoryview(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        Ok(self.open_state(py)?.1)
+    }
+
+    fn __iter__(slf: Bound<'_, Self>) -> ArenaIter {
+        ArenaIter {
+            arena: slf.unbind(),
+            next: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+
+    /// The file's path.
+    #[getter]
+    fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// Size of the file in bytes.
+    #[getter]
+    fn nbytes(&self) -> u64 {
+        self.nbytes
+    }
+
+    /// Whether this process created the arena (and removes its file).
+    #[getter]
+    fn owner(&self) -> bool {
+        let guard = self
+            .state
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        guard.as_ref().is_some_and(|o| o.arena.is_owner())
+    }
+
+    /// Whether `close()` was called.
+    #[getter]
+    fn closed(&self) -> bool {
+        let guard = self
+            .state
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        guard.is_none()
+    }
+
+    /// The header fields and layout, for inspection.
+    fn header<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let (arena, _) = self.open_state(py)?;
+        let layout = arena.layout();
+        let d = PyDict::new(py);
+        d.set_item("format_version", crate::arena::format::FORMAT_VERSION)?;
+        d.set_item("item_count", layout.item_count)?;
+        d.set_item("data_offset", layout.data_offset)?;
+        d.set_item("index_offset", layout.index_offset)?;
+        d.set_item("file_len", arena.nbytes())?;
+        Ok(d)
+    }
+
+    /// Unmaps the arena (once every view handed out is gone) and, in the
+    /// owning process, removes its file. Idempotent.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        let open = {
+            let mut guard = self
+                .state
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            guard.take()
+        };
+        if let Some(open) = open {
+            let Open { arena, view } = open;
+            drop(view);
+            py.detach(|| arena.remove_file())?;
+        }
+        Ok(())
+    }
+
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyTuple>> {
+        let py = slf.py();
+        let this = slf.get();
+        if this.closed() {
+            return Err(closed_error(py, &this.path));
+        }
+        let open = slf.get_type().getattr("open")?;
+        PyTuple::new(
+            py,
+            [open, PyTuple::new(py, [this.path.as_str()])?.into_any()],
+        )
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<ferrofeed._core.Arena {:?}, {} items, {} bytes{}>",
+            self.path,
+            self.len,
+            self.nbytes,
+            if self.closed() { ", closed" } else { "" }
+        )
+    }
+}
+
+/// Iterator over an arena's items, unpickled in order.
+#[pyclass(module = "ferrofeed._core", frozen)]
+struct ArenaIter {
+    arena: Py<PyArena>,
+    next: std::sync::atomic::AtomicUsize,
+}
+
+#[pymethods]
+impl ArenaIter {
+    fn __iter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let arena = self.arena.get();
+        let i = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if i >= arena.len {
+            self.next
+                .store(arena.len, std::sync::atomic::Ordering::Relaxed);
+            return Ok(None);
+        }
+        let (a, view) = arena.open_state(py)?;
+        arena.load_one(py, &a, view.bind(py), i).map(Some)
+    }
+}
+
+/// Removes the arenas in `dir` that no process holds any more; returns
+/// their paths.
+#[pyfunction]
+fn sweep(py: Python<'_>, dir: PathBuf) -> Vec<String> {
+    py.detach(move || {
+        sweep_orphans(dir)
+            .into_iter()
+            .map(|p| p.display().to_string())
+            .collect()
+    })
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyArena>()?;
+    m.add_class::<ArenaBuffer>()?;
+    m.add_function(wrap_pyfunction!(sweep, m)?)?;
+    m.add("FORMAT_VERSION", crate::arena::format::FORMAT_VERSION)?;
+    Ok(())
+}

@@ -1,0 +1,99 @@
+//! The one mapping from core errors to the Python exception hierarchy
+//! defined in `ferrofeed/_errors.py`.
+
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::PyType;
+
+use crate::arena::ArenaError;
+
+/// Looks up (once) an exception class of `ferrofeed._errors`.
+fn class<'py>(
+    py: Python<'py>,
+    cell: &'static PyOnceLock<Py<PyType>>,
+    name: &str,
+) -> PyResult<&'py Bound<'py, PyType>> {
+    cell.import(py, "ferrofeed._errors", name)
+}
+
+macro_rules! exception_classes {
+    ($($fn_name:ident => $py_name:literal),* $(,)?) => {
+        $(
+            pub(crate) fn $fn_name(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
+                static CELL: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+                class(py, &CELL, $py_name)
+            }
+        )*
+    };
+}
+
+exception_classes! {
+    not_found => "ArenaNotFoundError",
+    exists => "ArenaExistsError",
+    corrupt => "ArenaCorruptError",
+    full => "ArenaFullError",
+    io_error => "ArenaIOError",
+    closed => "ArenaClosedError",
+}
+
+/// Builds an exception of `cls` whose `str()` is `msg`; for `OSError`
+/// subclasses, `errno` and `filename` are set as attributes so that the
+/// message is not decorated with them.
+fn make(
+    cls: PyResult<&Bound<'_, PyType>>,
+    msg: &str,
+    errno: Option<i32>,
+    filename: Option<String>,
+) -> PyErr {
+    let build = || -> PyResult<PyErr> {
+        let exc = cls?.call1((msg,))?;
+        if let Some(errno) = errno {
+            exc.setattr("errno", errno)?;
+        }
+        if let Some(f) = filename {
+            exc.setattr("filename", f)?;
+        }
+        Ok(PyErr::from_value(exc))
+    };
+    build().unwrap_or_else(|e| {
+        PyRuntimeError::new_err(format!("{msg} (and the exception class failed: {e})"))
+    })
+}
+
+/// The error raised when an arena is used after `close()`.
+#[cold]
+pub(crate) fn closed_error(py: Python<'_>, path: &str) -> PyErr {
+    make(closed(py), &format!("arena {path:?} is closed"), None, None)
+}
+
+/// An `ArenaCorruptError` with the given message.
+#[cold]
+pub(crate) fn corrupt_error(py: Python<'_>, msg: &str) -> PyErr {
+    make(corrupt(py), msg, None, None)
+}
+
+impl From<ArenaError> for PyErr {
+    #[cold]
+    fn from(err: ArenaError) -> PyErr {
+        Python::attach(|py| {
+            let msg = err.to_string();
+            let errno = err.raw_os_error();
+            let path = match &err {
+                ArenaError::NotFound { path }
+                | ArenaError::AlreadyExists { path }
+                | ArenaError::NoSpace { path, .. }
+                | ArenaError::Io { path, .. } => Some(path.display().to_string()),
+                _ => None,
+            };
+            let cls = match &err {
+                ArenaError::NotFound { .. } => not_found(py),
+                ArenaError::AlreadyExists { .. } => exists(py),
+                ArenaError::NoSpace { .. } => full(py),
+                e if e.is_corrupt() => corrupt(py),
+                _ => io_error(py),
+            };
+            make(cls, &msg, errno, path)
+        })
+    }
+}

@@ -1,0 +1,29 @@
+//! The Python bindings (`ferrofeed._core`): thin wrappers over the core,
+//! conversions and the error mapping. The only module that touches Python.
+
+// Lengths and offsets of mappings and Python sequences always fit in isize
+// (Py_ssize_t): no allocation or mapping exceeds isize::MAX bytes, and an
+// index that passed `normalize` is non-negative.
+#![allow(clippy::cast_possible_wrap, clippy::cast_sign_loss)]
+
+mod arena;
+mod errors;
+
+use pyo3::prelude::*;
+
+/// The compiled core of ferrofeed. Use the public names in `ferrofeed`.
+#[pymodule]
+#[pyo3(name = "_core")]
+fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add(
+        "build_profile",
+        if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        },
+    )?;
+    arena::register(m)?;
+    Ok(())
+}
