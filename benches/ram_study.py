@@ -75,6 +75,7 @@ FORKSERVER_PRELOAD = ["numpy", "ferrofeed", "ferrofeed.memory"]
 PSS_TARGET = 0.10  # SharedList/spawn total PSS within 10% of arena + import footprint
 GETITEM_RATIO_TARGET = 1.2  # SharedList[i] / pickle.loads(bytes)
 RAW_TARGET_NS = 500.0  # SharedList.raw(i)
+LATENCY_CHUNK = 10_000  # latency benchmarks are interleaved in chunks of this many accesses
 
 Mem = dict[str, int]
 Json = dict[str, Any]
@@ -570,23 +571,37 @@ def run_latency(n: int, seed: int, iters: int, repeats: int, arena_dir: str) -> 
         idxs = (order * (iters // n + 1))[:iters]
         seq_blobs = [blobs[i] for i in idxs]
         checks = sanity_checks(sl, items, blobs)
-        benches: dict[str, tuple[Any, Any, Any]] = {
-            "pickle.loads(bytes)": (_loop_loads, seq_blobs, idxs),
-            "SharedList[i]": (_loop_getitem, sl, idxs),
-            "NumpySerializedList[i]": (_loop_getitem, nsl, idxs),
-            "SharedList.raw(i)": (_loop_raw, sl, idxs),
-            "empty loop": (_loop_empty, None, idxs),
+        # Each repeat runs every benchmark over all ``iters`` indices, in chunks interleaved
+        # across the benchmarks (rotating their order), so that load from other processes on
+        # this small machine hits all of them alike and the ratios stay meaningful.
+        bounds = [(a, min(a + LATENCY_CHUNK, iters)) for a in range(0, iters, LATENCY_CHUNK)]
+        chunks = [idxs[a:b] for a, b in bounds]
+        benches: dict[str, tuple[Any, list[tuple[Any, list[int]]]]] = {
+            "pickle.loads(bytes)": (
+                _loop_loads,
+                [(seq_blobs[a:b], c) for (a, b), c in zip(bounds, chunks, strict=True)],
+            ),
+            "SharedList[i]": (_loop_getitem, [(sl, c) for c in chunks]),
+            "NumpySerializedList[i]": (_loop_getitem, [(nsl, c) for c in chunks]),
+            "SharedList.raw(i)": (_loop_raw, [(sl, c) for c in chunks]),
+            "empty loop": (_loop_empty, [(None, c) for c in chunks]),
         }
-        runs: dict[str, list[float]] = {name: [] for name in benches}
+        names = list(benches)
+        runs: dict[str, list[float]] = {name: [] for name in names}
         gc.collect()
         gc_was_enabled = gc.isenabled()
         gc.disable()
         try:
-            for fn, obj, ix in benches.values():  # warm-up
-                fn(obj, ix[: min(len(ix), 10_000)])
+            for fn, parts in benches.values():  # warm-up
+                fn(*parts[0])
             for _ in range(repeats):
-                for name, (fn, obj, ix) in benches.items():
-                    runs[name].append(fn(obj, ix) / len(ix))
+                total = dict.fromkeys(names, 0)
+                for k in range(len(chunks)):
+                    for name in names[k % len(names) :] + names[: k % len(names)]:
+                        fn, parts = benches[name]
+                        total[name] += fn(*parts[k])
+                for name in names:
+                    runs[name].append(total[name] / iters)
         finally:
             if gc_was_enabled:
                 gc.enable()
@@ -654,6 +669,7 @@ def machine_info() -> Json:
         "python_implementation": platform.python_implementation(),
         "ferrofeed": getattr(ferrofeed, "__version__", "unknown"),
         "numpy": np.__version__,
+        "loadavg_start": [round(x, 2) for x in os.getloadavg()],
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
 
@@ -716,6 +732,12 @@ def report(
         f"{info['mem_total_bytes'] / 2**30:.1f} GiB, Python {info['python']}, "
         f"ferrofeed {info['ferrofeed']}, numpy {info['numpy']}"
     )
+    load = [info["loadavg_start"][0], info.get("loadavg_end", [0.0])[0]]
+    if max(load) > 0.5 * (info["cpu_count"] or 1):
+        out.append(
+            f"WARNING: the machine was busy (load average {load[0]:.2f} at start, "
+            f"{load[1]:.2f} at end): timings are noisy; memory figures are not affected"
+        )
     out.append("")
     if results:
         out.append("Memory (MiB; PSS summed over main + workers at the end, after all passes)")
@@ -947,6 +969,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
 
+    info["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     targets = compute_targets(results)
     print()
     print(report(args, info, results, targets, latency))

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import gc
+import json
 import os
 import shutil
 import subprocess
@@ -187,8 +188,6 @@ def run_python_fixture() -> Callable[..., subprocess.CompletedProcess[str]]:
 
 def last_json_line(text: str) -> Any:
     """Parse the last line of ``text`` that looks like a JSON object."""
-    import json
-
     for line in reversed(text.splitlines()):
         line = line.strip()
         if line.startswith("{"):

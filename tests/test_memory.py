@@ -69,7 +69,7 @@ def test_process_memory_of_self_and_pid() -> None:
     assert abs(_mem_fields(process_memory())["rss"] - rss_kb * 1024) < 64 << 20
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(120)
 def test_spawn_workers_share_arena_pages(
     arena_dir: Path, coco: Callable[..., Iterator[dict[str, Any]]]
 ) -> None:

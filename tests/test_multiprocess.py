@@ -353,7 +353,7 @@ def test_shared_two_ranks(arena_dir: Path, tmp_path: Path) -> None:
         for p in procs:
             if p.poll() is None:
                 p.kill()
-                p.wait()
+                p.communicate()
     reports = {}
     for p, (out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, f"{p.args}: rc={p.returncode}\n{out}\n{err}"
@@ -533,7 +533,7 @@ def test_shared_builder_raises(arena_dir: Path, mode: str) -> None:
         for p in (waiter, builder):
             if p is not None and p.poll() is None:
                 p.kill()
-                p.wait()
+                p.communicate()
     assert builder is not None
     assert builder.returncode != 0, b_out
     assert "boom from build" in b_err  # rank 0 itself sees its build() error
@@ -560,7 +560,7 @@ def test_shared_builder_killed(arena_dir: Path) -> None:
         _readline_until(builder, "yielded 50", 30)  # in the middle of a slow build
         assert waiter.poll() is None  # still waiting
         builder.send_signal(signal.SIGKILL)
-        builder.wait(10)
+        builder.communicate(timeout=10)
         killed_at = time.monotonic()
         w_out, w_err = _communicate(waiter, 60)
         waited = time.monotonic() - killed_at
@@ -568,7 +568,7 @@ def test_shared_builder_killed(arena_dir: Path) -> None:
         for p in (waiter, builder):
             if p is not None and p.poll() is None:
                 p.kill()
-                p.wait()
+                p.communicate()
     assert builder is not None
     assert builder.returncode == -signal.SIGKILL
     assert waiter.returncode == 0, w_err

@@ -40,9 +40,13 @@ def test_readme_block_runs(block: tuple[int, str] | None, tmp_path: Path) -> Non
     first = code.lstrip().splitlines()[0].strip() if code.strip() else ""
     if first == "# skip-test":
         pytest.skip(f"README.md line {line}: marked # skip-test")
+    # run as a script file, like a user would: spawn-started workers can then import the
+    # block's __main__ (classes and functions it defines)
+    script = tmp_path / f"readme_block_line{line}.py"
+    script.write_text(code, encoding="utf-8")
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
     proc = subprocess.run(
-        [sys.executable, "-c", code],
+        [sys.executable, str(script)],
         cwd=tmp_path,
         env=env,
         capture_output=True,

@@ -65,7 +65,9 @@ def _worker(
     done.wait()
 
 
-def run_variant(variant: str, n: int, workers: int, passes: int, start_method: str) -> dict[str, Any]:
+def run_variant(
+    variant: str, n: int, workers: int, passes: int, start_method: str
+) -> dict[str, Any]:
     """Run one variant (``"list"`` or ``"shared"``) in this process and return its figures."""
     from ._shared_list import SharedList
 
@@ -74,7 +76,7 @@ def run_variant(variant: str, n: int, workers: int, passes: int, start_method: s
     dataset: Sequence[Any] = list(items) if variant == "list" else SharedList(items)
     build_s = time.perf_counter() - t0
     arena_bytes = dataset.nbytes if isinstance(dataset, SharedList) else 0
-    ctx = mp.get_context(start_method)
+    ctx: Any = mp.get_context(start_method)  # typeshed's BaseContext lacks Process
     barrier, results, done = ctx.Barrier(workers + 1), ctx.Queue(), ctx.Event()
     procs = [
         ctx.Process(target=_worker, args=(dataset, passes, barrier, results, done), daemon=True)
@@ -155,9 +157,11 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     for variant in ("list", "shared"):
         out = subprocess.run(
-            [sys.executable, "-m", "ferrofeed", "demo", "--variant", variant]
-            + [f"--n={args.n}", f"--workers={args.workers}", f"--passes={args.passes}"]
-            + [f"--start-method={args.start_method}"],
+            [
+                *(sys.executable, "-m", "ferrofeed", "demo", "--variant", variant),
+                *(f"--n={args.n}", f"--workers={args.workers}", f"--passes={args.passes}"),
+                f"--start-method={args.start_method}",
+            ],
             check=True,
             stdout=subprocess.PIPE,
             text=True,
@@ -179,5 +183,3 @@ def main(argv: list[str] | None = None) -> int:
         f"largest worker USS: {format_bytes(worst_uss(lst))} -> {format_bytes(worst_uss(sh))}"
     )
     return 0
-
-

@@ -26,7 +26,16 @@ class FerrofeedError(Exception):
 
 
 class ArenaError(FerrofeedError):
-    """Base class of the errors of shared arenas (`ferrofeed.SharedList`)."""
+    """Base class of the errors of shared arenas (`ferrofeed.SharedList`).
+
+    The `OSError` subclasses carry ``errno`` and ``filename``; their message is the plain
+    text, not OSError's ``[Errno N] ...: 'file'`` rendering, since it names the file already.
+    """
+
+    def __str__(self) -> str:
+        if len(self.args) == 1:
+            return str(self.args[0])
+        return super().__str__()
 
 
 class ArenaNotFoundError(ArenaError, FileNotFoundError):

@@ -46,8 +46,10 @@ def _inspect(argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Run the ``ferrofeed`` command line."""
     argv = sys.argv[1:] if argv is None else argv
-    commands = {"demo": "run the main job on generated data and print what it measured",
-                "inspect": "validate an arena file and print its header"}
+    commands = {
+        "demo": "run the main job on generated data and print what it measured",
+        "inspect": "validate an arena file and print its header",
+    }
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
         print("usage: ferrofeed {demo,inspect} ...\n")
         for name, text in commands.items():

@@ -20,7 +20,7 @@ use pyo3::exceptions::{PyBufferError, PyIndexError, PyTypeError};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBytes, PyDict, PyList, PySlice, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyInt, PyList, PySlice, PyTuple};
 
 use super::errors::{closed_error, corrupt_error};
 use crate::arena::format::{align_up, ITEM_ALIGN};
@@ -39,6 +39,32 @@ fn pickle_fn<'py>(py: Python<'py>, name: &'static str) -> PyResult<&'py Bound<'p
         Ok::<_, PyErr>(py.import("pickle")?.getattr(name)?.unbind())
     })
     .map(|f| f.bind(py))
+}
+
+/// `view[start:end]`, a new memoryview sharing `view`'s buffer.
+///
+/// Not `PySlice::new` + `get_item`: pyo3 0.30.1's `PySlice::new` leaks the
+/// three ints it builds (`PySlice_New` takes its own references to them), a
+/// few dozen bytes per call, which on an arena read item by item is a leak
+/// of the order of the arena's size per pass.
+fn view_slice<'py>(
+    view: &Bound<'py, PyAny>,
+    start: usize,
+    end: usize,
+) -> PyResult<Bound<'py, PyAny>> {
+    // SAFETY: `view` is a valid object for the duration of the call;
+    // PySequence_GetSlice returns a new reference or null with an exception
+    // set, which `from_owned_ptr_or_err` turns into an Err.
+    unsafe {
+        Bound::from_owned_ptr_or_err(
+            view.py(),
+            ffi::PySequence_GetSlice(
+                view.as_ptr(),
+                start as ffi::Py_ssize_t,
+                end as ffi::Py_ssize_t,
+            ),
+        )
+    }
 }
 
 /// The whole mapping, exported through the buffer protocol (read-only,
@@ -179,14 +205,7 @@ impl PyArena {
     ) -> PyResult<Bound<'py, PyAny>> {
         let span = arena.span(i).expect("index checked against len");
         let bytes = &arena.as_bytes()[span.clone()];
-        let slice = |a: usize, b: usize| {
-            view.get_item(PySlice::new(
-                py,
-                (span.start + a) as isize,
-                (span.start + b) as isize,
-                1,
-            ))
-        };
+        let slice = |a: usize, b: usize| view_slice(view, span.start + a, span.start + b);
         let loads = pickle_fn(py, "loads")?;
         if bytes.first() == Some(&PICKLE_PROTO) {
             return loads.call1((slice(0, bytes.len())?,));
@@ -323,8 +342,11 @@ impl PyArena {
         Self::wrap(py, arena)
     }
 
-    fn __len__(&self) -> usize {
-        self.len
+    fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
+        if self.closed() {
+            return Err(closed_error(py, &self.path));
+        }
+        Ok(self.len)
     }
 
     /// Item `index` (negative counts from the end) unpickled, or a list of
@@ -336,8 +358,17 @@ impl PyArena {
     ) -> PyResult<Bound<'py, PyAny>> {
         let (arena, view) = self.open_state(py)?;
         let view = view.bind(py);
-        if let Ok(i) = index.extract::<isize>() {
+        if let Ok(i) = index.cast::<PyInt>() {
+            let Ok(i) = i.extract::<isize>() else {
+                return Err(PyIndexError::new_err(format!(
+                    "index {i} out of range for an arena of {} items",
+                    self.len
+                )));
+            };
             return self.load_one(py, &arena, view, self.normalize(i)?);
+        }
+        if let Ok(i) = index.call_method0("__index__") {
+            return self.__getitem__(py, &i);
         }
         if let Ok(s) = index.cast::<PySlice>() {
             let ind = s.indices(self.len as isize)?;
@@ -367,8 +398,7 @@ impl PyArena {
         let span = arena
             .span(self.normalize(index)?)
             .expect("index checked against len");
-        view.bind(py)
-            .get_item(PySlice::new(py, span.start as isize, span.end as isize, 1))
+        view_slice(view.bind(py), span.start, span.end)
     }
 
     /// `(start, end)` of item `index` within `memoryview()`.
