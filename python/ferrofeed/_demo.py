@@ -13,39 +13,16 @@ import json
 import multiprocessing as mp
 import os
 import pickle
-import random
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from .memory import format_bytes, process_memory
+from .samples import coco_like_annotations
 
-__all__ = ["coco_like_annotations", "main", "run_variant"]
-
-
-def coco_like_annotations(n: int, seed: int = 0) -> Iterator[dict[str, Any]]:
-    """Yield ``n`` deterministic annotation dicts shaped like COCO's ``instances`` entries.
-
-    Example:
-        >>> next(coco_like_annotations(1))["id"]
-        0
-    """
-    rng = random.Random(seed)
-    for i in range(n):
-        x, y = rng.uniform(0, 600), rng.uniform(0, 400)
-        w, h = rng.uniform(4, 200), rng.uniform(4, 200)
-        poly = [round(rng.uniform(0, 640), 2) for _ in range(2 * rng.randint(6, 24))]
-        yield {
-            "id": i,
-            "image_id": rng.randrange(118_287),
-            "category_id": rng.randint(1, 90),
-            "bbox": [round(x, 2), round(y, 2), round(w, 2), round(h, 2)],
-            "area": round(w * h, 2),
-            "iscrowd": 0,
-            "segmentation": [poly],
-        }
+__all__ = ["main", "run_variant"]
 
 
 def _worker(
