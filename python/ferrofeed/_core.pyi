@@ -24,7 +24,7 @@ class Arena:
     def open(path: str | PathLike[str]) -> Arena:
         """Map an existing arena read-only (not owned)."""
     def __len__(self) -> int: ...
-    def __getitem__(self, index: int | slice) -> Any: ...
+    def __getitem__(self, index: int | slice, /) -> Any: ...
     def __iter__(self) -> Iterator[Any]: ...
     def load(self, index: int) -> Any:
         """Item ``index`` unpickled."""
@@ -46,6 +46,10 @@ class Arena:
     def owner(self) -> bool: ...
     @property
     def closed(self) -> bool: ...
+
+@final
+class _ArenaBuffer:
+    """The whole mapping, exported read-only through the buffer protocol (internal)."""
 
 def sweep(dir: str | PathLike[str]) -> list[str]:
     """Remove the arenas in ``dir`` that no process holds any more."""
