@@ -9,6 +9,8 @@
 //!
 //! ## Modules
 //!
+//! - [`pipeline`]: the engine: a source, stages on a tokio runtime linked by
+//!   bounded channels, stats, clean failure and shutdown.
 //! - [`arena`]: the shared arena, one memory-mapped file of opaque items that
 //!   every process on a node maps, so dataset metadata exists once per node.
 //!
@@ -18,6 +20,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod arena;
+pub mod pipeline;
 
 #[cfg(feature = "python")]
 mod py;

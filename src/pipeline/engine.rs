@@ -1,0 +1,751 @@
+//! Running a pipeline: the runtime, the channels, the stage tasks.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use futures_util::stream::{self, StreamExt};
+
+use super::error::{panic_message, Failure, FailureKind, PipelineError};
+use super::stage::{
+    AggregateStage, BoxFuture, ErrorPolicy, MapStage, SkipHook, Source, Stage, Work,
+};
+use super::stats::{StageStats, StatsSnapshot};
+
+/// How long `stop` waits for threads running user code to return before
+/// leaving them to finish on their own.
+const JOIN_DEADLINE: Duration = Duration::from_secs(2);
+
+/// The outcome of one call of a stage function: `Err` holds a panic message.
+type Outcome<T, E> = Result<Result<Option<T>, E>, String>;
+type Job<T, E> = (T, tokio::sync::oneshot::Sender<Outcome<T, E>>);
+
+/// Settings of a pipeline.
+#[derive(Debug, Clone)]
+pub struct PipelineConfig {
+    /// Worker threads of the async runtime (at least 1).
+    pub num_threads: usize,
+    /// Finished items buffered for the consumer (at least 1).
+    pub sink_buffer: usize,
+}
+
+impl Default for PipelineConfig {
+    fn default() -> Self {
+        Self {
+            num_threads: std::thread::available_parallelism().map_or(2, |n| n.get().min(8)),
+            sink_buffer: 3,
+        }
+    }
+}
+
+/// Receives stats snapshots (source, stages, sink).
+pub type ReportFn = Arc<dyn Fn(&[StatsSnapshot]) + Send + Sync>;
+
+/// Periodic stats reporting: every `interval`, `report` gets a snapshot.
+pub struct StatsReporter {
+    /// Time between reports.
+    pub interval: Duration,
+    /// Receives the snapshots.
+    pub report: ReportFn,
+}
+
+/// What [`Pipeline::next_timeout`] returns.
+#[derive(Debug)]
+pub enum Next<T, E> {
+    /// The next item.
+    Item(T),
+    /// Nothing arrived within the timeout; ask again.
+    Timeout,
+    /// Every item was delivered (or the pipeline was stopped).
+    Finished,
+    /// The pipeline failed; it is stopped, and later calls return `Finished`.
+    Failed(Failure<E>),
+}
+
+struct Shared<E> {
+    failure: Mutex<Option<Failure<E>>>,
+    failed: AtomicBool,
+    stop: AtomicBool,
+    aborts: Mutex<Vec<tokio::task::AbortHandle>>,
+}
+
+impl<E> Shared<E> {
+    fn fail(&self, stage: &str, kind: FailureKind<E>) {
+        {
+            let mut f = self.failure.lock().unwrap_or_else(PoisonError::into_inner);
+            if f.is_none() {
+                *f = Some(Failure {
+                    stage: stage.to_owned(),
+                    kind,
+                });
+            }
+        }
+        self.failed.store(true, Ordering::Release);
+        self.abort_all();
+    }
+
+    fn abort_all(&self) {
+        for h in self
+            .aborts
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+        {
+            h.abort();
+        }
+    }
+
+    fn take_failure(&self) -> Option<Failure<E>> {
+        if !self.failed.load(Ordering::Acquire) {
+            return None;
+        }
+        self.failure
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
+}
+
+struct Plan<T, E> {
+    source: Box<dyn Source<T, E>>,
+    stages: Vec<Stage<T, E>>,
+    hook: Option<SkipHook<E>>,
+    reporter: Option<StatsReporter>,
+}
+
+struct Running {
+    runtime: tokio::runtime::Runtime,
+    threads: Vec<JoinHandle<()>>,
+}
+
+/// A pipeline: a source, stages linked by bounded channels, and a sink the
+/// consumer takes finished items from.
+///
+/// Built stopped; [`Pipeline::start`] (or the first
+/// [`Pipeline::next_timeout`]) starts it. Each pipeline owns its async
+/// runtime and its threads; [`Pipeline::stop`], dropping it, a failure or
+/// the end of the items stops and joins them all. A pipeline is one pass
+/// over its source: build another for the next epoch.
+///
+/// # Back-pressure
+///
+/// Every channel is bounded, so a slow consumer fills the sink, then each
+/// stage's output channel in turn, and finally blocks the source: memory is
+/// bounded by the channel capacities and concurrencies, however long the
+/// source.
+///
+/// # Fork
+///
+/// A pipeline must be used in the process that built it. In a forked child
+/// its threads do not exist: dropping it there forgets the runtime and the
+/// threads rather than joining them.
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::Arc;
+/// use ferrofeed::pipeline::*;
+///
+/// let double: ItemFn<u64, String> = Arc::new(|x| Ok(Some(x * 2)));
+/// let stages = vec![Stage::Map(MapStage {
+///     name: "double".into(),
+///     work: Work::Inline(double),
+///     concurrency: 1,
+///     ordered: true,
+///     on_error: ErrorPolicy::Raise,
+/// })];
+/// let source = IterSource((0..5u64).map(Ok));
+/// let mut p = Pipeline::new(source, stages, PipelineConfig::default(), None)?;
+/// let mut out = Vec::new();
+/// loop {
+///     match p.next_timeout(std::time::Duration::from_secs(1)) {
+///         Next::Item(x) => out.push(x),
+///         Next::Finished => break,
+///         Next::Timeout => continue,
+///         Next::Failed(f) => panic!("{f:?}"),
+///     }
+/// }
+/// assert_eq!(out, vec![0, 2, 4, 6, 8]);
+/// # Ok::<(), ferrofeed::pipeline::PipelineError>(())
+/// ```
+pub struct Pipeline<T: Send + 'static, E: Send + 'static> {
+    config: PipelineConfig,
+    plan: Option<Plan<T, E>>,
+    running: Option<Running>,
+    sink: Option<flume::Receiver<T>>,
+    shared: Arc<Shared<E>>,
+    /// source, stages..., sink
+    stats: Vec<Arc<StageStats>>,
+    capacities: Vec<usize>,
+    creator_pid: u32,
+}
+
+impl<T: Send + 'static, E: Send + 'static> Pipeline<T, E> {
+    /// Assembles a pipeline (not started).
+    ///
+    /// # Errors
+    ///
+    /// [`PipelineError::Invalid`] for a stage with zero concurrency or an
+    /// aggregate of size zero, or a zero `num_threads` or `sink_buffer`.
+    pub fn new(
+        source: impl Source<T, E>,
+        stages: Vec<Stage<T, E>>,
+        config: PipelineConfig,
+        on_skip: Option<SkipHook<E>>,
+    ) -> Result<Self, PipelineError> {
+        if config.num_threads == 0 || config.sink_buffer == 0 {
+            return Err(PipelineError::Invalid(
+                "num_threads and the sink's buffer size must be at least 1".into(),
+            ));
+        }
+        for s in &stages {
+            match s {
+                Stage::Map(m) if m.concurrency == 0 => {
+                    return Err(PipelineError::Invalid(format!(
+                        "stage {:?}: concurrency must be at least 1",
+                        m.name
+                    )))
+                }
+                Stage::Aggregate(a) if a.size == 0 => {
+                    return Err(PipelineError::Invalid(format!(
+                        "stage {:?}: the group size must be at least 1",
+                        a.name
+                    )))
+                }
+                _ => {}
+            }
+        }
+        // Channel i feeds stage i (the last one feeds the sink): room for
+        // what the stage works on at once, and at least two items so that
+        // producer and consumer overlap.
+        let mut capacities: Vec<usize> = stages.iter().map(|s| s.concurrency().max(2)).collect();
+        capacities.push(config.sink_buffer);
+        let mut stats = vec![Arc::new(StageStats::new("source", 1, capacities[0]))];
+        for (i, s) in stages.iter().enumerate() {
+            stats.push(Arc::new(StageStats::new(
+                s.name(),
+                s.concurrency(),
+                capacities[i + 1],
+            )));
+        }
+        stats.push(Arc::new(StageStats::new("sink", 1, 0)));
+        Ok(Self {
+            config,
+            plan: Some(Plan {
+                source: Box::new(source),
+                stages,
+                hook: on_skip,
+                reporter: None,
+            }),
+            running: None,
+            sink: None,
+            shared: Arc::new(Shared {
+                failure: Mutex::new(None),
+                failed: AtomicBool::new(false),
+                stop: AtomicBool::new(false),
+                aborts: Mutex::new(Vec::new()),
+            }),
+            stats,
+            capacities,
+            creator_pid: std::process::id(),
+        })
+    }
+
+    /// Reports stats periodically while the pipeline runs (set before start).
+    pub fn set_reporter(&mut self, reporter: StatsReporter) {
+        if let Some(plan) = &mut self.plan {
+            plan.reporter = Some(reporter);
+        }
+    }
+
+    /// Whether the pipeline was started (and possibly already finished).
+    pub fn is_started(&self) -> bool {
+        self.plan.is_none()
+    }
+
+    /// Whether every item was delivered, or the pipeline stopped or failed.
+    pub fn is_finished(&self) -> bool {
+        self.plan.is_none() && self.sink.is_none()
+    }
+
+    /// Whether this process built the pipeline (false in a forked child).
+    pub fn is_in_creator_process(&self) -> bool {
+        std::process::id() == self.creator_pid
+    }
+
+    /// Starts the runtime, the source thread and the stages. Does nothing
+    /// if already started.
+    ///
+    /// # Errors
+    ///
+    /// [`PipelineError::Start`] if the runtime or a thread cannot be started.
+    pub fn start(&mut self) -> Result<(), PipelineError> {
+        let Some(plan) = self.plan.take() else {
+            return Ok(());
+        };
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(self.config.num_threads)
+            .max_blocking_threads(self.config.num_threads.max(4) * 4)
+            .thread_name("ferrofeed-rt")
+            .enable_time()
+            .build()
+            .map_err(PipelineError::Start)?;
+        let mut threads = Vec::new();
+        let (source_tx, mut rx) = flume::bounded::<T>(self.capacities[0]);
+        threads.push(spawn_source(
+            plan.source,
+            source_tx,
+            Arc::clone(&self.shared),
+            Arc::clone(&self.stats[0]),
+        )?);
+        let mut aborts = Vec::new();
+        for (i, stage) in plan.stages.into_iter().enumerate() {
+            let (tx, next_rx) = flume::bounded::<T>(self.capacities[i + 1]);
+            let ctx = StageCtx {
+                shared: Arc::clone(&self.shared),
+                stats: Arc::clone(&self.stats[i + 1]),
+                hook: plan.hook.clone(),
+            };
+            let task: BoxFuture<()> = match stage {
+                Stage::Map(m) => {
+                    let jobs = match &m.work {
+                        Work::Dedicated(f) => {
+                            Some(spawn_dedicated(&m.name, f, m.concurrency, &mut threads)?)
+                        }
+                        _ => None,
+                    };
+                    Box::pin(run_map(m, rx, tx, jobs, ctx))
+                }
+                Stage::Aggregate(a) => Box::pin(run_aggregate(a, rx, tx, ctx)),
+            };
+            aborts.push(runtime.spawn(task).abort_handle());
+            rx = next_rx;
+        }
+        if let Some(rep) = plan.reporter {
+            let stats = self.stats.clone();
+            aborts.push(
+                runtime
+                    .spawn(async move {
+                        let mut tick = tokio::time::interval(rep.interval);
+                        tick.tick().await;
+                        loop {
+                            tick.tick().await;
+                            let snaps: Vec<_> = stats.iter().map(|s| s.snapshot()).collect();
+                            (rep.report)(&snaps);
+                        }
+                    })
+                    .abort_handle(),
+            );
+        }
+        *self
+            .shared
+            .aborts
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = aborts;
+        self.sink = Some(rx);
+        self.running = Some(Running { runtime, threads });
+        Ok(())
+    }
+
+    /// Waits up to `timeout` for the next finished item, starting the
+    /// pipeline first if needed.
+    ///
+    /// Once it returns [`Next::Finished`] or [`Next::Failed`], the
+    /// pipeline is stopped and its threads joined.
+    pub fn next_timeout(&mut self, timeout: Duration) -> Next<T, E> {
+        if self.plan.is_some() {
+            if let Err(e) = self.start() {
+                // Surfaced as a panic-free failure of the "start" stage.
+                return Next::Failed(Failure {
+                    stage: "start".into(),
+                    kind: FailureKind::Panicked(e.to_string()),
+                });
+            }
+        }
+        if let Some(f) = self.shared.take_failure() {
+            self.stop();
+            return Next::Failed(f);
+        }
+        let Some(rx) = &self.sink else {
+            return Next::Finished;
+        };
+        let t = Instant::now();
+        match rx.recv_timeout(timeout) {
+            Ok(item) => {
+                self.stats[self.stats.len() - 1].received(t.elapsed());
+                Next::Item(item)
+            }
+            Err(flume::RecvTimeoutError::Timeout) => Next::Timeout,
+            Err(flume::RecvTimeoutError::Disconnected) => {
+                let failure = self.shared.take_failure();
+                self.stop();
+                failure.map_or(Next::Finished, Next::Failed)
+            }
+        }
+    }
+
+    /// Stops every stage and joins every thread. Items not yet taken are
+    /// dropped. Idempotent.
+    pub fn stop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        self.shared.abort_all();
+        self.plan = None;
+        self.sink = None;
+        let Some(running) = self.running.take() else {
+            return;
+        };
+        if !self.is_in_creator_process() {
+            // Forked child: the threads are the parent's; nothing to join.
+            std::mem::forget(running);
+            return;
+        }
+        running.runtime.shutdown_timeout(JOIN_DEADLINE);
+        let deadline = Instant::now() + JOIN_DEADLINE;
+        for t in running.threads {
+            while !t.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            if t.is_finished() {
+                let _ = t.join();
+            }
+            // Else it is still inside user code; it exits when that returns,
+            // since its channels are closed.
+        }
+    }
+
+    /// Snapshots of every stage's counters: the source, the stages, the sink.
+    pub fn stats(&self) -> Vec<StatsSnapshot> {
+        self.stats.iter().map(|s| s.snapshot()).collect()
+    }
+}
+
+impl<T: Send + 'static, E: Send + 'static> Drop for Pipeline<T, E> {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn spawn_source<T: Send + 'static, E: Send + 'static>(
+    mut source: Box<dyn Source<T, E>>,
+    tx: flume::Sender<T>,
+    shared: Arc<Shared<E>>,
+    stats: Arc<StageStats>,
+) -> Result<JoinHandle<()>, PipelineError> {
+    std::thread::Builder::new()
+        .name("ferrofeed-source".into())
+        .spawn(move || {
+            let cap = tx.capacity().unwrap_or(1);
+            let mut batch = Vec::new();
+            loop {
+                if shared.stop.load(Ordering::Acquire) {
+                    return;
+                }
+                let room = cap.saturating_sub(tx.len()).clamp(1, 64);
+                let t = Instant::now();
+                let more =
+                    match catch_unwind(AssertUnwindSafe(|| source.next_batch(room, &mut batch))) {
+                        Ok(Ok(more)) => more,
+                        Ok(Err(e)) => {
+                            shared.fail("source", FailureKind::Item(e));
+                            return;
+                        }
+                        Err(p) => {
+                            shared.fail("source", FailureKind::Panicked(panic_message(&*p)));
+                            return;
+                        }
+                    };
+                stats.worked(t.elapsed());
+                for item in batch.drain(..) {
+                    let t = Instant::now();
+                    if tx.send(item).is_err() {
+                        return;
+                    }
+                    stats.sent(t.elapsed(), tx.len());
+                }
+                if !more {
+                    return;
+                }
+            }
+        })
+        .map_err(PipelineError::Start)
+}
+
+fn spawn_dedicated<T: Send + 'static, E: Send + 'static>(
+    name: &str,
+    f: &super::stage::ItemFn<T, E>,
+    threads: usize,
+    handles: &mut Vec<JoinHandle<()>>,
+) -> Result<flume::Sender<Job<T, E>>, PipelineError> {
+    let (tx, rx) = flume::bounded::<Job<T, E>>(threads);
+    for i in 0..threads {
+        let rx = rx.clone();
+        let f = Arc::clone(f);
+        let thread_name: String = format!("ff-{name}-{i}").chars().take(15).collect();
+        handles.push(
+            std::thread::Builder::new()
+                .name(thread_name)
+                .spawn(move || {
+                    while let Ok((item, reply)) = rx.recv() {
+                        let out = catch_unwind(AssertUnwindSafe(|| f(item)))
+                            .map_err(|p| panic_message(&*p));
+                        let _ = reply.send(out);
+                    }
+                })
+                .map_err(PipelineError::Start)?,
+        );
+    }
+    Ok(tx)
+}
+
+struct StageCtx<E> {
+    shared: Arc<Shared<E>>,
+    stats: Arc<StageStats>,
+    hook: Option<SkipHook<E>>,
+}
+
+impl<E> StageCtx<E> {
+    /// Applies the error policy to a failed item; `false` when the stage
+    /// must stop.
+    fn on_error(&self, stage: &str, policy: ErrorPolicy, e: E) -> bool {
+        let count = self.stats.failed();
+        match policy {
+            ErrorPolicy::Raise => {
+                self.shared.fail(stage, FailureKind::Item(e));
+                false
+            }
+            ErrorPolicy::Skip { max_failures } => {
+                if let Some(hook) = &self.hook {
+                    hook(stage, &e);
+                }
+                match max_failures {
+                    Some(limit) if count > limit => {
+                        self.shared.fail(
+                            stage,
+                            FailureKind::TooManyFailures {
+                                limit,
+                                count,
+                                last: e,
+                            },
+                        );
+                        false
+                    }
+                    _ => true,
+                }
+            }
+        }
+    }
+
+    async fn send<T>(&self, tx: &flume::Sender<T>, item: T) -> bool {
+        let t = Instant::now();
+        if tx.send_async(item).await.is_err() {
+            return false;
+        }
+        self.stats.sent(t.elapsed(), tx.len());
+        true
+    }
+}
+
+fn timed<T, E>(stats: &StageStats, f: impl FnOnce() -> Result<Option<T>, E>) -> Outcome<T, E> {
+    let t = Instant::now();
+    let out = catch_unwind(AssertUnwindSafe(f)).map_err(|p| panic_message(&*p));
+    stats.worked(t.elapsed());
+    out
+}
+
+async fn run_map<T: Send + 'static, E: Send + 'static>(
+    stage: MapStage<T, E>,
+    rx: flume::Receiver<T>,
+    tx: flume::Sender<T>,
+    jobs: Option<flume::Sender<Job<T, E>>>,
+    ctx: StageCtx<E>,
+) {
+    let MapStage {
+        name,
+        work,
+        concurrency,
+        ordered,
+        on_error,
+    } = stage;
+    // Handles one outcome; false when the stage must stop.
+    let handle = |outcome: Outcome<T, E>| {
+        let (ctx, tx, name) = (&ctx, &tx, &name);
+        async move {
+            match outcome {
+                Ok(Ok(Some(v))) => ctx.send(tx, v).await,
+                Ok(Ok(None)) => {
+                    ctx.stats.dropped();
+                    true
+                }
+                Ok(Err(e)) => ctx.on_error(name, on_error, e),
+                Err(msg) => {
+                    ctx.stats.failed();
+                    ctx.shared.fail(name, FailureKind::Panicked(msg));
+                    false
+                }
+            }
+        }
+    };
+    if let (Work::Inline(f), 1) = (&work, concurrency) {
+        // The fast path: no future per item, no hop.
+        loop {
+            let t = Instant::now();
+            let Ok(item) = rx.recv_async().await else {
+                return;
+            };
+            ctx.stats.received(t.elapsed());
+            if !handle(timed(&ctx.stats, || f(item))).await {
+                return;
+            }
+        }
+    }
+    let stats = Arc::clone(&ctx.stats);
+    let inputs = stream::unfold(rx, move |rx| {
+        let stats = Arc::clone(&stats);
+        async move {
+            let t = Instant::now();
+            let item = rx.recv_async().await.ok()?;
+            stats.received(t.elapsed());
+            Some((item, rx))
+        }
+    });
+    let stats = Arc::clone(&ctx.stats);
+    let calls = inputs.map(move |item| invoke(&work, item, jobs.as_ref(), &stats));
+    if ordered {
+        let mut outs = std::pin::pin!(calls.buffered(concurrency));
+        while let Some(o) = outs.next().await {
+            if !handle(o).await {
+                return;
+            }
+        }
+    } else {
+        let mut outs = std::pin::pin!(calls.buffer_unordered(concurrency));
+        while let Some(o) = outs.next().await {
+            if !handle(o).await {
+                return;
+            }
+        }
+    }
+}
+
+/// Starts one call of a stage function on `item`, where its [`Work`] says.
+fn invoke<T: Send + 'static, E: Send + 'static>(
+    work: &Work<T, E>,
+    item: T,
+    jobs: Option<&flume::Sender<Job<T, E>>>,
+    stats: &Arc<StageStats>,
+) -> BoxFuture<Outcome<T, E>> {
+    let stats = Arc::clone(stats);
+    match work {
+        Work::Inline(f) => {
+            let out = timed(&stats, || f(item));
+            Box::pin(std::future::ready(out))
+        }
+        Work::Blocking(f) => {
+            let f = Arc::clone(f);
+            Box::pin(async move {
+                match tokio::task::spawn_blocking(move || timed(&stats, || f(item))).await {
+                    Ok(out) => out,
+                    Err(e) => Err(format!("the blocking task failed: {e}")),
+                }
+            })
+        }
+        Work::Dedicated(_) => {
+            let jobs = jobs.cloned();
+            Box::pin(async move {
+                let (reply, done) = tokio::sync::oneshot::channel();
+                let t = Instant::now();
+                let sent = match &jobs {
+                    Some(j) => j.send_async((item, reply)).await.is_ok(),
+                    None => false,
+                };
+                let out = if sent {
+                    done.await
+                        .unwrap_or_else(|_| Err("the stage's thread is gone".into()))
+                } else {
+                    Err("the stage's threads are gone".into())
+                };
+                stats.worked(t.elapsed());
+                out
+            })
+        }
+        Work::Async(f) => {
+            let fut = f(item);
+            Box::pin(async move {
+                let t = Instant::now();
+                let out = AssertUnwindSafe(fut).catch_unwind_compat().await;
+                stats.worked(t.elapsed());
+                out
+            })
+        }
+    }
+}
+
+/// `catch_unwind` for futures without pulling in `futures`' full feature set.
+trait CatchUnwindCompat: std::future::Future + Sized {
+    fn catch_unwind_compat<T, E>(self) -> impl std::future::Future<Output = Outcome<T, E>>
+    where
+        Self: std::future::Future<Output = Result<Option<T>, E>>;
+}
+
+impl<F: std::future::Future + std::panic::UnwindSafe> CatchUnwindCompat for F {
+    fn catch_unwind_compat<T, E>(self) -> impl std::future::Future<Output = Outcome<T, E>>
+    where
+        Self: std::future::Future<Output = Result<Option<T>, E>>,
+    {
+        let mut fut = Box::pin(self);
+        std::future::poll_fn(move |cx| {
+            match catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(cx))) {
+                Ok(std::task::Poll::Ready(v)) => std::task::Poll::Ready(Ok(v)),
+                Ok(std::task::Poll::Pending) => std::task::Poll::Pending,
+                Err(p) => std::task::Poll::Ready(Err(panic_message(&*p))),
+            }
+        })
+    }
+}
+
+async fn run_aggregate<T: Send + 'static, E: Send + 'static>(
+    stage: AggregateStage<T, E>,
+    rx: flume::Receiver<T>,
+    tx: flume::Sender<T>,
+    ctx: StageCtx<E>,
+) {
+    let AggregateStage {
+        name,
+        size,
+        drop_last,
+        combine,
+    } = stage;
+    let emit = |group: Vec<T>| {
+        let (ctx, tx, name, combine) = (&ctx, &tx, &name, &combine);
+        async move {
+            match timed(&ctx.stats, || combine(group).map(Some)) {
+                Ok(Ok(Some(v))) => ctx.send(tx, v).await,
+                Ok(Ok(None)) => true,
+                Ok(Err(e)) => ctx.on_error(name, ErrorPolicy::Raise, e),
+                Err(msg) => {
+                    ctx.shared.fail(name, FailureKind::Panicked(msg));
+                    false
+                }
+            }
+        }
+    };
+    let mut group = Vec::with_capacity(size);
+    loop {
+        let t = Instant::now();
+        let Ok(item) = rx.recv_async().await else {
+            break;
+        };
+        ctx.stats.received(t.elapsed());
+        group.push(item);
+        if group.len() == size
+            && !emit(std::mem::replace(&mut group, Vec::with_capacity(size))).await
+        {
+            return;
+        }
+    }
+    if !group.is_empty() && !drop_last && !ctx.shared.failed.load(Ordering::Acquire) {
+        emit(group).await;
+    }
+}

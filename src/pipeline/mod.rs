@@ -1,0 +1,49 @@
+//! The pipeline engine: a source, stages linked by bounded channels, a sink.
+//!
+//! A [`Pipeline`] pulls items from a [`Source`] on a thread of its own and
+//! passes them through [`Stage`]s, each a task on the pipeline's own tokio
+//! runtime, linked by bounded `flume` channels; the consumer takes finished
+//! items from the sink with [`Pipeline::next_timeout`].
+//!
+//! # Where work runs
+//!
+//! A map stage's [`Work`] says where its function runs: inline in the
+//! stage's task (cheap native work), on the runtime's blocking pool
+//! (CPU-heavy native work), on OS threads the stage owns (functions that
+//! take the GIL: a slow Python call never stalls a runtime worker), or as a
+//! future (async callables). Up to `concurrency` items are in flight per
+//! stage; with `ordered` the stage emits them in input order (like
+//! `buffered`), else as they complete (like `buffer_unordered`).
+//!
+//! # Back-pressure
+//!
+//! Every channel is bounded: a slow consumer fills the sink, each stage
+//! then waits to send, and finally the source waits. Memory stays bounded
+//! by the capacities, whatever the source's length.
+//!
+//! # Errors and shutdown
+//!
+//! A failing item is either fatal ([`ErrorPolicy::Raise`]: the pipeline
+//! stops and [`Pipeline::next_timeout`] returns the [`Failure`], naming
+//! the stage) or skipped and counted ([`ErrorPolicy::Skip`], with an
+//! optional bound). A panic in a stage function is a failure, never a
+//! crash or a hang. Stopping aborts every task at its next await point,
+//! closes every channel (so threads blocked on them return) and joins the
+//! threads; threads inside user code are given a deadline, then left to
+//! finish on their own.
+
+mod engine;
+mod error;
+mod stage;
+mod stats;
+
+pub use engine::{Next, Pipeline, PipelineConfig, ReportFn, StatsReporter};
+pub use error::{Failure, FailureKind, PipelineError};
+pub use stage::{
+    AggregateStage, AsyncItemFn, BoxFuture, CombineFn, ErrorPolicy, ItemFn, IterSource, MapStage,
+    SkipHook, Source, Stage, Work,
+};
+pub use stats::{format_table, StageStats, StatsSnapshot};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,143 @@
+//! What a pipeline is made of: a source, stages and their policies.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+/// A boxed, sendable future.
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+/// A synchronous stage function: `Ok(None)` drops the item.
+pub type ItemFn<T, E> = Arc<dyn Fn(T) -> Result<Option<T>, E> + Send + Sync>;
+
+/// An asynchronous stage function.
+pub type AsyncItemFn<T, E> = Arc<dyn Fn(T) -> BoxFuture<Result<Option<T>, E>> + Send + Sync>;
+
+/// Where a stage's function runs.
+pub enum Work<T, E> {
+    /// In the stage's own task, item after item: for cheap native work,
+    /// where a hop to another thread would cost more than the work.
+    Inline(ItemFn<T, E>),
+    /// On the runtime's blocking pool: CPU-heavy or blocking native work
+    /// that never takes the GIL.
+    Blocking(ItemFn<T, E>),
+    /// On `concurrency` OS threads owned by the stage: functions that take
+    /// the GIL (Python callables) run there, never on the runtime's workers,
+    /// so a slow Python call never stalls other stages.
+    Dedicated(ItemFn<T, E>),
+    /// A function returning a future, awaited on the runtime (async
+    /// callables bridged to an event loop, async I/O).
+    Async(AsyncItemFn<T, E>),
+}
+
+impl<T, E> Clone for Work<T, E> {
+    fn clone(&self) -> Self {
+        match self {
+            Self::Inline(f) => Self::Inline(Arc::clone(f)),
+            Self::Blocking(f) => Self::Blocking(Arc::clone(f)),
+            Self::Dedicated(f) => Self::Dedicated(Arc::clone(f)),
+            Self::Async(f) => Self::Async(Arc::clone(f)),
+        }
+    }
+}
+
+/// What a stage does when its function fails on an item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorPolicy {
+    /// Stop the pipeline; the consumer gets the error.
+    Raise,
+    /// Drop the item, count it, tell the skip hook; past `max_failures`
+    /// failures (if set), stop the pipeline as `Raise` would.
+    Skip {
+        /// Failures tolerated; one more is fatal.
+        max_failures: Option<u64>,
+    },
+}
+
+/// A stage that maps each item to zero or one item.
+pub struct MapStage<T, E> {
+    /// Name shown in stats and errors.
+    pub name: String,
+    /// The function and where it runs.
+    pub work: Work<T, E>,
+    /// Items in flight at once (at least 1).
+    pub concurrency: usize,
+    /// Whether output order equals input order.
+    pub ordered: bool,
+    /// What to do with a failing item.
+    pub on_error: ErrorPolicy,
+}
+
+/// Turns a group of items into one (a list, a batch).
+pub type CombineFn<T, E> = Arc<dyn Fn(Vec<T>) -> Result<T, E> + Send + Sync>;
+
+/// A stage that groups consecutive items.
+pub struct AggregateStage<T, E> {
+    /// Name shown in stats and errors.
+    pub name: String,
+    /// Items per group (at least 1).
+    pub size: usize,
+    /// Whether a last, smaller group is dropped rather than emitted.
+    pub drop_last: bool,
+    /// Builds the group's item; runs inline in the stage's task.
+    pub combine: CombineFn<T, E>,
+}
+
+/// One step of a pipeline.
+pub enum Stage<T, E> {
+    /// Map each item.
+    Map(MapStage<T, E>),
+    /// Group items.
+    Aggregate(AggregateStage<T, E>),
+}
+
+impl<T, E> Stage<T, E> {
+    /// The stage's name.
+    pub fn name(&self) -> &str {
+        match self {
+            Self::Map(m) => &m.name,
+            Self::Aggregate(a) => &a.name,
+        }
+    }
+
+    pub(crate) fn concurrency(&self) -> usize {
+        match self {
+            Self::Map(m) => m.concurrency,
+            Self::Aggregate(_) => 1,
+        }
+    }
+}
+
+/// Produces the pipeline's items, pulled on a thread of its own.
+pub trait Source<T, E>: Send + 'static {
+    /// Appends up to `max` (at least 1) items to `out`; returns `Ok(false)`
+    /// once the source is exhausted (possibly after appending the last
+    /// items), `Ok(true)` while more may come. Taking several items per call
+    /// lets a source amortise a lock (such as the GIL) over them.
+    ///
+    /// # Errors
+    ///
+    /// The source's own error; it stops the pipeline.
+    fn next_batch(&mut self, max: usize, out: &mut Vec<T>) -> Result<bool, E>;
+}
+
+/// A [`Source`] over any iterator of results.
+pub struct IterSource<I>(pub I);
+
+impl<T, E, I> Source<T, E> for IterSource<I>
+where
+    I: Iterator<Item = Result<T, E>> + Send + 'static,
+{
+    fn next_batch(&mut self, max: usize, out: &mut Vec<T>) -> Result<bool, E> {
+        for _ in 0..max {
+            match self.0.next() {
+                Some(item) => out.push(item?),
+                None => return Ok(false),
+            }
+        }
+        Ok(true)
+    }
+}
+
+/// Called with the stage name and the error of each item a stage skips.
+pub type SkipHook<E> = Arc<dyn Fn(&str, &E) + Send + Sync>;
