@@ -9,7 +9,7 @@ Example:
 
 from __future__ import annotations
 
-from . import _core
+from . import _core, ops
 from ._errors import (
     ArenaBuilderError,
     ArenaClosedError,
@@ -21,7 +21,9 @@ from ._errors import (
     ArenaNotFoundError,
     ArenaTimeoutError,
     FerrofeedError,
+    PipelineError,
 )
+from ._pipeline import Pipeline, PipelineBuilder
 from ._shared_list import SharedList, default_arena_dir
 
 __version__: str = _core.__version__
@@ -37,10 +39,14 @@ __all__ = [
     "ArenaNotFoundError",
     "ArenaTimeoutError",
     "FerrofeedError",
+    "Pipeline",
+    "PipelineBuilder",
+    "PipelineError",
     "SharedList",
     "__version__",
     "build_info",
     "default_arena_dir",
+    "ops",
 ]
 
 

@@ -7,6 +7,8 @@ which already catches ``FileNotFoundError`` or ``ValueError`` keeps working.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 __all__ = [
     "ArenaBuilderError",
     "ArenaClosedError",
@@ -18,6 +20,7 @@ __all__ = [
     "ArenaNotFoundError",
     "ArenaTimeoutError",
     "FerrofeedError",
+    "PipelineError",
 ]
 
 
@@ -68,3 +71,19 @@ class ArenaTimeoutError(ArenaError, TimeoutError):
 
 class ArenaBuilderError(ArenaError, RuntimeError):
     """The local rank that builds a shared arena failed or died before finishing it."""
+
+
+class PipelineError(FerrofeedError, ExceptionGroup):  # type: ignore[misc]
+    """A pipeline stage (or its source) failed; the original exception is inside.
+
+    An `ExceptionGroup` whose single member is the exception the stage raised, with its
+    own traceback and a note naming the stage; ``stage`` holds the stage's name. Catch
+    it as ``except PipelineError``, or the original type with ``except*``.
+    """
+
+    stage: str
+
+    def derive(self, excs: Sequence[Exception]) -> PipelineError:  # type: ignore[override]
+        derived = PipelineError(self.message, excs)
+        derived.stage = getattr(self, "stage", "")
+        return derived

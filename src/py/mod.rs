@@ -7,6 +7,7 @@
 #![allow(clippy::cast_possible_wrap, clippy::cast_sign_loss)]
 
 mod arena;
+mod pipeline;
 mod errors;
 
 use pyo3::prelude::*;
@@ -25,5 +26,6 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
         },
     )?;
     arena::register(m)?;
+    pipeline::register(m)?;
     Ok(())
 }

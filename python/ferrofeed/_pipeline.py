@@ -1,0 +1,266 @@
+"""`PipelineBuilder`: assemble a pipeline of Python and native stages."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+from collections.abc import AsyncIterable, Callable, Coroutine, Iterable, Iterator
+from typing import Any, Literal, Self
+
+from . import _core
+
+__all__ = ["Pipeline", "PipelineBuilder"]
+
+Pipeline = _core.Pipeline
+"""A built pipeline: iterate it, or use ``with pipeline.auto_stop():``."""
+
+OnError = Literal["raise", "skip"]
+
+
+class _AsyncRunner:
+    """The event loop on which a pipeline's ``async def`` stages run, on its own thread."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        loop = asyncio.new_event_loop()
+        ready = threading.Event()
+
+        def run() -> None:
+            asyncio.set_event_loop(loop)
+            loop.call_soon(ready.set)
+            loop.run_forever()
+
+        self._loop = loop
+        self._thread = threading.Thread(target=run, name="ferrofeed-asyncio", daemon=True)
+        self._thread.start()
+        ready.wait()
+
+    def submit(
+        self,
+        op: Callable[[Any], Coroutine[Any, Any, Any]],
+        item: Any,
+        done: Callable[[asyncio.Task[Any]], object],
+    ) -> None:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            raise RuntimeError("the pipeline's event loop is not running")
+
+        def start() -> None:
+            task = loop.create_task(op(item))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            task.add_done_callback(done)
+
+        loop.call_soon_threadsafe(start)
+
+    def stop(self) -> None:
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None:
+            return
+        self._loop = self._thread = None
+
+        def cancel_all() -> None:
+            for task in list(self._tasks):
+                task.cancel()
+            # Let the cancellations run, then stop.
+            loop.call_soon(loop.stop)
+
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(cancel_all)
+        thread.join(timeout=5)
+        if not thread.is_alive():
+            loop.close()
+
+
+class _AsyncIterBridge(Iterator[Any]):
+    """A sync iterator over an async iterable, driven by a private loop on the source thread."""
+
+    def __init__(self, source: AsyncIterable[Any]) -> None:
+        self._source = source
+        self._iter: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def __next__(self) -> Any:
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+            self._iter = self._source.__aiter__()
+        try:
+            return self._loop.run_until_complete(self._iter.__anext__())
+        except StopAsyncIteration:
+            self._loop.run_until_complete(self._loop.shutdown_asyncgens())
+            self._loop.close()
+            raise StopIteration from None
+
+
+def _is_async(op: Callable[..., Any]) -> bool:
+    return inspect.iscoroutinefunction(op) or inspect.iscoroutinefunction(
+        getattr(op, "__call__", None)  # noqa: B004 - an instance with an async __call__
+    )
+
+
+def _op_name(op: Any) -> str:
+    if isinstance(op, _core.NativeOp):
+        return op.name
+    return str(getattr(op, "__qualname__", None) or getattr(op, "__name__", None) or type(op).__name__)
+
+
+class PipelineBuilder:
+    """Assemble a pipeline: a source, stages, a sink; then `build` it.
+
+    Stages run concurrently on background threads, linked by bounded queues, so a slow
+    consumer throttles the source and memory stays bounded. Python callables run on
+    threads of their own and hold the GIL only for the call; ``async def`` functions run
+    on an event loop the pipeline owns; native ops (`ferrofeed.ops`) run in Rust without
+    the GIL. Output order equals source order unless a stage says ``ordered=False``.
+
+    Example:
+        >>> from ferrofeed import PipelineBuilder
+        >>> pipeline = (
+        ...     PipelineBuilder()
+        ...     .add_source(range(10))
+        ...     .pipe(lambda x: x * x, concurrency=4)
+        ...     .aggregate(4)
+        ...     .add_sink(buffer_size=2)
+        ...     .build(num_threads=2)
+        ... )
+        >>> with pipeline.auto_stop():
+        ...     [batch for batch in pipeline]
+        [[0, 1, 4, 9], [16, 25, 36, 49], [64, 81]]
+    """
+
+    def __init__(self) -> None:
+        self._source: Any = None
+        self._stages: list[tuple[Any, ...]] = []
+        self._names: set[str] = set()
+        self._sink_buffer: int | None = None
+
+    def add_source(self, source: Iterable[Any] | AsyncIterable[Any], /) -> Self:
+        """Set where items come from: any iterable or async iterable.
+
+        A ``range`` is generated natively (no GIL). Other sync iterables are pulled on a
+        thread of their own; async iterables through a private event loop on that thread.
+        The source is iterated afresh by each `build`, so a list or a range gives every
+        epoch the same items.
+        """
+        if self._source is not None:
+            raise ValueError("the pipeline already has a source")
+        if not isinstance(source, Iterable | AsyncIterable):
+            raise TypeError(f"a source must be iterable, not {type(source).__name__}")
+        self._source = source
+        return self
+
+    def pipe(
+        self,
+        op: Callable[[Any], Any] | _core.NativeOp,
+        /,
+        *,
+        concurrency: int = 1,
+        name: str | None = None,
+        on_error: OnError = "raise",
+        max_failures: int | None = None,
+        ordered: bool = True,
+    ) -> Self:
+        """Add a stage that applies ``op`` to each item.
+
+        Args:
+            op: a callable, an ``async def`` function, or a native op from `ferrofeed.ops`.
+                Returning ``None`` drops the item.
+            concurrency: items processed at once (threads for a callable, coroutines in
+                flight for an async function).
+            name: the stage's name in stats and errors (default: ``op``'s name, made
+                unique with a numeric suffix).
+            on_error: ``"raise"`` stops the pipeline and raises `PipelineError` (holding
+                the original exception) in the consumer; ``"skip"`` drops the item, logs
+                it at WARNING on the ``ferrofeed.pipeline`` logger and counts it.
+            max_failures: with ``"skip"``, the number of failures tolerated; one more
+                stops the pipeline with `PipelineError`.
+            ordered: keep source order (default); ``False`` yields items as they finish.
+        """
+        if self._source is None:
+            raise ValueError("add_source() comes first")
+        if self._sink_buffer is not None:
+            raise ValueError("the pipeline already has a sink")
+        if not isinstance(concurrency, int) or concurrency < 1:
+            raise ValueError(f"concurrency must be a positive int, not {concurrency!r}")
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
+        if max_failures is not None:
+            if on_error != "skip":
+                raise ValueError("max_failures applies to on_error='skip'")
+            if not isinstance(max_failures, int) or max_failures < 0:
+                raise ValueError(f"max_failures must be an int >= 0, not {max_failures!r}")
+        if isinstance(op, _core.NativeOp):
+            kind = "native"
+        elif callable(op):
+            kind = "async" if _is_async(op) else "sync"
+        else:
+            raise TypeError(f"op must be callable or a native op, not {type(op).__name__}")
+        stage_name = self._unique(name or _op_name(op), explicit=name is not None)
+        self._stages.append(
+            ("map", kind, op, concurrency, stage_name, on_error, max_failures, ordered)
+        )
+        return self
+
+    def aggregate(self, n: int, /, *, drop_last: bool = False) -> Self:
+        """Group every ``n`` consecutive items into a list (the last group may be short)."""
+        if self._source is None:
+            raise ValueError("add_source() comes first")
+        if self._sink_buffer is not None:
+            raise ValueError("the pipeline already has a sink")
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"n must be a positive int, not {n!r}")
+        self._stages.append(("aggregate", n, drop_last, self._unique(f"aggregate({n})")))
+        return self
+
+    def add_sink(self, buffer_size: int = 3) -> Self:
+        """Set how many finished items wait for the consumer."""
+        if not isinstance(buffer_size, int) or buffer_size < 1:
+            raise ValueError(f"buffer_size must be a positive int, not {buffer_size!r}")
+        self._sink_buffer = buffer_size
+        return self
+
+    def build(
+        self, *, num_threads: int | None = None, report_stats_interval: float | None = None
+    ) -> _core.Pipeline:
+        """Build a new pipeline (one pass over the source); call again for each epoch.
+
+        Args:
+            num_threads: worker threads of the pipeline's async runtime (default: the
+                number of CPUs, at most 8). Python stages have threads of their own.
+            report_stats_interval: if set, log the stats table at INFO on the
+                ``ferrofeed.pipeline`` logger every this many seconds.
+        """
+        if self._source is None:
+            raise ValueError("the pipeline has no source: call add_source() first")
+        if num_threads is not None and (not isinstance(num_threads, int) or num_threads < 1):
+            raise ValueError(f"num_threads must be a positive int, not {num_threads!r}")
+        source = self._source
+        if not isinstance(source, range) and isinstance(source, AsyncIterable):
+            source = _AsyncIterBridge(source)
+        runner = _AsyncRunner() if any(s[1] == "async" for s in self._stages) else None
+        return _core.Pipeline(
+            source,
+            list(self._stages),
+            sink_buffer=self._sink_buffer or 3,
+            num_threads=num_threads,
+            runner=runner,
+            report_interval=report_stats_interval,
+        )
+
+    def _unique(self, name: str, *, explicit: bool = False) -> str:
+        if name in self._names or name in ("source", "sink"):
+            if explicit:
+                raise ValueError(f"a stage named {name!r} exists already (or is reserved)")
+            k = 2
+            while f"{name}#{k}" in self._names:
+                k += 1
+            name = f"{name}#{k}"
+        self._names.add(name)
+        return name

@@ -1,0 +1,636 @@
+//! `ferrofeed._core.Pipeline` and the native ops: the Python face of
+//! [`crate::pipeline`].
+//!
+//! Items are [`Item`]s: a Python object, or a native value that native ops
+//! produce and consume without the GIL and that becomes a Python object
+//! only at the sink.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyList, PyRange, PyRangeMethods, PyTuple};
+
+use crate::pipeline::{
+    format_table, AggregateStage, AsyncItemFn, CombineFn, ErrorPolicy, Failure, FailureKind,
+    ItemFn, MapStage, Next, Pipeline, PipelineConfig, ReportFn, SkipHook, Source, Stage,
+    StatsReporter, StatsSnapshot, Work,
+};
+
+/// How long `__next__` waits without the GIL before checking for signals.
+const WAIT_SLICE: Duration = Duration::from_millis(50);
+
+/// An item travelling through a pipeline.
+pub(crate) enum Item {
+    /// A Python object.
+    Py(Py<PyAny>),
+    /// A native integer (from a native range source).
+    Int(i64),
+    /// A native group (from `aggregate` over native items).
+    List(Vec<Item>),
+}
+
+impl Item {
+    /// The item as a Python object (at the sink, or for a Python stage).
+    pub(crate) fn into_py(self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        Ok(match self {
+            Item::Py(o) => o,
+            Item::Int(i) => i.into_pyobject(py)?.into_any().unbind(),
+            Item::List(items) => {
+                let list = PyList::empty(py);
+                for it in items {
+                    list.append(it.into_py(py)?)?;
+                }
+                list.into_any().unbind()
+            }
+        })
+    }
+}
+
+/// A native stage: Rust code run on items without the GIL.
+#[pyclass(name = "NativeOp", module = "ferrofeed._core", frozen)]
+pub(crate) struct PyNativeOp {
+    name: String,
+    /// Run on the blocking pool (CPU-heavy) rather than inline.
+    blocking: bool,
+    f: ItemFn<Item, PyErr>,
+}
+
+#[pymethods]
+impl PyNativeOp {
+    /// The op's name (the default stage name).
+    #[getter]
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn __repr__(&self) -> String {
+        format!("<ferrofeed native op {}>", self.name)
+    }
+}
+
+impl PyNativeOp {
+    pub(crate) fn new(name: &str, blocking: bool, f: ItemFn<Item, PyErr>) -> Self {
+        Self {
+            name: name.to_owned(),
+            blocking,
+            f,
+        }
+    }
+}
+
+/// `ops.identity()`: passes items through unchanged (natively).
+#[pyfunction]
+fn _op_identity() -> PyNativeOp {
+    PyNativeOp::new("identity", false, Arc::new(|item| Ok(Some(item))))
+}
+
+/// A Python iterator pulled on the source thread, several items per GIL
+/// acquisition.
+struct PySource {
+    iter: Py<PyAny>,
+}
+
+impl Source<Item, PyErr> for PySource {
+    fn next_batch(&mut self, max: usize, out: &mut Vec<Item>) -> PyResult<bool> {
+        Python::attach(|py| {
+            let it = self.iter.bind(py);
+            for _ in 0..max {
+                match it.call_method0(pyo3::intern!(py, "__next__")) {
+                    Ok(v) => out.push(Item::Py(v.unbind())),
+                    Err(e) if e.is_instance_of::<pyo3::exceptions::PyStopIteration>(py) => {
+                        return Ok(false)
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(true)
+        })
+    }
+}
+
+/// A native range of integers: no GIL at all.
+struct RangeSource {
+    next: i64,
+    stop: i64,
+    step: i64,
+}
+
+impl Source<Item, PyErr> for RangeSource {
+    fn next_batch(&mut self, max: usize, out: &mut Vec<Item>) -> PyResult<bool> {
+        for _ in 0..max {
+            let more = if self.step > 0 { self.next < self.stop } else { self.next > self.stop };
+            if !more {
+                return Ok(false);
+            }
+            out.push(Item::Int(self.next));
+            self.next = match self.next.checked_add(self.step) {
+                Some(n) => n,
+                None => self.stop,
+            };
+        }
+        Ok(true)
+    }
+}
+
+fn logger(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
+    static LOGGER: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    LOGGER
+        .get_or_try_init(py, || {
+            Ok::<_, PyErr>(
+                py.import("logging")?
+                    .call_method1("getLogger", ("ferrofeed.pipeline",))?
+                    .unbind(),
+            )
+        })
+        .map(|l| l.bind(py))
+}
+
+/// Calls a Python callable on an item, with the GIL, on the caller's thread.
+fn call_python(callable: &Py<PyAny>, item: Item) -> PyResult<Option<Item>> {
+    Python::attach(|py| {
+        let arg = item.into_py(py)?;
+        let out = callable.bind(py).call1((arg,))?;
+        Ok((!out.is_none()).then(|| Item::Py(out.unbind())))
+    })
+}
+
+/// The bridge to the pipeline's event loop for `async def` stages: each
+/// call submits a coroutine (through the Python-side runner, on a feeder
+/// thread of its own) and completes when the loop finishes it.
+#[pyclass(module = "ferrofeed._core", frozen)]
+struct Completion {
+    reply: Mutex<Option<tokio::sync::oneshot::Sender<PyResult<Option<Item>>>>>,
+}
+
+#[pymethods]
+impl Completion {
+    /// Called by the event loop with the finished task.
+    fn __call__(&self, py: Python<'_>, task: &Bound<'_, PyAny>) -> PyResult<()> {
+        let out = if task.call_method0("cancelled")?.is_truthy()? {
+            Err(pyo3::exceptions::asyncio::CancelledError::new_err("the coroutine was cancelled"))
+        } else {
+            match task.call_method0("exception")? {
+                e if e.is_none() => {
+                    let v = task.call_method0("result")?;
+                    Ok((!v.is_none()).then(|| Item::Py(v.unbind())))
+                }
+                e => Err(PyErr::from_value(e)),
+            }
+        };
+        let sender = self.reply.lock().unwrap_or_else(PoisonError::into_inner).take();
+        if let Some(s) = sender {
+            // The pipeline may be gone; then nobody waits for this result.
+            let _ = s.send(out);
+        }
+        let _ = py;
+        Ok(())
+    }
+}
+
+type AsyncJob = (Py<PyAny>, Item, tokio::sync::oneshot::Sender<PyResult<Option<Item>>>);
+
+/// Feeds coroutines to the runner from a thread of its own, many per GIL
+/// acquisition.
+struct AsyncFeeder {
+    jobs: flume::Sender<AsyncJob>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl AsyncFeeder {
+    fn start(runner: Py<PyAny>) -> PyResult<Self> {
+        let (jobs, rx) = flume::unbounded::<AsyncJob>();
+        let thread = std::thread::Builder::new()
+            .name("ff-async-feed".into())
+            .spawn(move || {
+                while let Ok(first) = rx.recv() {
+                    Python::attach(|py| {
+                        let mut job = Some(first);
+                        while let Some((op, item, reply)) = job.take().or_else(|| rx.try_recv().ok()) {
+                            let done = Completion {
+                                reply: Mutex::new(Some(reply)),
+                            };
+                            let submitted = item.into_py(py).and_then(|arg| {
+                                runner.bind(py).call_method1("submit", (op, arg, done))
+                            });
+                            if let Err(e) = submitted {
+                                // The runner refused (it is stopping): the
+                                // pipeline is going away; say why in the log.
+                                let _ = logger(py).and_then(|l| {
+                                    l.call_method1("debug", ("async submit failed: %r", e.value(py)))
+                                });
+                            }
+                        }
+                    });
+                }
+            })
+            .map_err(|e| PyRuntimeError::new_err(format!("cannot start a thread: {e}")))?;
+        Ok(Self {
+            jobs,
+            thread: Some(thread),
+        })
+    }
+}
+
+/// A stage specification from the Python builder.
+fn parse_stage(
+    py: Python<'_>,
+    spec: &Bound<'_, PyTuple>,
+    feeder: &mut Option<AsyncFeeder>,
+    runner: Option<&Py<PyAny>>,
+) -> PyResult<Stage<Item, PyErr>> {
+    let kind: String = spec.get_item(0)?.extract()?;
+    match kind.as_str() {
+        "map" => {
+            let (_, op_kind, op, concurrency, name, on_error, max_failures, ordered): (
+                String,
+                String,
+                Py<PyAny>,
+                usize,
+                String,
+                String,
+                Option<u64>,
+                bool,
+            ) = spec.extract()?;
+            let on_error = match on_error.as_str() {
+                "raise" => ErrorPolicy::Raise,
+                "skip" => ErrorPolicy::Skip { max_failures },
+                other => {
+                    return Err(PyValueError::new_err(format!(
+                        "on_error must be 'raise' or 'skip', not {other:?}"
+                    )))
+                }
+            };
+            let work = match op_kind.as_str() {
+                "native" => {
+                    let native = op.bind(py).cast::<PyNativeOp>()?.get();
+                    if native.blocking {
+                        Work::Blocking(Arc::clone(&native.f))
+                    } else {
+                        Work::Inline(Arc::clone(&native.f))
+                    }
+                }
+                "sync" => Work::Dedicated(Arc::new(move |item| call_python(&op, item))),
+                "async" => {
+                    let runner = runner.ok_or_else(|| {
+                        PyRuntimeError::new_err("an async stage needs the pipeline's event loop")
+                    })?;
+                    if feeder.is_none() {
+                        *feeder = Some(AsyncFeeder::start(runner.clone_ref(py))?);
+                    }
+                    let jobs = feeder.as_ref().map(|f| f.jobs.clone()).expect("just set");
+                    let f: AsyncItemFn<Item, PyErr> = Arc::new(move |item| {
+                        let (reply, done) = tokio::sync::oneshot::channel();
+                        let op = Python::attach(|py| op.clone_ref(py));
+                        let sent = jobs.send((op, item, reply)).is_ok();
+                        Box::pin(async move {
+                            if !sent {
+                                return Err(PyRuntimeError::new_err("the event loop is gone"));
+                            }
+                            done.await.unwrap_or_else(|_| {
+                                Err(PyRuntimeError::new_err("the event loop dropped the coroutine"))
+                            })
+                        })
+                    });
+                    Work::Async(f)
+                }
+                other => return Err(PyValueError::new_err(format!("unknown op kind {other:?}"))),
+            };
+            Ok(Stage::Map(MapStage {
+                name,
+                work,
+                concurrency,
+                ordered,
+                on_error,
+            }))
+        }
+        "aggregate" => {
+            let (_, size, drop_last, name): (String, usize, bool, String) = spec.extract()?;
+            let combine: CombineFn<Item, PyErr> = Arc::new(|items: Vec<Item>| {
+                if items.iter().all(|i| !matches!(i, Item::Py(_))) {
+                    return Ok(Item::List(items));
+                }
+                Python::attach(|py| {
+                    let list = PyList::empty(py);
+                    for it in items {
+                        list.append(it.into_py(py)?)?;
+                    }
+                    Ok(Item::Py(list.into_any().unbind()))
+                })
+            });
+            Ok(Stage::Aggregate(AggregateStage {
+                name,
+                size,
+                drop_last,
+                combine,
+            }))
+        }
+        other => Err(PyValueError::new_err(format!("unknown stage kind {other:?}"))),
+    }
+}
+
+/// Builds the exception a failure raises in the consumer: a
+/// `ferrofeed.PipelineError` (an ExceptionGroup) around the original.
+fn failure_to_pyerr(py: Python<'_>, failure: Failure<PyErr>) -> PyErr {
+    let build = || -> PyResult<PyErr> {
+        let Failure { stage, kind } = failure;
+        let (message, inner) = match kind {
+            FailureKind::Item(e) => (format!("stage {stage:?} failed"), e),
+            FailureKind::TooManyFailures { limit, count, last } => (
+                format!(
+                    "stage {stage:?} failed on {count} items, more than max_failures={limit}; \
+                     the last error is attached"
+                ),
+                last,
+            ),
+            FailureKind::Panicked(msg) => (
+                format!("stage {stage:?} failed"),
+                PyRuntimeError::new_err(format!("native code panicked: {msg}")),
+            ),
+        };
+        let value = inner.into_value(py);
+        value
+            .bind(py)
+            .call_method1("add_note", (format!("raised in pipeline stage {stage:?}"),))?;
+        let cls = py.import("ferrofeed._errors")?.getattr("PipelineError")?;
+        let group = cls.call1((message, PyList::new(py, [value])?))?;
+        group.setattr("stage", stage)?;
+        Ok(PyErr::from_value(group))
+    };
+    build().unwrap_or_else(|e| e)
+}
+
+fn snapshot_dict<'py>(py: Python<'py>, s: &StatsSnapshot) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("concurrency", s.concurrency)?;
+    d.set_item("items_in", s.items_in)?;
+    d.set_item("items_out", s.items_out)?;
+    d.set_item("dropped", s.dropped)?;
+    d.set_item("failures", s.failures)?;
+    d.set_item("busy_s", s.busy.as_secs_f64())?;
+    d.set_item("busy_per_item_s", s.busy_per_item().as_secs_f64())?;
+    d.set_item("wait_upstream_s", s.wait_upstream.as_secs_f64())?;
+    d.set_item("wait_downstream_s", s.wait_downstream.as_secs_f64())?;
+    d.set_item("queue_mean", s.queue_mean)?;
+    d.set_item("queue_capacity", s.queue_capacity)?;
+    Ok(d)
+}
+
+struct Inner {
+    pipeline: Pipeline<Item, PyErr>,
+    feeder: Option<AsyncFeeder>,
+    runner: Option<Py<PyAny>>,
+    exhausted: bool,
+}
+
+/// A running (or runnable) pipeline; see `ferrofeed.PipelineBuilder`.
+#[pyclass(name = "Pipeline", module = "ferrofeed._core", frozen)]
+pub(crate) struct PyPipeline {
+    inner: Mutex<Inner>,
+}
+
+impl PyPipeline {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Stops the engine, the feeder and the runner (call detached from the
+    /// GIL for the joins, attached for the runner).
+    fn shutdown(&self, py: Python<'_>) -> PyResult<()> {
+        let (feeder, runner) = py.detach(|| {
+            let mut inner = self.lock();
+            inner.pipeline.stop();
+            (inner.feeder.take(), inner.runner.take())
+        });
+        let result = match &runner {
+            Some(r) => r.bind(py).call_method0("stop").map(drop),
+            None => Ok(()),
+        };
+        if let Some(mut f) = feeder {
+            let thread = f.thread.take();
+            drop(f); // closes the job channel: the feeder thread returns
+            if let Some(t) = thread {
+                py.detach(|| {
+                    let _ = t.join();
+                });
+            }
+        }
+        result
+    }
+}
+
+#[pymethods]
+impl PyPipeline {
+    #[new]
+    #[pyo3(signature = (source, stages, *, sink_buffer=3, num_threads=None, runner=None, report_interval=None))]
+    fn new(
+        py: Python<'_>,
+        source: &Bound<'_, PyAny>,
+        stages: &Bound<'_, PyList>,
+        sink_buffer: usize,
+        num_threads: Option<usize>,
+        runner: Option<Py<PyAny>>,
+        report_interval: Option<f64>,
+    ) -> PyResult<Self> {
+        let mut feeder = None;
+        let stages = stages
+            .iter()
+            .map(|s| parse_stage(py, s.cast::<PyTuple>()?, &mut feeder, runner.as_ref()))
+            .collect::<PyResult<Vec<_>>>()?;
+        let mut config = PipelineConfig {
+            sink_buffer,
+            ..PipelineConfig::default()
+        };
+        if let Some(n) = num_threads {
+            config.num_threads = n;
+        }
+        let hook: SkipHook<PyErr> = Arc::new(|stage: &str, e: &PyErr| {
+            Python::attach(|py| {
+                let _ = logger(py).and_then(|l| {
+                    l.call_method1(
+                        "warning",
+                        ("stage %r skipped an item: %s: %s", stage, e.get_type(py).name()?, e.value(py)),
+                    )
+                });
+            });
+        });
+        let mut pipeline = if let Ok(range) = source.cast::<PyRange>() {
+            let (start, stop, step) = (range.start()?, range.stop()?, range.step()?);
+            Pipeline::new(
+                RangeSource {
+                    next: i64::try_from(start).map_err(|e| PyValueError::new_err(e.to_string()))?,
+                    stop: i64::try_from(stop).map_err(|e| PyValueError::new_err(e.to_string()))?,
+                    step: i64::try_from(step).map_err(|e| PyValueError::new_err(e.to_string()))?,
+                },
+                stages,
+                config,
+                Some(hook),
+            )
+        } else {
+            let iter = source.try_iter()?.into_any().unbind();
+            Pipeline::new(PySource { iter }, stages, config, Some(hook))
+        }
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        if let Some(secs) = report_interval {
+            if !(secs > 0.0 && secs.is_finite()) {
+                return Err(PyValueError::new_err("report_stats_interval must be > 0"));
+            }
+            let report: ReportFn = Arc::new(|snaps: &[StatsSnapshot]| {
+                let table = format_table(snaps);
+                Python::attach(|py| {
+                    let _ = logger(py).and_then(|l| l.call_method1("info", ("pipeline stats\n%s", table)));
+                });
+            });
+            pipeline.set_reporter(StatsReporter {
+                interval: Duration::from_secs_f64(secs),
+                report,
+            });
+        }
+        Ok(Self {
+            inner: Mutex::new(Inner {
+                pipeline,
+                feeder,
+                runner,
+                exhausted: false,
+            }),
+        })
+    }
+
+    /// Starts the pipeline's threads (iteration starts it too).
+    fn start(&self, py: Python<'_>) -> PyResult<()> {
+        let runner = {
+            let inner = self.lock();
+            if !inner.pipeline.is_in_creator_process() {
+                return Err(PyRuntimeError::new_err(
+                    "this pipeline was built in another process (before a fork); build a new one",
+                ));
+            }
+            if inner.pipeline.is_started() {
+                return Ok(());
+            }
+            inner.runner.as_ref().map(|r| r.clone_ref(py))
+        };
+        if let Some(r) = runner {
+            r.bind(py).call_method0("start")?;
+        }
+        py.detach(|| self.lock().pipeline.start())
+            .map_err(|e| PyRuntimeError::new_err(e.to_string()))
+    }
+
+    /// Stops every stage and joins every thread; idempotent.
+    fn stop(&self, py: Python<'_>) -> PyResult<()> {
+        self.shutdown(py)
+    }
+
+    fn __iter__(slf: Bound<'_, Self>) -> PyResult<Bound<'_, Self>> {
+        if slf.get().lock().exhausted {
+            return Err(PyRuntimeError::new_err(
+                "this pipeline has finished: a pipeline is one pass over its source; \
+                 build a new one (PipelineBuilder.build()) for the next epoch",
+            ));
+        }
+        Ok(slf)
+    }
+
+    fn __next__(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+        self.start(py)?;
+        loop {
+            let next = py.detach(|| {
+                let mut inner = self.lock();
+                if inner.exhausted {
+                    return Next::Finished;
+                }
+                inner.pipeline.next_timeout(WAIT_SLICE)
+            });
+            match next {
+                Next::Item(item) => return item.into_py(py).map(Some),
+                Next::Timeout => {
+                    if let Err(e) = py.check_signals() {
+                        self.shutdown(py)?;
+                        return Err(e);
+                    }
+                }
+                Next::Finished => {
+                    self.lock().exhausted = true;
+                    self.shutdown(py)?;
+                    return Ok(None);
+                }
+                Next::Failed(f) => {
+                    self.lock().exhausted = true;
+                    self.shutdown(py)?;
+                    return Err(failure_to_pyerr(py, f));
+                }
+            }
+        }
+    }
+
+    /// Whether every item was delivered, or the pipeline stopped or failed.
+    #[getter]
+    fn finished(&self) -> bool {
+        let inner = self.lock();
+        inner.exhausted || inner.pipeline.is_finished()
+    }
+
+    /// Per-stage figures, keyed by stage name (source first, sink last).
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let snaps = self.lock().pipeline.stats();
+        let d = PyDict::new(py);
+        for s in &snaps {
+            d.set_item(&s.name, snapshot_dict(py, s)?)?;
+        }
+        Ok(d)
+    }
+
+    /// The per-stage figures as a printable table.
+    fn stats_table(&self) -> String {
+        format_table(&self.lock().pipeline.stats())
+    }
+
+    /// `with pipeline.auto_stop():` starts on entry, stops and joins on exit.
+    fn auto_stop(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    fn __enter__(slf: Bound<'_, Self>) -> PyResult<Bound<'_, Self>> {
+        slf.get().start(slf.py())?;
+        Ok(slf)
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, PyTuple>) -> PyResult<bool> {
+        self.shutdown(py)?;
+        Ok(false)
+    }
+}
+
+impl Drop for PyPipeline {
+    fn drop(&mut self) {
+        let inner = self.inner.get_mut().unwrap_or_else(PoisonError::into_inner);
+        // Joins happen detached when the GIL is held by this thread.
+        let stop = |inner: &mut Inner| {
+            inner.pipeline.stop();
+            if let Some(mut f) = inner.feeder.take() {
+                let t = f.thread.take();
+                drop(f);
+                if let Some(t) = t {
+                    let _ = t.join();
+                }
+            }
+        };
+        Python::attach(|py| {
+            if let Some(r) = inner.runner.take() {
+                let _ = r.bind(py).call_method0("stop");
+            }
+            py.detach(|| stop(inner));
+        });
+    }
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyPipeline>()?;
+    m.add_class::<PyNativeOp>()?;
+    m.add_function(wrap_pyfunction!(_op_identity, m)?)?;
+    Ok(())
+}
