@@ -496,7 +496,7 @@ def _loop_empty(_seq: Any, idxs: list[int]) -> int:
 
 
 def smaps_rollup(pid: int) -> Mem:
-    """Parse /proc/PID/smaps_rollup in Python (to cross-check ferrofeed.memory)."""
+    """Parse /proc/PID/smaps_rollup in Python (cross-checks ferrofeed.memory; adds Anonymous)."""
     kb: dict[str, int] = {}
     for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]:
         key, _, rest = line.partition(":")
@@ -509,6 +509,7 @@ def smaps_rollup(pid: int) -> Mem:
         "uss": kb.get("Private_Clean", 0) + kb.get("Private_Dirty", 0),
         "shared": kb.get("Shared_Clean", 0) + kb.get("Shared_Dirty", 0),
         "swap": kb.get("Swap", 0),
+        "anonymous": kb.get("Anonymous", 0),
     }
 
 
@@ -594,6 +595,7 @@ def run_latency(n: int, seed: int, iters: int, repeats: int, arena_dir: str) -> 
         try:
             for fn, parts in benches.values():  # warm-up
                 fn(*parts[0])
+            anon_before = smaps_rollup(os.getpid())["anonymous"]
             for _ in range(repeats):
                 total = dict.fromkeys(names, 0)
                 for k in range(len(chunks)):
@@ -602,9 +604,23 @@ def run_latency(n: int, seed: int, iters: int, repeats: int, arena_dir: str) -> 
                         total[name] += fn(*parts[k])
                 for name in names:
                     runs[name].append(total[name] / iters)
+            anon_after = smaps_rollup(os.getpid())["anonymous"]
         finally:
             if gc_was_enabled:
                 gc.enable()
+        # Every SharedList[i] / raw(i) result was dropped at once: the heap must not grow.
+        # (Anonymous memory only: USS also counts arena pages that only this process maps.)
+        accesses = 2 * repeats * iters
+        growth = anon_after - anon_before
+        checks.append(
+            {
+                "name": "no per-access leak (anonymous memory growth over the latency loops)",
+                "show": True,
+                "ok": growth <= max(MIB, 4 * accesses),
+                "detail": f"{growth / MIB:+.2f} MiB over {accesses:,} SharedList[i] + raw(i) "
+                f"accesses ({growth / accesses:+.1f} B each)",
+            }
+        )
     finally:
         sl.close()
     checks.append(
@@ -832,7 +848,8 @@ def report(
         out.append("")
         out.append("Checks")
         for c in latency["checks"]:
-            detail = f"  [{c['detail']}]" if c["detail"] and not c["ok"] else ""
+            show = c["detail"] and (not c["ok"] or c.get("show"))
+            detail = f"  [{c['detail']}]" if show else ""
             out.append(f"  {'ok  ' if c['ok'] else 'FAIL'}  {c['name']}{detail}")
     consistency = checksum_check(results)
     if consistency is not None:

@@ -73,7 +73,7 @@ class ArenaBuilderError(ArenaError, RuntimeError):
     """The local rank that builds a shared arena failed or died before finishing it."""
 
 
-class PipelineError(FerrofeedError, ExceptionGroup):  # type: ignore[misc]
+class PipelineError(FerrofeedError, ExceptionGroup):
     """A pipeline stage (or its source) failed; the original exception is inside.
 
     An `ExceptionGroup` whose single member is the exception the stage raised, with its

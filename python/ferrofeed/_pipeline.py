@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import threading
 from collections.abc import AsyncIterable, Callable, Coroutine, Iterable, Iterator
-from typing import Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 from . import _core
+
+if TYPE_CHECKING:
+    import asyncio
 
 __all__ = ["Pipeline", "PipelineBuilder"]
 
@@ -27,6 +29,8 @@ class _AsyncRunner:
         self._tasks: set[asyncio.Task[Any]] = set()
 
     def start(self) -> None:
+        import asyncio  # imported here: `import ferrofeed` stays light
+
         if self._thread is not None:
             return
         loop = asyncio.new_event_loop()
@@ -89,6 +93,8 @@ class _AsyncIterBridge(Iterator[Any]):
 
     def __next__(self) -> Any:
         if self._loop is None:
+            import asyncio
+
             self._loop = asyncio.new_event_loop()
             self._iter = self._source.__aiter__()
         try:
@@ -108,7 +114,8 @@ def _is_async(op: Callable[..., Any]) -> bool:
 def _op_name(op: Any) -> str:
     if isinstance(op, _core.NativeOp):
         return op.name
-    return str(getattr(op, "__qualname__", None) or getattr(op, "__name__", None) or type(op).__name__)
+    name = getattr(op, "__qualname__", None) or getattr(op, "__name__", None)
+    return str(name or type(op).__name__)
 
 
 class PipelineBuilder:

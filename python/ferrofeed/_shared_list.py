@@ -7,13 +7,12 @@ import contextlib
 import fcntl
 import os
 import re
-import tempfile
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Generic, Self, TypeVar, overload
+from typing import TYPE_CHECKING, Self, TypeVar, overload
 
 from . import _core
 from ._errors import (
@@ -47,13 +46,7 @@ def default_arena_dir() -> Path:
         >>> default_arena_dir().is_dir()
         True
     """
-    env = os.environ.get("FERROFEED_ARENA_DIR")
-    if env:
-        return Path(env)
-    shm = Path("/dev/shm")
-    if shm.is_dir() and os.access(shm, os.W_OK):
-        return shm
-    return Path(tempfile.gettempdir())
+    return Path(_core.default_arena_dir())
 
 
 @atexit.register
@@ -63,7 +56,7 @@ def _close_owned_at_exit() -> None:
             arena.close()
 
 
-class SharedList(Sequence[T], Generic[T]):
+class SharedList(_core.Arena, Sequence[T]):
     """A read-only list whose items live once per node, in a memory-mapped file.
 
     Each item is pickled (protocol 5) into one arena file, on ``/dev/shm`` by default,
@@ -95,37 +88,41 @@ class SharedList(Sequence[T], Generic[T]):
         (1000, 999, [10, 10, 2, 2])
     """
 
-    __slots__ = ("__weakref__", "_arena")
+    __slots__ = ()
 
-    _arena: _core.Arena
+    def __init__(
+        self, items: Iterable[T], /, *, path: str | os.PathLike[str] | None = None
+    ) -> None:
+        # The arena is built (or, for `open`, mapped) by the compiled base class;
+        # remember owned ones to remove their files at interpreter exit.
+        if self.owner:
+            _OWNED.add(self)
 
-    def __init__(self, items: Iterable[T], *, path: str | os.PathLike[str] | None = None) -> None:
-        if path is None:
-            arena = _core.Arena.build(items, dir=default_arena_dir())
-        elif Path(path).is_dir():
-            arena = _core.Arena.build(items, dir=Path(path))
-        else:
-            arena = _core.Arena.build(items, path=Path(path))
-        _OWNED.add(arena)
-        self._arena = arena
+    if TYPE_CHECKING:
 
-    @classmethod
-    def open(cls, path: str | os.PathLike[str]) -> Self:
-        """Map an existing arena, read-only; this process does not own it.
+        @classmethod
+        def open(cls, path: str | os.PathLike[str]) -> Self:
+            """Map an existing arena, read-only; this process does not own it.
 
-        Raises:
-            ArenaNotFoundError: no such file.
-            ArenaCorruptError: the file is not a complete, valid arena.
+            Raises:
+                ArenaNotFoundError: no such file.
+                ArenaCorruptError: the file is not a complete, valid arena.
 
-        Example:
-            >>> owner = SharedList(["a", "b"])
-            >>> SharedList.open(owner.path)[1]
-            'b'
-            >>> owner.close()
-        """
-        self = cls.__new__(cls)
-        self._arena = _core.Arena.open(Path(path))
-        return self
+            Example:
+                >>> owner = SharedList(["a", "b"])
+                >>> SharedList.open(owner.path)[1]
+                'b'
+                >>> owner.close()
+            """
+            ...
+
+        @overload
+        def __getitem__(self, index: int, /) -> T: ...
+        @overload
+        def __getitem__(self, index: slice, /) -> list[T]: ...
+        def __getitem__(self, index: int | slice, /) -> T | list[T]: ...
+        def __iter__(self) -> Iterator[T]: ...
+        def __len__(self) -> int: ...
 
     @classmethod
     def shared(
@@ -233,70 +230,6 @@ class SharedList(Sequence[T], Generic[T]):
             time.sleep(delay)
             delay = min(delay * 2, 0.1)
 
-    # -- the sequence protocol -------------------------------------------------------
-
-    def __len__(self) -> int:
-        return len(self._arena)
-
-    @overload
-    def __getitem__(self, index: int) -> T: ...
-    @overload
-    def __getitem__(self, index: slice) -> list[T]: ...
-    def __getitem__(self, index: int | slice) -> T | list[T]:
-        return self._arena[index]  # type: ignore[no-any-return]
-
-    def __iter__(self) -> Iterator[T]:
-        return iter(self._arena)
-
-    def __reversed__(self) -> Iterator[T]:
-        load = self._arena.load
-        return (load(i) for i in range(len(self._arena) - 1, -1, -1))
-
-    def raw(self, index: int) -> memoryview:
-        """Item ``index``'s stored bytes, as a zero-copy, read-only memoryview.
-
-        For an item without out-of-band buffers these are exactly
-        ``pickle.dumps(item, protocol=5)``.
-
-        Example:
-            >>> import pickle
-            >>> sl = SharedList([{"a": 1}])
-            >>> pickle.loads(sl.raw(0))
-            {'a': 1}
-            >>> sl.close()
-        """
-        return self._arena.raw(index)
-
-    # -- the file ---------------------------------------------------------------------
-
-    @property
-    def path(self) -> str:
-        """The arena file's path."""
-        return self._arena.path
-
-    @property
-    def nbytes(self) -> int:
-        """Size of the arena file in bytes."""
-        return self._arena.nbytes
-
-    @property
-    def owner(self) -> bool:
-        """Whether this process created the arena (and so removes its file)."""
-        return self._arena.owner
-
-    @property
-    def closed(self) -> bool:
-        """Whether `close` was called."""
-        return self._arena.closed
-
-    def close(self) -> None:
-        """Stop using the arena; the owner removes its file. Idempotent.
-
-        Items and views handed out earlier stay valid: the mapping goes away with the
-        last of them. Other processes that map the arena are not affected.
-        """
-        self._arena.close()
-
     def __enter__(self) -> Self:
         return self
 
@@ -308,18 +241,9 @@ class SharedList(Sequence[T], Generic[T]):
     ) -> None:
         self.close()
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        if self.closed:
-            self._arena.raw(0)  # raises ArenaClosedError
-        return (_reopen, (type(self), self.path))
-
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"{len(self)} items, {self.nbytes} bytes"
         return f"<{type(self).__name__} {self.path!r}: {state}>"
-
-
-def _reopen(cls: type[SharedList[Any]], path: str) -> SharedList[Any]:
-    return cls.open(path)
 
 
 def _env_int(name: str, default: int) -> int:

@@ -27,7 +27,7 @@ def _inspect(argv: list[str]) -> int:
         print(f"ferrofeed inspect: {e}", file=sys.stderr)
         return 1
     with sl:
-        header = sl._arena.header()
+        header = sl.header()
         print(f"arena      {sl.path}")
         print(f"valid      yes (format version {header['format_version']})")
         print(f"items      {header['item_count']:,}")

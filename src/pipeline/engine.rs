@@ -10,9 +10,12 @@ use futures_util::stream::{self, StreamExt};
 
 use super::error::{panic_message, Failure, FailureKind, PipelineError};
 use super::stage::{
-    AggregateStage, BoxFuture, ErrorPolicy, MapStage, SkipHook, Source, Stage, Work,
+    AggregateStage, BoxFuture, ErrorPolicy, MapStage, SessionFn, SkipHook, Source, Stage, Work,
 };
 use super::stats::{StageStats, StatsSnapshot};
+
+/// Most items a stage takes from its input at once (when they are there).
+const MAX_BATCH: usize = 64;
 
 /// How long `stop` waits for threads running user code to return before
 /// leaving them to finish on their own.
@@ -83,6 +86,7 @@ impl<E> Shared<E> {
             }
         }
         self.failed.store(true, Ordering::Release);
+        self.stop.store(true, Ordering::Release);
         self.abort_all();
     }
 
@@ -218,9 +222,18 @@ impl<T: Send + 'static, E: Send + 'static> Pipeline<T, E> {
             }
         }
         // Channel i feeds stage i (the last one feeds the sink): room for
-        // what the stage works on at once, and at least two items so that
-        // producer and consumer overlap.
-        let mut capacities: Vec<usize> = stages.iter().map(|s| s.concurrency().max(2)).collect();
+        // what the stage works on at once, twice, so that producer and
+        // consumer overlap and batches form; groups (after an aggregate)
+        // are large, so two of them suffice.
+        let mut capacities: Vec<usize> = Vec::with_capacity(stages.len() + 1);
+        for (i, s) in stages.iter().enumerate() {
+            let after_group = i > 0 && matches!(stages[i - 1], Stage::Aggregate(_));
+            capacities.push(if after_group {
+                2
+            } else {
+                (2 * s.concurrency()).max(8)
+            });
+        }
         capacities.push(config.sink_buffer);
         let mut stats = vec![Arc::new(StageStats::new("source", 1, capacities[0]))];
         for (i, s) in stages.iter().enumerate() {
@@ -311,9 +324,21 @@ impl<T: Send + 'static, E: Send + 'static> Pipeline<T, E> {
             let task: BoxFuture<()> = match stage {
                 Stage::Map(m) => {
                     let jobs = match &m.work {
-                        Work::Dedicated(f) => {
-                            Some(spawn_dedicated(&m.name, f, m.concurrency, &mut threads)?)
+                        Work::Dedicated(f, session) if m.concurrency == 1 => {
+                            // One thread runs the whole stage: no hop, and
+                            // batches share a session.
+                            let (f, session) = (Arc::clone(f), session.clone());
+                            threads.push(spawn_thread_stage(m, f, session, rx, tx, ctx)?);
+                            rx = next_rx;
+                            continue;
                         }
+                        Work::Dedicated(f, session) => Some(spawn_dedicated(
+                            &m.name,
+                            f,
+                            session.as_ref(),
+                            m.concurrency,
+                            &mut threads,
+                        )?),
                         _ => None,
                     };
                     Box::pin(run_map(m, rx, tx, jobs, ctx))
@@ -384,6 +409,17 @@ impl<T: Send + 'static, E: Send + 'static> Pipeline<T, E> {
                 failure.map_or(Next::Finished, Next::Failed)
             }
         }
+    }
+
+    /// The next item if one is ready now, without waiting; `None` when the
+    /// consumer should wait with [`Pipeline::next_timeout`].
+    pub fn try_next(&mut self) -> Option<T> {
+        if self.shared.failed.load(Ordering::Acquire) {
+            return None;
+        }
+        let item = self.sink.as_ref()?.try_recv().ok()?;
+        self.stats[self.stats.len() - 1].received(Duration::ZERO);
+        Some(item)
     }
 
     /// Stops every stage and joins every thread. Items not yet taken are
@@ -475,6 +511,7 @@ fn spawn_source<T: Send + 'static, E: Send + 'static>(
 fn spawn_dedicated<T: Send + 'static, E: Send + 'static>(
     name: &str,
     f: &super::stage::ItemFn<T, E>,
+    session: Option<&SessionFn>,
     threads: usize,
     handles: &mut Vec<JoinHandle<()>>,
 ) -> Result<flume::Sender<Job<T, E>>, PipelineError> {
@@ -482,21 +519,85 @@ fn spawn_dedicated<T: Send + 'static, E: Send + 'static>(
     for i in 0..threads {
         let rx = rx.clone();
         let f = Arc::clone(f);
-        let thread_name: String = format!("ff-{name}-{i}").chars().take(15).collect();
+        let session = session.cloned();
         handles.push(
             std::thread::Builder::new()
-                .name(thread_name)
+                .name(thread_name(name, i))
                 .spawn(move || {
-                    while let Ok((item, reply)) = rx.recv() {
-                        let out = catch_unwind(AssertUnwindSafe(|| f(item)))
-                            .map_err(|p| panic_message(&*p));
-                        let _ = reply.send(out);
+                    while let Ok(first) = rx.recv() {
+                        let mut jobs = vec![first];
+                        jobs.extend(rx.try_iter().take(MAX_BATCH - 1));
+                        let mut run = || {
+                            for (item, reply) in jobs.drain(..) {
+                                let out = catch_unwind(AssertUnwindSafe(|| f(item)))
+                                    .map_err(|p| panic_message(&*p));
+                                let _ = reply.send(out);
+                            }
+                        };
+                        match &session {
+                            Some(s) => s(&mut run),
+                            None => run(),
+                        }
                     }
                 })
                 .map_err(PipelineError::Start)?,
         );
     }
     Ok(tx)
+}
+
+/// A thread name the OS accepts (15 bytes on Linux).
+fn thread_name(stage: &str, i: usize) -> String {
+    let prefix: String = format!("ff-{stage}").chars().take(11).collect();
+    format!("{prefix}-{i}")
+}
+
+/// Runs a single-threaded [`Work::Dedicated`] stage on a thread of its
+/// own: it takes the items that are there (up to [`MAX_BATCH`]), calls the
+/// function on all of them inside one session, and sends the results on.
+fn spawn_thread_stage<T: Send + 'static, E: Send + 'static>(
+    stage: MapStage<T, E>,
+    f: super::stage::ItemFn<T, E>,
+    session: Option<SessionFn>,
+    rx: flume::Receiver<T>,
+    tx: flume::Sender<T>,
+    ctx: StageCtx<E>,
+) -> Result<JoinHandle<()>, PipelineError> {
+    let MapStage { name, on_error, .. } = stage;
+    std::thread::Builder::new()
+        .name(thread_name(&name, 0))
+        .spawn(move || {
+            let mut batch = Vec::with_capacity(MAX_BATCH);
+            let mut outs = Vec::with_capacity(MAX_BATCH);
+            loop {
+                if ctx.shared.stop.load(Ordering::Acquire) {
+                    return;
+                }
+                let t = Instant::now();
+                let Ok(first) = rx.recv() else { return };
+                ctx.stats.received(t.elapsed());
+                batch.push(first);
+                for item in rx.try_iter().take(MAX_BATCH - 1) {
+                    ctx.stats.received(Duration::ZERO);
+                    batch.push(item);
+                }
+                let mut run = || {
+                    for item in batch.drain(..) {
+                        outs.push(timed(&ctx.stats, || f(item)));
+                    }
+                };
+                match &session {
+                    Some(s) => s(&mut run),
+                    None => run(),
+                }
+                for out in outs.drain(..) {
+                    if !ctx.handle_blocking(&name, on_error, &tx, out) {
+                        return;
+                    }
+                }
+            }
+        })
+        .map_err(PipelineError::Start)
 }
 
 struct StageCtx<E> {
@@ -533,6 +634,51 @@ impl<E> StageCtx<E> {
                     }
                     _ => true,
                 }
+            }
+        }
+    }
+
+    /// Handles one outcome on a thread (sending blocks); `false` when the
+    /// stage must stop.
+    fn handle_blocking<T>(
+        &self,
+        stage: &str,
+        policy: ErrorPolicy,
+        tx: &flume::Sender<T>,
+        outcome: Outcome<T, E>,
+    ) -> bool {
+        match outcome {
+            Ok(Ok(Some(v))) => {
+                let t = Instant::now();
+                if tx.send(v).is_err() {
+                    return false;
+                }
+                self.stats.sent(t.elapsed(), tx.len());
+                true
+            }
+            other => self.handle_no_send(stage, policy, other).unwrap_or(true),
+        }
+    }
+
+    /// Handles an outcome that sends nothing: `Some(continue?)`; `None` for
+    /// an item to send.
+    fn handle_no_send<T>(
+        &self,
+        stage: &str,
+        policy: ErrorPolicy,
+        outcome: Outcome<T, E>,
+    ) -> Option<bool> {
+        match outcome {
+            Ok(Ok(Some(_))) => None,
+            Ok(Ok(None)) => {
+                self.stats.dropped();
+                Some(true)
+            }
+            Ok(Err(e)) => Some(self.on_error(stage, policy, e)),
+            Err(msg) => {
+                self.stats.failed();
+                self.shared.fail(stage, FailureKind::Panicked(msg));
+                Some(false)
             }
         }
     }
@@ -574,29 +720,30 @@ async fn run_map<T: Send + 'static, E: Send + 'static>(
         async move {
             match outcome {
                 Ok(Ok(Some(v))) => ctx.send(tx, v).await,
-                Ok(Ok(None)) => {
-                    ctx.stats.dropped();
-                    true
-                }
-                Ok(Err(e)) => ctx.on_error(name, on_error, e),
-                Err(msg) => {
-                    ctx.stats.failed();
-                    ctx.shared.fail(name, FailureKind::Panicked(msg));
-                    false
-                }
+                other => ctx.handle_no_send(name, on_error, other).unwrap_or(true),
             }
         }
     };
     if let (Work::Inline(f), 1) = (&work, concurrency) {
-        // The fast path: no future per item, no hop.
+        // The fast path: no future per item, no hop; the items that are
+        // there are taken at once, so that a busy pipeline does not wake
+        // this task once per item.
+        let mut batch = Vec::with_capacity(MAX_BATCH);
         loop {
             let t = Instant::now();
-            let Ok(item) = rx.recv_async().await else {
+            let Ok(first) = rx.recv_async().await else {
                 return;
             };
             ctx.stats.received(t.elapsed());
-            if !handle(timed(&ctx.stats, || f(item))).await {
-                return;
+            batch.push(first);
+            for item in rx.try_iter().take(MAX_BATCH - 1) {
+                ctx.stats.received(Duration::ZERO);
+                batch.push(item);
+            }
+            for item in batch.drain(..) {
+                if !handle(timed(&ctx.stats, || f(item))).await {
+                    return;
+                }
             }
         }
     }
@@ -651,7 +798,7 @@ fn invoke<T: Send + 'static, E: Send + 'static>(
                 }
             })
         }
-        Work::Dedicated(_) => {
+        Work::Dedicated(..) => {
             let jobs = jobs.cloned();
             Box::pin(async move {
                 let (reply, done) = tokio::sync::oneshot::channel();
@@ -732,17 +879,25 @@ async fn run_aggregate<T: Send + 'static, E: Send + 'static>(
         }
     };
     let mut group = Vec::with_capacity(size);
+    let mut ready = Vec::with_capacity(MAX_BATCH);
     loop {
         let t = Instant::now();
         let Ok(item) = rx.recv_async().await else {
             break;
         };
         ctx.stats.received(t.elapsed());
-        group.push(item);
-        if group.len() == size
-            && !emit(std::mem::replace(&mut group, Vec::with_capacity(size))).await
-        {
-            return;
+        ready.push(item);
+        for item in rx.try_iter().take(MAX_BATCH - 1) {
+            ctx.stats.received(Duration::ZERO);
+            ready.push(item);
+        }
+        for item in ready.drain(..) {
+            group.push(item);
+            if group.len() == size
+                && !emit(std::mem::replace(&mut group, Vec::with_capacity(size))).await
+            {
+                return;
+            }
         }
     }
     if !group.is_empty() && !drop_last && !ctx.shared.failed.load(Ordering::Acquire) {

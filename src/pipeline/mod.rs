@@ -41,7 +41,7 @@ pub use engine::{Next, Pipeline, PipelineConfig, ReportFn, StatsReporter};
 pub use error::{Failure, FailureKind, PipelineError};
 pub use stage::{
     AggregateStage, AsyncItemFn, BoxFuture, CombineFn, ErrorPolicy, ItemFn, IterSource, MapStage,
-    SkipHook, Source, Stage, Work,
+    SessionFn, SkipHook, Source, Stage, Work,
 };
 pub use stats::{format_table, StageStats, StatsSnapshot};
 

@@ -10,6 +10,11 @@ pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 /// A synchronous stage function: `Ok(None)` drops the item.
 pub type ItemFn<T, E> = Arc<dyn Fn(T) -> Result<Option<T>, E> + Send + Sync>;
 
+/// Runs its argument once, inside whatever context several consecutive calls
+/// of a stage function should share (for Python stages: one GIL
+/// acquisition). The argument must be called exactly once.
+pub type SessionFn = Arc<dyn Fn(&mut dyn FnMut()) + Send + Sync>;
+
 /// An asynchronous stage function.
 pub type AsyncItemFn<T, E> = Arc<dyn Fn(T) -> BoxFuture<Result<Option<T>, E>> + Send + Sync>;
 
@@ -23,8 +28,10 @@ pub enum Work<T, E> {
     Blocking(ItemFn<T, E>),
     /// On `concurrency` OS threads owned by the stage: functions that take
     /// the GIL (Python callables) run there, never on the runtime's workers,
-    /// so a slow Python call never stalls other stages.
-    Dedicated(ItemFn<T, E>),
+    /// so a slow Python call never stalls other stages. The threads process
+    /// the items available at once in one `session` (e.g. one GIL
+    /// acquisition for several calls).
+    Dedicated(ItemFn<T, E>, Option<SessionFn>),
     /// A function returning a future, awaited on the runtime (async
     /// callables bridged to an event loop, async I/O).
     Async(AsyncItemFn<T, E>),
@@ -35,7 +42,7 @@ impl<T, E> Clone for Work<T, E> {
         match self {
             Self::Inline(f) => Self::Inline(Arc::clone(f)),
             Self::Blocking(f) => Self::Blocking(Arc::clone(f)),
-            Self::Dedicated(f) => Self::Dedicated(Arc::clone(f)),
+            Self::Dedicated(f, s) => Self::Dedicated(Arc::clone(f), s.clone()),
             Self::Async(f) => Self::Async(Arc::clone(f)),
         }
     }

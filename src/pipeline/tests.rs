@@ -74,7 +74,7 @@ fn ordered_output_under_random_delays_for_every_kind_of_work() {
         })
     });
     let stages = vec![
-        map("dedicated", Work::Dedicated(sleepy.clone()), 8, true),
+        map("dedicated", Work::Dedicated(sleepy.clone(), None), 8, true),
         map("blocking", Work::Blocking(sleepy), 8, true),
         map("async", Work::Async(async_sleepy), 8, true),
     ];
@@ -103,7 +103,7 @@ fn unordered_yields_fast_items_first() {
     });
     let mut p = P::new(
         source(20),
-        vec![map("f", Work::Dedicated(f), 4, false)],
+        vec![map("f", Work::Dedicated(f, None), 4, false)],
         config(32),
         None,
     )
@@ -139,7 +139,7 @@ fn raise_stops_with_the_stage_and_error() {
     });
     let mut p = P::new(
         source(1_000_000),
-        vec![map("check", Work::Dedicated(f), 2, true)],
+        vec![map("check", Work::Dedicated(f, None), 2, true)],
         config(2),
         None,
     )
@@ -222,7 +222,7 @@ fn source_errors_and_panics_are_failures() {
     });
     for work in [
         Work::Inline(f.clone()),
-        Work::Dedicated(f.clone()),
+        Work::Dedicated(f.clone(), None),
         Work::Blocking(f),
     ] {
         let mut p = P::new(source(10), vec![map("p", work, 2, true)], config(2), None).unwrap();
@@ -264,7 +264,7 @@ fn a_slow_consumer_bounds_what_the_source_pulls() {
     let id: ItemFn<u64, String> = Arc::new(|x| Ok(Some(x)));
     let stages = vec![
         map("a", Work::Inline(id.clone()), 1, true),
-        map("b", Work::Dedicated(id), 4, true),
+        map("b", Work::Dedicated(id, None), 4, true),
     ];
     let mut p = P::new(src, stages, config(3), None).unwrap();
     for _ in 0..5 {
@@ -289,7 +289,7 @@ fn stop_is_prompt_and_joins_threads() {
     });
     let mut p = P::new(
         source(u64::MAX),
-        vec![map("slow", Work::Dedicated(slow), 4, true)],
+        vec![map("slow", Work::Dedicated(slow, None), 4, true)],
         config(2),
         None,
     )
@@ -332,7 +332,7 @@ fn the_reporter_runs_periodically() {
     });
     let mut p = P::new(
         source(60),
-        vec![map("slow", Work::Dedicated(slow), 1, true)],
+        vec![map("slow", Work::Dedicated(slow, None), 1, true)],
         config(2),
         None,
     )

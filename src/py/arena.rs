@@ -20,7 +20,7 @@ use pyo3::exceptions::{PyBufferError, PyIndexError, PyTypeError};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBytes, PyDict, PyInt, PyList, PySlice, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyInt, PyList, PySlice, PyTuple, PyType};
 
 use super::errors::{closed_error, corrupt_error};
 use crate::arena::format::{align_up, ITEM_ALIGN};
@@ -138,7 +138,7 @@ struct Open {
 
 /// A memory-mapped arena of pickled items (the engine behind
 /// `ferrofeed.SharedList`).
-#[pyclass(name = "Arena", module = "ferrofeed._core", frozen, weakref)]
+#[pyclass(name = "Arena", module = "ferrofeed._core", frozen, weakref, subclass)]
 pub(crate) struct PyArena {
     state: RwLock<Option<Open>>,
     path: String,
@@ -199,7 +199,7 @@ impl PyArena {
     fn load_one<'py>(
         &self,
         py: Python<'py>,
-        arena: &Arena,
+        arena: &Arc<Arena>,
         view: &Bound<'py, PyAny>,
         i: usize,
     ) -> PyResult<Bound<'py, PyAny>> {
@@ -208,7 +208,7 @@ impl PyArena {
         let slice = |a: usize, b: usize| view_slice(view, span.start + a, span.start + b);
         let loads = pickle_fn(py, "loads")?;
         if bytes.first() == Some(&PICKLE_PROTO) {
-            return loads.call1((slice(0, bytes.len())?,));
+            return loads_transient(py, loads, bytes, arena);
         }
         let entries = parse_frame(bytes).ok_or_else(|| {
             corrupt_error(
@@ -228,6 +228,38 @@ impl PyArena {
         kwargs.set_item("buffers", buffers)?;
         loads.call((slice(off, off + len)?,), Some(&kwargs))
     }
+}
+
+/// `pickle.loads` over a temporary view of `bytes`, which lie in `keep`'s
+/// mapping: one allocation instead of a slice of the arena's memoryview
+/// (a slice object, two ints and a view), a third of the cost of a small
+/// item's load.
+fn loads_transient<'py>(
+    py: Python<'py>,
+    loads: &Bound<'py, PyAny>,
+    bytes: &[u8],
+    keep: &Arc<Arena>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let len = ffi::Py_ssize_t::try_from(bytes.len())
+        .map_err(|_| PyBufferError::new_err("item too large for a memoryview"))?;
+    // SAFETY: PyMemoryView_FromMemory makes a read-only view of `bytes`
+    // without owning them (a new reference, or null with an exception set).
+    // `bytes` lie in the mapping that `keep` holds alive for this whole call.
+    // Once `loads` returns, the view is released, after which nothing can
+    // read through it; if it cannot be released (an export of it is still
+    // held, which `pickle.loads` never does), the mapping is made immortal
+    // instead, so the view can never dangle.
+    let view = unsafe {
+        Bound::from_owned_ptr_or_err(
+            py,
+            ffi::PyMemoryView_FromMemory(bytes.as_ptr().cast_mut().cast(), len, ffi::PyBUF_READ),
+        )?
+    };
+    let result = loads.call1((&view,));
+    if view.call_method0(pyo3::intern!(py, "release")).is_err() {
+        std::mem::forget(Arc::clone(keep));
+    }
+    result
 }
 
 /// Parses a frame's table; `None` when it is malformed or out of bounds.
@@ -274,72 +306,106 @@ fn note_item(py: Python<'_>, err: PyErr, k: usize) -> PyErr {
     err
 }
 
+/// Pickles every item of `items` into `writer` and publishes the arena.
+fn build_arena(
+    py: Python<'_>,
+    mut writer: ArenaWriter,
+    items: &Bound<'_, PyAny>,
+) -> PyResult<Arena> {
+    let dumps = pickle_fn(py, "dumps")?;
+    let kwargs = PyDict::new(py);
+    kwargs.set_item("protocol", 5)?;
+    for (k, obj) in items.try_iter()?.enumerate() {
+        let obj = obj?;
+        let oob = PyList::empty(py);
+        kwargs.set_item("buffer_callback", oob.getattr("append")?)?;
+        let payload = dumps
+            .call((obj,), Some(&kwargs))
+            .map_err(|e| note_item(py, e, k))?;
+        let payload = payload.cast::<PyBytes>()?.as_bytes();
+        if oob.is_empty() {
+            writer.push(payload)?;
+            continue;
+        }
+        let raws = oob
+            .iter()
+            .map(|pb| PyBuffer::<u8>::get(&pb.call_method0("raw")?))
+            .collect::<PyResult<Vec<_>>>()
+            .map_err(|e| note_item(py, e, k))?;
+        let mut parts: Vec<&[u8]> = Vec::with_capacity(raws.len() + 2);
+        let lens: Vec<usize> = std::iter::once(payload.len())
+            .chain(raws.iter().map(|r| r.len_bytes()))
+            .collect();
+        let table = frame_table(&lens);
+        parts.push(&table);
+        parts.push(payload);
+        for raw in &raws {
+            // SAFETY: `PickleBuffer.raw()` returns a C-contiguous byte
+            // view (it raises for anything else), and `raw` holds that
+            // buffer export until the end of this loop iteration, so
+            // `buf_ptr()..+len_bytes()` is valid, initialised memory for
+            // as long as `parts` is used. We hold the GIL throughout, so
+            // no Python code can resize or free the exporter meanwhile.
+            parts.push(unsafe {
+                std::slice::from_raw_parts(raw.buf_ptr().cast::<u8>(), raw.len_bytes())
+            });
+        }
+        writer.push_parts(&parts)?;
+    }
+    Ok(py.detach(move || writer.finish())?)
+}
+
+/// Where arenas go by default: `$FERROFEED_ARENA_DIR`, else `/dev/shm` when
+/// it is a writable directory, else the system's temporary directory.
+fn default_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("FERROFEED_ARENA_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d);
+    }
+    let shm = PathBuf::from("/dev/shm");
+    if shm.is_dir() && rustix::fs::access(&shm, rustix::fs::Access::WRITE_OK).is_ok() {
+        return shm;
+    }
+    std::env::temp_dir()
+}
+
+/// The directory new arenas go to when no path is given.
+#[pyfunction]
+fn default_arena_dir() -> PathBuf {
+    default_dir()
+}
+
+/// A request to map an existing arena, passed to `Arena(...)` by `open`.
+#[pyclass(name = "_OpenRequest", module = "ferrofeed._core", frozen)]
+struct OpenRequest {
+    path: PathBuf,
+}
+
 #[pymethods]
 impl PyArena {
-    /// Builds an arena from an iterable of picklable objects, at `path` or
-    /// under a generated name in `dir` (exactly one of them).
-    #[staticmethod]
-    #[pyo3(signature = (items, *, path=None, dir=None))]
-    fn build(
-        py: Python<'_>,
-        items: &Bound<'_, PyAny>,
-        path: Option<PathBuf>,
-        dir: Option<PathBuf>,
-    ) -> PyResult<Self> {
-        let mut writer = match (path, dir) {
-            (Some(p), None) => ArenaWriter::create(p)?,
-            (None, Some(d)) => ArenaWriter::create_in(d)?,
-            _ => return Err(PyTypeError::new_err("pass exactly one of path= and dir=")),
-        };
-        let dumps = pickle_fn(py, "dumps")?;
-        let kwargs = PyDict::new(py);
-        kwargs.set_item("protocol", 5)?;
-        for (k, obj) in items.try_iter()?.enumerate() {
-            let obj = obj?;
-            let oob = PyList::empty(py);
-            kwargs.set_item("buffer_callback", oob.getattr("append")?)?;
-            let payload = dumps
-                .call((obj,), Some(&kwargs))
-                .map_err(|e| note_item(py, e, k))?;
-            let payload = payload.cast::<PyBytes>()?.as_bytes();
-            if oob.is_empty() {
-                writer.push(payload)?;
-                continue;
-            }
-            let raws = oob
-                .iter()
-                .map(|pb| PyBuffer::<u8>::get(&pb.call_method0("raw")?))
-                .collect::<PyResult<Vec<_>>>()
-                .map_err(|e| note_item(py, e, k))?;
-            let mut parts: Vec<&[u8]> = Vec::with_capacity(raws.len() + 2);
-            let lens: Vec<usize> = std::iter::once(payload.len())
-                .chain(raws.iter().map(|r| r.len_bytes()))
-                .collect();
-            let table = frame_table(&lens);
-            parts.push(&table);
-            parts.push(payload);
-            for raw in &raws {
-                // SAFETY: `PickleBuffer.raw()` returns a C-contiguous byte
-                // view (it raises for anything else), and `raw` holds that
-                // buffer export until the end of this loop iteration, so
-                // `buf_ptr()..+len_bytes()` is valid, initialised memory for
-                // as long as `parts` is used. We hold the GIL throughout, so
-                // no Python code can resize or free the exporter meanwhile.
-                parts.push(unsafe {
-                    std::slice::from_raw_parts(raw.buf_ptr().cast::<u8>(), raw.len_bytes())
-                });
-            }
-            writer.push_parts(&parts)?;
+    /// Builds an arena from `items` (see `ferrofeed.SharedList`), or maps
+    /// an existing one when `items` is an `_OpenRequest` (what `open` does).
+    #[new]
+    #[pyo3(signature = (items, /, *, path=None))]
+    fn new(py: Python<'_>, items: &Bound<'_, PyAny>, path: Option<PathBuf>) -> PyResult<Self> {
+        if let Ok(req) = items.cast::<OpenRequest>() {
+            let path = req.get().path.clone();
+            let arena = py.detach(move || Arena::open(path))?;
+            return Self::wrap(py, arena);
         }
-        let arena = py.detach(move || writer.finish())?;
+        let writer = match path {
+            None => ArenaWriter::create_in(default_dir())?,
+            Some(p) if p.is_dir() => ArenaWriter::create_in(p)?,
+            Some(p) => ArenaWriter::create(p)?,
+        };
+        let arena = build_arena(py, writer, items)?;
         Self::wrap(py, arena)
     }
 
     /// Maps an existing arena read-only (this process does not own it).
-    #[staticmethod]
-    fn open(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
-        let arena = py.detach(move || Arena::open(path))?;
-        Self::wrap(py, arena)
+    #[classmethod]
+    fn open<'py>(cls: &Bound<'py, PyType>, path: PathBuf) -> PyResult<Bound<'py, PyAny>> {
+        let req = Bound::new(cls.py(), OpenRequest { path })?;
+        cls.call1((req,))
     }
 
     fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
@@ -384,12 +450,6 @@ impl PyArena {
             "arena indices must be integers or slices, not {}",
             index.get_type().name()?
         )))
-    }
-
-    /// Item `index` unpickled (an int only: the fast path).
-    fn load<'py>(&self, py: Python<'py>, index: isize) -> PyResult<Bound<'py, PyAny>> {
-        let (arena, view) = self.open_state(py)?;
-        self.load_one(py, &arena, view.bind(py), self.normalize(index)?)
     }
 
     /// A zero-copy, read-only memoryview of item `index`'s stored bytes.
@@ -550,6 +610,8 @@ fn sweep(py: Python<'_>, dir: PathBuf) -> Vec<String> {
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyArena>()?;
     m.add_class::<ArenaBuffer>()?;
+    m.add_class::<OpenRequest>()?;
+    m.add_function(wrap_pyfunction!(default_arena_dir, m)?)?;
     m.add_function(wrap_pyfunction!(sweep, m)?)?;
     m.add("FORMAT_VERSION", crate::arena::format::FORMAT_VERSION)?;
     Ok(())

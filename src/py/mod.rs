@@ -7,8 +7,8 @@
 #![allow(clippy::cast_possible_wrap, clippy::cast_sign_loss)]
 
 mod arena;
-mod pipeline;
 mod errors;
+mod pipeline;
 
 use pyo3::prelude::*;
 

@@ -15,7 +15,7 @@ use pyo3::types::{PyDict, PyList, PyRange, PyRangeMethods, PyTuple};
 
 use crate::pipeline::{
     format_table, AggregateStage, AsyncItemFn, CombineFn, ErrorPolicy, Failure, FailureKind,
-    ItemFn, MapStage, Next, Pipeline, PipelineConfig, ReportFn, SkipHook, Source, Stage,
+    ItemFn, MapStage, Next, Pipeline, PipelineConfig, ReportFn, SessionFn, SkipHook, Source, Stage,
     StatsReporter, StatsSnapshot, Work,
 };
 
@@ -121,7 +121,11 @@ struct RangeSource {
 impl Source<Item, PyErr> for RangeSource {
     fn next_batch(&mut self, max: usize, out: &mut Vec<Item>) -> PyResult<bool> {
         for _ in 0..max {
-            let more = if self.step > 0 { self.next < self.stop } else { self.next > self.stop };
+            let more = if self.step > 0 {
+                self.next < self.stop
+            } else {
+                self.next > self.stop
+            };
             if !more {
                 return Ok(false);
             }
@@ -170,7 +174,9 @@ impl Completion {
     /// Called by the event loop with the finished task.
     fn __call__(&self, py: Python<'_>, task: &Bound<'_, PyAny>) -> PyResult<()> {
         let out = if task.call_method0("cancelled")?.is_truthy()? {
-            Err(pyo3::exceptions::asyncio::CancelledError::new_err("the coroutine was cancelled"))
+            Err(pyo3::exceptions::asyncio::CancelledError::new_err(
+                "the coroutine was cancelled",
+            ))
         } else {
             match task.call_method0("exception")? {
                 e if e.is_none() => {
@@ -180,7 +186,11 @@ impl Completion {
                 e => Err(PyErr::from_value(e)),
             }
         };
-        let sender = self.reply.lock().unwrap_or_else(PoisonError::into_inner).take();
+        let sender = self
+            .reply
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
         if let Some(s) = sender {
             // The pipeline may be gone; then nobody waits for this result.
             let _ = s.send(out);
@@ -190,7 +200,11 @@ impl Completion {
     }
 }
 
-type AsyncJob = (Py<PyAny>, Item, tokio::sync::oneshot::Sender<PyResult<Option<Item>>>);
+type AsyncJob = (
+    Py<PyAny>,
+    Item,
+    tokio::sync::oneshot::Sender<PyResult<Option<Item>>>,
+);
 
 /// Feeds coroutines to the runner from a thread of its own, many per GIL
 /// acquisition.
@@ -208,7 +222,9 @@ impl AsyncFeeder {
                 while let Ok(first) = rx.recv() {
                     Python::attach(|py| {
                         let mut job = Some(first);
-                        while let Some((op, item, reply)) = job.take().or_else(|| rx.try_recv().ok()) {
+                        while let Some((op, item, reply)) =
+                            job.take().or_else(|| rx.try_recv().ok())
+                        {
                             let done = Completion {
                                 reply: Mutex::new(Some(reply)),
                             };
@@ -219,7 +235,10 @@ impl AsyncFeeder {
                                 // The runner refused (it is stopping): the
                                 // pipeline is going away; say why in the log.
                                 let _ = logger(py).and_then(|l| {
-                                    l.call_method1("debug", ("async submit failed: %r", e.value(py)))
+                                    l.call_method1(
+                                        "debug",
+                                        ("async submit failed: %r", e.value(py)),
+                                    )
                                 });
                             }
                         }
@@ -272,7 +291,14 @@ fn parse_stage(
                         Work::Inline(Arc::clone(&native.f))
                     }
                 }
-                "sync" => Work::Dedicated(Arc::new(move |item| call_python(&op, item))),
+                "sync" => {
+                    // One GIL acquisition for all the items a thread has at hand;
+                    // `call_python`'s own `attach` is then a cheap re-entry.
+                    let session: SessionFn = Arc::new(|run: &mut dyn FnMut()| {
+                        Python::attach(|_| run());
+                    });
+                    Work::Dedicated(Arc::new(move |item| call_python(&op, item)), Some(session))
+                }
                 "async" => {
                     let runner = runner.ok_or_else(|| {
                         PyRuntimeError::new_err("an async stage needs the pipeline's event loop")
@@ -290,7 +316,9 @@ fn parse_stage(
                                 return Err(PyRuntimeError::new_err("the event loop is gone"));
                             }
                             done.await.unwrap_or_else(|_| {
-                                Err(PyRuntimeError::new_err("the event loop dropped the coroutine"))
+                                Err(PyRuntimeError::new_err(
+                                    "the event loop dropped the coroutine",
+                                ))
                             })
                         })
                     });
@@ -327,12 +355,14 @@ fn parse_stage(
                 combine,
             }))
         }
-        other => Err(PyValueError::new_err(format!("unknown stage kind {other:?}"))),
+        other => Err(PyValueError::new_err(format!(
+            "unknown stage kind {other:?}"
+        ))),
     }
 }
 
 /// Builds the exception a failure raises in the consumer: a
-/// `ferrofeed.PipelineError` (an ExceptionGroup) around the original.
+/// `ferrofeed.PipelineError` (an `ExceptionGroup`) around the original.
 fn failure_to_pyerr(py: Python<'_>, failure: Failure<PyErr>) -> PyErr {
     let build = || -> PyResult<PyErr> {
         let Failure { stage, kind } = failure;
@@ -451,18 +481,23 @@ impl PyPipeline {
                 let _ = logger(py).and_then(|l| {
                     l.call_method1(
                         "warning",
-                        ("stage %r skipped an item: %s: %s", stage, e.get_type(py).name()?, e.value(py)),
+                        (
+                            "stage %r skipped an item: %s: %s",
+                            stage,
+                            e.get_type(py).name()?,
+                            e.value(py),
+                        ),
                     )
                 });
             });
         });
         let mut pipeline = if let Ok(range) = source.cast::<PyRange>() {
-            let (start, stop, step) = (range.start()?, range.stop()?, range.step()?);
+            let int = |v: isize| i64::try_from(v).map_err(|e| PyValueError::new_err(e.to_string()));
             Pipeline::new(
                 RangeSource {
-                    next: i64::try_from(start).map_err(|e| PyValueError::new_err(e.to_string()))?,
-                    stop: i64::try_from(stop).map_err(|e| PyValueError::new_err(e.to_string()))?,
-                    step: i64::try_from(step).map_err(|e| PyValueError::new_err(e.to_string()))?,
+                    next: int(range.start()?)?,
+                    stop: int(range.stop()?)?,
+                    step: int(range.step()?)?,
                 },
                 stages,
                 config,
@@ -480,7 +515,8 @@ impl PyPipeline {
             let report: ReportFn = Arc::new(|snaps: &[StatsSnapshot]| {
                 let table = format_table(snaps);
                 Python::attach(|py| {
-                    let _ = logger(py).and_then(|l| l.call_method1("info", ("pipeline stats\n%s", table)));
+                    let _ = logger(py)
+                        .and_then(|l| l.call_method1("info", ("pipeline stats\n%s", table)));
                 });
             });
             pipeline.set_reporter(StatsReporter {
@@ -535,6 +571,20 @@ impl PyPipeline {
     }
 
     fn __next__(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+        // The fast path: an item that is ready is taken with one lock and
+        // without releasing the GIL. (A pipeline inherited through a fork
+        // is refused by `start` on the slow path, before any wait.)
+        let ready = {
+            let mut inner = self.lock();
+            if inner.pipeline.is_started() && !inner.exhausted {
+                inner.pipeline.try_next()
+            } else {
+                None
+            }
+        };
+        if let Some(item) = ready {
+            return item.into_py(py).map(Some);
+        }
         self.start(py)?;
         loop {
             let next = py.detach(|| {
