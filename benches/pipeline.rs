@@ -34,6 +34,10 @@ fn run(stages: usize, sink_buffer: usize) -> u64 {
     let mut p = Pipeline::new(IterSource((0..N).map(Ok)), stages, config, None).unwrap();
     let mut sum = 0u64;
     loop {
+        if let Some(x) = p.try_next() {
+            sum = sum.wrapping_add(x);
+            continue;
+        }
         match p.next_timeout(Duration::from_secs(10)) {
             Next::Item(x) => sum = sum.wrapping_add(x),
             Next::Finished => return sum,

@@ -225,8 +225,14 @@ impl<T: Send + 'static, E: Send + 'static> Pipeline<T, E> {
         // what the stage works on at once, twice, so that producer and
         // consumer overlap and batches form; groups (after an aggregate)
         // are large, so two of them suffice.
+        // A channel between two fused stages (see `is_fusable`) does not
+        // exist: its capacity shows as 0.
         let mut capacities: Vec<usize> = Vec::with_capacity(stages.len() + 1);
         for (i, s) in stages.iter().enumerate() {
+            if i > 0 && is_fusable(&stages[i - 1]) && is_fusable(s) {
+                capacities.push(0);
+                continue;
+            }
             let after_group = i > 0 && matches!(stages[i - 1], Stage::Aggregate(_));
             capacities.push(if after_group {
                 2
@@ -314,7 +320,24 @@ impl<T: Send + 'static, E: Send + 'static> Pipeline<T, E> {
             Arc::clone(&self.stats[0]),
         )?);
         let mut aborts = Vec::new();
-        for (i, stage) in plan.stages.into_iter().enumerate() {
+        let mut stages = plan.stages.into_iter().enumerate().peekable();
+        while let Some((i, stage)) = stages.next() {
+            if is_fusable(&stage) {
+                // Consecutive cheap native stages run as one task: items go
+                // from one to the next without a channel or a wake-up.
+                let mut chain = vec![(stage, Arc::clone(&self.stats[i + 1]))];
+                let mut last = i;
+                while let Some((j, next)) = stages.next_if(|(_, s)| is_fusable(s)) {
+                    chain.push((next, Arc::clone(&self.stats[j + 1])));
+                    last = j;
+                }
+                let (tx, next_rx) = flume::bounded::<T>(self.capacities[last + 1]);
+                let task =
+                    run_inline_chain(chain, rx, tx, Arc::clone(&self.shared), plan.hook.clone());
+                aborts.push(runtime.spawn(task).abort_handle());
+                rx = next_rx;
+                continue;
+            }
             let (tx, next_rx) = flume::bounded::<T>(self.capacities[i + 1]);
             let ctx = StageCtx {
                 shared: Arc::clone(&self.shared),
@@ -524,11 +547,12 @@ fn spawn_dedicated<T: Send + 'static, E: Send + 'static>(
             std::thread::Builder::new()
                 .name(thread_name(name, i))
                 .spawn(move || {
-                    while let Ok(first) = rx.recv() {
-                        let mut jobs = vec![first];
-                        jobs.extend(rx.try_iter().take(MAX_BATCH - 1));
+                    // One job at a time: a thread that took several would
+                    // run them one after another while its siblings idle.
+                    while let Ok((item, reply)) = rx.recv() {
+                        let mut job = Some((item, reply));
                         let mut run = || {
-                            for (item, reply) in jobs.drain(..) {
+                            if let Some((item, reply)) = job.take() {
                                 let out = catch_unwind(AssertUnwindSafe(|| f(item)))
                                     .map_err(|p| panic_message(&*p));
                                 let _ = reply.send(out);
@@ -770,6 +794,81 @@ async fn run_map<T: Send + 'static, E: Send + 'static>(
         let mut outs = std::pin::pin!(calls.buffer_unordered(concurrency));
         while let Some(o) = outs.next().await {
             if !handle(o).await {
+                return;
+            }
+        }
+    }
+}
+
+/// Whether a stage runs fused with its neighbours of the same kind: cheap
+/// native work ([`Work::Inline`]) on one item at a time.
+fn is_fusable<T, E>(stage: &Stage<T, E>) -> bool {
+    matches!(stage, Stage::Map(m) if m.concurrency == 1 && matches!(m.work, Work::Inline(_)))
+}
+
+/// Runs a chain of fused inline stages as one task. Each stage keeps its own
+/// counters and error policy; an item goes through them one after another.
+async fn run_inline_chain<T: Send + 'static, E: Send + 'static>(
+    chain: Vec<(Stage<T, E>, Arc<StageStats>)>,
+    rx: flume::Receiver<T>,
+    tx: flume::Sender<T>,
+    shared: Arc<Shared<E>>,
+    hook: Option<SkipHook<E>>,
+) {
+    let links: Vec<_> = chain
+        .into_iter()
+        .filter_map(|(stage, stats)| match stage {
+            Stage::Map(MapStage {
+                name,
+                work: Work::Inline(f),
+                on_error,
+                ..
+            }) => Some((
+                name,
+                f,
+                on_error,
+                StageCtx {
+                    shared: Arc::clone(&shared),
+                    stats,
+                    hook: hook.clone(),
+                },
+            )),
+            _ => None,
+        })
+        .collect();
+    let Some((_, _, _, last_ctx)) = links.last() else {
+        return;
+    };
+    let mut batch = Vec::with_capacity(MAX_BATCH);
+    loop {
+        let t = Instant::now();
+        let Ok(first) = rx.recv_async().await else {
+            return;
+        };
+        let waited = t.elapsed();
+        batch.push(first);
+        batch.extend(rx.try_iter().take(MAX_BATCH - 1));
+        'items: for (k, item) in batch.drain(..).enumerate() {
+            let mut item = item;
+            for (li, (name, f, policy, ctx)) in links.iter().enumerate() {
+                let first_wait = k == 0 && li == 0;
+                ctx.stats
+                    .received(if first_wait { waited } else { Duration::ZERO });
+                match timed(&ctx.stats, || f(item)) {
+                    Ok(Ok(Some(v))) => item = v,
+                    other => {
+                        if ctx.handle_no_send(name, *policy, other) == Some(false) {
+                            return;
+                        }
+                        continue 'items;
+                    }
+                }
+                if li + 1 < links.len() {
+                    ctx.stats.sent(Duration::ZERO, 0);
+                }
+            }
+            // The last stage's output is counted by `send`.
+            if !last_ctx.send(&tx, item).await {
                 return;
             }
         }

@@ -347,3 +347,55 @@ fn the_reporter_runs_periodically() {
     assert_eq!(drain(&mut p).unwrap().len(), 60);
     assert!(reports.load(Ordering::Relaxed) >= 2);
 }
+
+#[test]
+fn fused_inline_stages_keep_their_own_stats_and_policies() {
+    let add: ItemFn<u64, String> = Arc::new(|x| Ok(Some(x + 1)));
+    let evens: ItemFn<u64, String> = Arc::new(|x| Ok((x % 2 == 0).then_some(x)));
+    let no_tens: ItemFn<u64, String> = Arc::new(|x| {
+        if x % 10 == 0 {
+            Err(format!("ten {x}"))
+        } else {
+            Ok(Some(x))
+        }
+    });
+    let stages = vec![
+        map("add", Work::Inline(add), 1, true),
+        map("evens", Work::Inline(evens), 1, true),
+        with_policy(
+            map("no_tens", Work::Inline(no_tens), 1, true),
+            ErrorPolicy::Skip { max_failures: None },
+        ),
+    ];
+    let mut p = P::new(source(100), stages, config(4), None).unwrap();
+    let out = drain(&mut p).unwrap();
+    let expected: Vec<u64> = (1..=100).filter(|x| x % 2 == 0 && x % 10 != 0).collect();
+    assert_eq!(out, expected);
+    let s = p.stats();
+    assert_eq!((s[1].items_in, s[1].items_out), (100, 100));
+    assert_eq!((s[2].items_in, s[2].items_out, s[2].dropped), (100, 50, 50));
+    assert_eq!((s[3].items_in, s[3].items_out, s[3].failures), (50, 40, 10));
+    // Fused: no channel between them.
+    assert_eq!((s[1].queue_capacity, s[2].queue_capacity), (0, 0));
+    assert!(s[3].queue_capacity > 0);
+}
+
+#[test]
+fn a_single_thread_stage_shares_sessions_across_batches() {
+    let sessions = Arc::new(AtomicUsize::new(0));
+    let s2 = Arc::clone(&sessions);
+    let session: SessionFn = Arc::new(move |run: &mut dyn FnMut()| {
+        s2.fetch_add(1, Ordering::Relaxed);
+        run();
+    });
+    let id: ItemFn<u64, String> = Arc::new(|x| Ok(Some(x)));
+    // A slow consumer lets items pile up in front of the stage.
+    let stage = map("py", Work::Dedicated(id, Some(session)), 1, true);
+    let mut p = P::new(source(2000), vec![stage], config(64), None).unwrap();
+    p.start().unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let out = drain(&mut p).unwrap();
+    assert_eq!(out, (0..2000).collect::<Vec<_>>());
+    let n = sessions.load(Ordering::Relaxed);
+    assert!(n < 2000, "one session per item: {n}");
+}
