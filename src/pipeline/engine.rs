@@ -17,6 +17,11 @@ use super::stats::{StageStats, StatsSnapshot};
 /// Most items a stage takes from its input at once (when they are there).
 const MAX_BATCH: usize = 64;
 
+/// Smallest capacity of a channel between stages (in items): enough for
+/// batches to form, so that a busy pipeline wakes each stage once per batch
+/// rather than once per item.
+const MIN_CAPACITY: usize = 16;
+
 /// How long `stop` waits for threads running user code to return before
 /// leaving them to finish on their own.
 const JOIN_DEADLINE: Duration = Duration::from_secs(2);
@@ -221,35 +226,39 @@ impl<T: Send + 'static, E: Send + 'static> Pipeline<T, E> {
                 _ => {}
             }
         }
-        // Channel i feeds stage i (the last one feeds the sink): room for
-        // what the stage works on at once, twice, so that producer and
-        // consumer overlap and batches form; groups (after an aggregate)
-        // are large, so two of them suffice.
-        // A channel between two fused stages (see `is_fusable`) does not
-        // exist: its capacity shows as 0.
-        let mut capacities: Vec<usize> = Vec::with_capacity(stages.len() + 1);
-        for (i, s) in stages.iter().enumerate() {
-            if i > 0 && is_fusable(&stages[i - 1]) && is_fusable(s) {
-                capacities.push(0);
-                continue;
+        // feed[i] is the capacity of the channel that feeds stage i (feed[n]
+        // feeds the sink): room for what the stage works on at once, twice,
+        // so that producer and consumer overlap and batches form; groups
+        // (after an aggregate) are large, so two of them suffice. A fusable
+        // stage has no channel in front (0): it runs inside its upstream
+        // stage's emit path (see `Chain`).
+        let n = stages.len();
+        let mut feed = vec![0usize; n + 1];
+        for (j, s) in stages.iter().enumerate() {
+            if !is_fusable(s) {
+                let after_group = j > 0 && matches!(stages[j - 1], Stage::Aggregate(_));
+                feed[j] = if after_group {
+                    2
+                } else {
+                    (2 * s.concurrency()).max(MIN_CAPACITY)
+                };
             }
-            let after_group = i > 0 && matches!(stages[i - 1], Stage::Aggregate(_));
-            capacities.push(if after_group {
-                2
-            } else {
-                (2 * s.concurrency()).max(8)
-            });
         }
-        capacities.push(config.sink_buffer);
-        let mut stats = vec![Arc::new(StageStats::new("source", 1, capacities[0]))];
+        feed[n] = config.sink_buffer;
+        // What each producer (source = 0, stage i = i + 1) writes into: the
+        // next channel if the next stage has one, else 0 (it hands items to
+        // a fused stage directly).
+        let out_cap = |next: usize| feed[next];
+        let mut stats = vec![Arc::new(StageStats::new("source", 1, out_cap(0)))];
         for (i, s) in stages.iter().enumerate() {
             stats.push(Arc::new(StageStats::new(
                 s.name(),
                 s.concurrency(),
-                capacities[i + 1],
+                out_cap(i + 1),
             )));
         }
         stats.push(Arc::new(StageStats::new("sink", 1, 0)));
+        let capacities = feed;
         Ok(Self {
             config,
             plan: Some(Plan {
@@ -312,37 +321,36 @@ impl<T: Send + 'static, E: Send + 'static> Pipeline<T, E> {
             .build()
             .map_err(PipelineError::Start)?;
         let mut threads = Vec::new();
-        let (source_tx, mut rx) = flume::bounded::<T>(self.capacities[0]);
-        threads.push(spawn_source(
-            plan.source,
-            source_tx,
-            Arc::clone(&self.shared),
-            Arc::clone(&self.stats[0]),
-        )?);
         let mut aborts = Vec::new();
         let mut stages = plan.stages.into_iter().enumerate().peekable();
+        let hook = plan.hook;
+        // Takes the fusable stages that follow, as the chain of their
+        // upstream producer; returns it and the index of the channel after it.
+        let (chain, next) = take_chain(&mut stages, 0, &self.shared, &self.stats, hook.as_ref());
+        let (tx, mut rx) = flume::bounded::<T>(self.capacities[next]);
+        let emitter = Emitter {
+            chain,
+            tx,
+            own: Arc::clone(&self.stats[0]),
+        };
+        threads.push(spawn_source(
+            plan.source,
+            emitter,
+            Arc::clone(&self.shared),
+        )?);
         while let Some((i, stage)) = stages.next() {
-            if is_fusable(&stage) {
-                // Consecutive cheap native stages run as one task: items go
-                // from one to the next without a channel or a wake-up.
-                let mut chain = vec![(stage, Arc::clone(&self.stats[i + 1]))];
-                let mut last = i;
-                while let Some((j, next)) = stages.next_if(|(_, s)| is_fusable(s)) {
-                    chain.push((next, Arc::clone(&self.stats[j + 1])));
-                    last = j;
-                }
-                let (tx, next_rx) = flume::bounded::<T>(self.capacities[last + 1]);
-                let task =
-                    run_inline_chain(chain, rx, tx, Arc::clone(&self.shared), plan.hook.clone());
-                aborts.push(runtime.spawn(task).abort_handle());
-                rx = next_rx;
-                continue;
-            }
-            let (tx, next_rx) = flume::bounded::<T>(self.capacities[i + 1]);
             let ctx = StageCtx {
                 shared: Arc::clone(&self.shared),
                 stats: Arc::clone(&self.stats[i + 1]),
-                hook: plan.hook.clone(),
+                hook: hook.clone(),
+            };
+            let (chain, next) =
+                take_chain(&mut stages, i + 1, &self.shared, &self.stats, hook.as_ref());
+            let (tx, next_rx) = flume::bounded::<T>(self.capacities[next]);
+            let out = Emitter {
+                chain,
+                tx,
+                own: Arc::clone(&ctx.stats),
             };
             let task: BoxFuture<()> = match stage {
                 Stage::Map(m) => {
@@ -351,7 +359,7 @@ impl<T: Send + 'static, E: Send + 'static> Pipeline<T, E> {
                             // One thread runs the whole stage: no hop, and
                             // batches share a session.
                             let (f, session) = (Arc::clone(f), session.clone());
-                            threads.push(spawn_thread_stage(m, f, session, rx, tx, ctx)?);
+                            threads.push(spawn_thread_stage(m, f, session, rx, out, ctx)?);
                             rx = next_rx;
                             continue;
                         }
@@ -364,28 +372,15 @@ impl<T: Send + 'static, E: Send + 'static> Pipeline<T, E> {
                         )?),
                         _ => None,
                     };
-                    Box::pin(run_map(m, rx, tx, jobs, ctx))
+                    Box::pin(run_map(m, rx, out, jobs, ctx))
                 }
-                Stage::Aggregate(a) => Box::pin(run_aggregate(a, rx, tx, ctx)),
+                Stage::Aggregate(a) => Box::pin(run_aggregate(a, rx, out, ctx)),
             };
             aborts.push(runtime.spawn(task).abort_handle());
             rx = next_rx;
         }
         if let Some(rep) = plan.reporter {
-            let stats = self.stats.clone();
-            aborts.push(
-                runtime
-                    .spawn(async move {
-                        let mut tick = tokio::time::interval(rep.interval);
-                        tick.tick().await;
-                        loop {
-                            tick.tick().await;
-                            let snaps: Vec<_> = stats.iter().map(|s| s.snapshot()).collect();
-                            (rep.report)(&snaps);
-                        }
-                    })
-                    .abort_handle(),
-            );
+            aborts.push(spawn_reporter(&runtime, self.stats.clone(), rep));
         }
         *self
             .shared
@@ -486,42 +481,96 @@ impl<T: Send + 'static, E: Send + 'static> Drop for Pipeline<T, E> {
     }
 }
 
+type StageIter<T, E> = std::iter::Peekable<std::iter::Enumerate<std::vec::IntoIter<Stage<T, E>>>>;
+
+/// Takes the fusable stages that come next, as the chain of their upstream
+/// producer (which writes to position `after`); returns the chain and the
+/// position of the channel after it.
+fn take_chain<T, E>(
+    stages: &mut StageIter<T, E>,
+    after: usize,
+    shared: &Arc<Shared<E>>,
+    stats: &[Arc<StageStats>],
+    hook: Option<&SkipHook<E>>,
+) -> (Chain<T, E>, usize) {
+    let mut links = Vec::new();
+    let mut next = after;
+    while let Some((j, stage)) = stages.next_if(|(_, s)| is_fusable(s)) {
+        if let Stage::Map(MapStage {
+            name,
+            work: Work::Inline(f),
+            on_error,
+            ..
+        }) = stage
+        {
+            links.push(Link {
+                name,
+                f,
+                policy: on_error,
+                ctx: StageCtx {
+                    shared: Arc::clone(shared),
+                    stats: Arc::clone(&stats[j + 1]),
+                    hook: hook.cloned(),
+                },
+            });
+        }
+        next = j + 1;
+    }
+    (Chain { links }, next)
+}
+
+/// Reports `stats` every `rep.interval` until aborted.
+fn spawn_reporter(
+    runtime: &tokio::runtime::Runtime,
+    stats: Vec<Arc<StageStats>>,
+    rep: StatsReporter,
+) -> tokio::task::AbortHandle {
+    runtime
+        .spawn(async move {
+            let mut tick = tokio::time::interval(rep.interval);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let snaps: Vec<_> = stats.iter().map(|s| s.snapshot()).collect();
+                (rep.report)(&snaps);
+            }
+        })
+        .abort_handle()
+}
+
 fn spawn_source<T: Send + 'static, E: Send + 'static>(
     mut source: Box<dyn Source<T, E>>,
-    tx: flume::Sender<T>,
+    out: Emitter<T, E>,
     shared: Arc<Shared<E>>,
-    stats: Arc<StageStats>,
 ) -> Result<JoinHandle<()>, PipelineError> {
     std::thread::Builder::new()
         .name("ferrofeed-source".into())
         .spawn(move || {
-            let cap = tx.capacity().unwrap_or(1);
+            let cap = out.tx.capacity().unwrap_or(1);
             let mut batch = Vec::new();
             loop {
                 if shared.stop.load(Ordering::Acquire) {
                     return;
                 }
-                let room = cap.saturating_sub(tx.len()).clamp(1, 64);
+                let room = cap.saturating_sub(out.tx.len()).clamp(1, MAX_BATCH);
                 let t = Instant::now();
-                let more =
-                    match catch_unwind(AssertUnwindSafe(|| source.next_batch(room, &mut batch))) {
-                        Ok(Ok(more)) => more,
-                        Ok(Err(e)) => {
-                            shared.fail("source", FailureKind::Item(e));
-                            return;
-                        }
-                        Err(p) => {
-                            shared.fail("source", FailureKind::Panicked(panic_message(&*p)));
-                            return;
-                        }
-                    };
-                stats.worked(t.elapsed());
-                for item in batch.drain(..) {
-                    let t = Instant::now();
-                    if tx.send(item).is_err() {
+                let pulled = catch_unwind(AssertUnwindSafe(|| source.next_batch(room, &mut batch)));
+                let more = match pulled {
+                    Ok(Ok(more)) => more,
+                    Ok(Err(e)) => {
+                        shared.fail("source", FailureKind::Item(e));
                         return;
                     }
-                    stats.sent(t.elapsed(), tx.len());
+                    Err(p) => {
+                        shared.fail("source", FailureKind::Panicked(panic_message(&*p)));
+                        return;
+                    }
+                };
+                out.own.worked(t.elapsed());
+                for item in batch.drain(..) {
+                    if !out.emit_blocking(item) {
+                        return;
+                    }
                 }
                 if !more {
                     return;
@@ -584,7 +633,7 @@ fn spawn_thread_stage<T: Send + 'static, E: Send + 'static>(
     f: super::stage::ItemFn<T, E>,
     session: Option<SessionFn>,
     rx: flume::Receiver<T>,
-    tx: flume::Sender<T>,
+    out: Emitter<T, E>,
     ctx: StageCtx<E>,
 ) -> Result<JoinHandle<()>, PipelineError> {
     let MapStage { name, on_error, .. } = stage;
@@ -614,8 +663,12 @@ fn spawn_thread_stage<T: Send + 'static, E: Send + 'static>(
                     Some(s) => s(&mut run),
                     None => run(),
                 }
-                for out in outs.drain(..) {
-                    if !ctx.handle_blocking(&name, on_error, &tx, out) {
+                for outcome in outs.drain(..) {
+                    let go_on = match outcome {
+                        Ok(Ok(Some(v))) => out.emit_blocking(v),
+                        other => ctx.handle_no_send(&name, on_error, other).unwrap_or(true),
+                    };
+                    if !go_on {
                         return;
                     }
                 }
@@ -662,28 +715,6 @@ impl<E> StageCtx<E> {
         }
     }
 
-    /// Handles one outcome on a thread (sending blocks); `false` when the
-    /// stage must stop.
-    fn handle_blocking<T>(
-        &self,
-        stage: &str,
-        policy: ErrorPolicy,
-        tx: &flume::Sender<T>,
-        outcome: Outcome<T, E>,
-    ) -> bool {
-        match outcome {
-            Ok(Ok(Some(v))) => {
-                let t = Instant::now();
-                if tx.send(v).is_err() {
-                    return false;
-                }
-                self.stats.sent(t.elapsed(), tx.len());
-                true
-            }
-            other => self.handle_no_send(stage, policy, other).unwrap_or(true),
-        }
-    }
-
     /// Handles an outcome that sends nothing: `Some(continue?)`; `None` for
     /// an item to send.
     fn handle_no_send<T>(
@@ -706,15 +737,6 @@ impl<E> StageCtx<E> {
             }
         }
     }
-
-    async fn send<T>(&self, tx: &flume::Sender<T>, item: T) -> bool {
-        let t = Instant::now();
-        if tx.send_async(item).await.is_err() {
-            return false;
-        }
-        self.stats.sent(t.elapsed(), tx.len());
-        true
-    }
 }
 
 fn timed<T, E>(stats: &StageStats, f: impl FnOnce() -> Result<Option<T>, E>) -> Outcome<T, E> {
@@ -727,7 +749,7 @@ fn timed<T, E>(stats: &StageStats, f: impl FnOnce() -> Result<Option<T>, E>) -> 
 async fn run_map<T: Send + 'static, E: Send + 'static>(
     stage: MapStage<T, E>,
     rx: flume::Receiver<T>,
-    tx: flume::Sender<T>,
+    out: Emitter<T, E>,
     jobs: Option<flume::Sender<Job<T, E>>>,
     ctx: StageCtx<E>,
 ) {
@@ -740,37 +762,14 @@ async fn run_map<T: Send + 'static, E: Send + 'static>(
     } = stage;
     // Handles one outcome; false when the stage must stop.
     let handle = |outcome: Outcome<T, E>| {
-        let (ctx, tx, name) = (&ctx, &tx, &name);
+        let (ctx, out, name) = (&ctx, &out, &name);
         async move {
             match outcome {
-                Ok(Ok(Some(v))) => ctx.send(tx, v).await,
+                Ok(Ok(Some(v))) => out.emit(v).await,
                 other => ctx.handle_no_send(name, on_error, other).unwrap_or(true),
             }
         }
     };
-    if let (Work::Inline(f), 1) = (&work, concurrency) {
-        // The fast path: no future per item, no hop; the items that are
-        // there are taken at once, so that a busy pipeline does not wake
-        // this task once per item.
-        let mut batch = Vec::with_capacity(MAX_BATCH);
-        loop {
-            let t = Instant::now();
-            let Ok(first) = rx.recv_async().await else {
-                return;
-            };
-            ctx.stats.received(t.elapsed());
-            batch.push(first);
-            for item in rx.try_iter().take(MAX_BATCH - 1) {
-                ctx.stats.received(Duration::ZERO);
-                batch.push(item);
-            }
-            for item in batch.drain(..) {
-                if !handle(timed(&ctx.stats, || f(item))).await {
-                    return;
-                }
-            }
-        }
-    }
     let stats = Arc::clone(&ctx.stats);
     let inputs = stream::unfold(rx, move |rx| {
         let stats = Arc::clone(&stats);
@@ -800,78 +799,107 @@ async fn run_map<T: Send + 'static, E: Send + 'static>(
     }
 }
 
-/// Whether a stage runs fused with its neighbours of the same kind: cheap
-/// native work ([`Work::Inline`]) on one item at a time.
+/// Whether a stage is fused into its upstream stage's emit path (see
+/// [`Chain`]): cheap native work ([`Work::Inline`]) on one item at a time.
 fn is_fusable<T, E>(stage: &Stage<T, E>) -> bool {
     matches!(stage, Stage::Map(m) if m.concurrency == 1 && matches!(m.work, Work::Inline(_)))
 }
 
-/// Runs a chain of fused inline stages as one task. Each stage keeps its own
-/// counters and error policy; an item goes through them one after another.
-async fn run_inline_chain<T: Send + 'static, E: Send + 'static>(
-    chain: Vec<(Stage<T, E>, Arc<StageStats>)>,
-    rx: flume::Receiver<T>,
-    tx: flume::Sender<T>,
-    shared: Arc<Shared<E>>,
-    hook: Option<SkipHook<E>>,
-) {
-    let links: Vec<_> = chain
-        .into_iter()
-        .filter_map(|(stage, stats)| match stage {
-            Stage::Map(MapStage {
-                name,
-                work: Work::Inline(f),
-                on_error,
-                ..
-            }) => Some((
-                name,
-                f,
-                on_error,
-                StageCtx {
-                    shared: Arc::clone(&shared),
-                    stats,
-                    hook: hook.clone(),
-                },
-            )),
-            _ => None,
-        })
-        .collect();
-    let Some((_, _, _, last_ctx)) = links.last() else {
-        return;
-    };
-    let mut batch = Vec::with_capacity(MAX_BATCH);
-    loop {
-        let t = Instant::now();
-        let Ok(first) = rx.recv_async().await else {
-            return;
-        };
-        let waited = t.elapsed();
-        batch.push(first);
-        batch.extend(rx.try_iter().take(MAX_BATCH - 1));
-        'items: for (k, item) in batch.drain(..).enumerate() {
-            let mut item = item;
-            for (li, (name, f, policy, ctx)) in links.iter().enumerate() {
-                let first_wait = k == 0 && li == 0;
-                ctx.stats
-                    .received(if first_wait { waited } else { Duration::ZERO });
-                match timed(&ctx.stats, || f(item)) {
-                    Ok(Ok(Some(v))) => item = v,
-                    other => {
-                        if ctx.handle_no_send(name, *policy, other) == Some(false) {
-                            return;
-                        }
-                        continue 'items;
-                    }
-                }
-                if li + 1 < links.len() {
-                    ctx.stats.sent(Duration::ZERO, 0);
+/// A fused stage: it runs inside its upstream stage's emit path.
+struct Link<T, E> {
+    name: String,
+    f: super::stage::ItemFn<T, E>,
+    policy: ErrorPolicy,
+    ctx: StageCtx<E>,
+}
+
+/// The fused stages after a stage, applied to each item it emits, in order.
+struct Chain<T, E> {
+    links: Vec<Link<T, E>>,
+}
+
+/// What became of an item passed through a [`Chain`].
+enum Passed<T> {
+    /// It came out: send it on.
+    Out(T),
+    /// A stage dropped or skipped it.
+    Gone,
+    /// A stage failed it fatally: stop.
+    Stop,
+}
+
+impl<T, E> Chain<T, E> {
+    fn pass(&self, mut item: T) -> Passed<T> {
+        let last = self.links.len().saturating_sub(1);
+        for (li, link) in self.links.iter().enumerate() {
+            link.ctx.stats.received(Duration::ZERO);
+            match timed(&link.ctx.stats, || (link.f)(item)) {
+                Ok(Ok(Some(v))) => item = v,
+                other => {
+                    return match link.ctx.handle_no_send(&link.name, link.policy, other) {
+                        Some(false) => Passed::Stop,
+                        _ => Passed::Gone,
+                    };
                 }
             }
-            // The last stage's output is counted by `send`.
-            if !last_ctx.send(&tx, item).await {
-                return;
+            if li < last {
+                link.ctx.stats.sent(Duration::ZERO, 0);
             }
         }
+        Passed::Out(item)
+    }
+}
+
+/// Where a stage's results go: through its chain of fused stages, then into
+/// its output channel.
+struct Emitter<T, E> {
+    chain: Chain<T, E>,
+    tx: flume::Sender<T>,
+    /// The emitting stage's counters.
+    own: Arc<StageStats>,
+}
+
+impl<T, E> Emitter<T, E> {
+    /// Runs the chain; `Err(go_on)` when nothing is to be sent.
+    fn through_chain(&self, item: T) -> Result<(T, &StageStats), bool> {
+        let Some(last) = self.chain.links.last() else {
+            return Ok((item, &self.own));
+        };
+        self.own.sent(Duration::ZERO, 0);
+        match self.chain.pass(item) {
+            Passed::Out(v) => Ok((v, &last.ctx.stats)),
+            Passed::Gone => Err(true),
+            Passed::Stop => Err(false),
+        }
+    }
+
+    /// Emits one result from a task; `false` when the stage must stop.
+    async fn emit(&self, item: T) -> bool {
+        let (item, stats) = match self.through_chain(item) {
+            Ok(x) => x,
+            Err(go_on) => return go_on,
+        };
+        let t = Instant::now();
+        if self.tx.send_async(item).await.is_err() {
+            return false;
+        }
+        stats.sent(t.elapsed(), self.tx.len());
+        true
+    }
+
+    /// Emits one result from a thread (sending blocks); `false` when the
+    /// stage must stop.
+    fn emit_blocking(&self, item: T) -> bool {
+        let (item, stats) = match self.through_chain(item) {
+            Ok(x) => x,
+            Err(go_on) => return go_on,
+        };
+        let t = Instant::now();
+        if self.tx.send(item).is_err() {
+            return false;
+        }
+        stats.sent(t.elapsed(), self.tx.len());
+        true
     }
 }
 
@@ -954,7 +982,7 @@ impl<F: std::future::Future + std::panic::UnwindSafe> CatchUnwindCompat for F {
 async fn run_aggregate<T: Send + 'static, E: Send + 'static>(
     stage: AggregateStage<T, E>,
     rx: flume::Receiver<T>,
-    tx: flume::Sender<T>,
+    out: Emitter<T, E>,
     ctx: StageCtx<E>,
 ) {
     let AggregateStage {
@@ -964,10 +992,10 @@ async fn run_aggregate<T: Send + 'static, E: Send + 'static>(
         combine,
     } = stage;
     let emit = |group: Vec<T>| {
-        let (ctx, tx, name, combine) = (&ctx, &tx, &name, &combine);
+        let (ctx, out, name, combine) = (&ctx, &out, &name, &combine);
         async move {
             match timed(&ctx.stats, || combine(group).map(Some)) {
-                Ok(Ok(Some(v))) => ctx.send(tx, v).await,
+                Ok(Ok(Some(v))) => out.emit(v).await,
                 Ok(Ok(None)) => true,
                 Ok(Err(e)) => ctx.on_error(name, ErrorPolicy::Raise, e),
                 Err(msg) => {
