@@ -64,6 +64,9 @@ class NativeOp:
     def name(self) -> str:
         """The op's name (the default stage name)."""
 
+def _after_fork_in_child() -> None:
+    """Mark pipelines built before a fork as the parent's (internal)."""
+
 def _op_identity() -> NativeOp:
     """Return a native op that passes items through."""
 

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import inspect
+import os
 import threading
+import weakref
 from collections.abc import AsyncIterable, Callable, Coroutine, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Literal, Self
 
@@ -18,6 +22,19 @@ Pipeline = _core.Pipeline
 """A built pipeline: iterate it, or use ``with pipeline.auto_stop():``."""
 
 OnError = Literal["raise", "skip"]
+
+# Pipelines not yet garbage collected: stopped at interpreter exit, before the
+# interpreter ends the threads that run Python stages.
+_LIVE: weakref.WeakSet[_core.Pipeline] = weakref.WeakSet()
+
+os.register_at_fork(after_in_child=_core._after_fork_in_child)
+
+
+@atexit.register
+def _stop_live_pipelines() -> None:
+    for pipeline in list(_LIVE):
+        with contextlib.suppress(Exception):
+            pipeline.stop()
 
 
 class _AsyncRunner:
@@ -84,7 +101,11 @@ class _AsyncRunner:
 
 
 class _AsyncIterBridge(Iterator[Any]):
-    """A sync iterator over an async iterable, driven by a private loop on the source thread."""
+    """A sync iterator over an async iterable, driven by a private loop on the source thread.
+
+    The loop is closed (and the async generator finalized) when the source ends, fails,
+    or is dropped because the pipeline stopped.
+    """
 
     def __init__(self, source: AsyncIterable[Any]) -> None:
         self._source = source
@@ -100,9 +121,27 @@ class _AsyncIterBridge(Iterator[Any]):
         try:
             return self._loop.run_until_complete(self._iter.__anext__())
         except StopAsyncIteration:
-            self._loop.run_until_complete(self._loop.shutdown_asyncgens())
-            self._loop.close()
+            self.close()
             raise StopIteration from None
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        loop, self._loop = self._loop, None
+        if loop is None or loop.is_closed():
+            return
+        try:
+            aclose = getattr(self._iter, "aclose", None)
+            if aclose is not None:
+                with contextlib.suppress(Exception):
+                    loop.run_until_complete(aclose())
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            loop.close()
+
+    def __del__(self) -> None:
+        self.close()
 
 
 def _is_async(op: Callable[..., Any]) -> bool:
@@ -252,7 +291,7 @@ class PipelineBuilder:
         if not isinstance(source, range) and isinstance(source, AsyncIterable):
             source = _AsyncIterBridge(source)
         runner = _AsyncRunner() if any(s[1] == "async" for s in self._stages) else None
-        return _core.Pipeline(
+        pipeline = _core.Pipeline(
             source,
             list(self._stages),
             sink_buffer=self._sink_buffer or 3,
@@ -260,6 +299,8 @@ class PipelineBuilder:
             runner=runner,
             report_interval=report_stats_interval,
         )
+        _LIVE.add(pipeline)
+        return pipeline
 
     def _unique(self, name: str, *, explicit: bool = False) -> str:
         if name in self._names or name in ("source", "sink"):

@@ -17,6 +17,10 @@ use super::stats::{StageStats, StatsSnapshot};
 /// Most items a stage takes from its input at once (when they are there).
 const MAX_BATCH: usize = 64;
 
+/// Longest a thread stage runs items in one session before it sends the
+/// results on.
+const BATCH_SLICE: Duration = Duration::from_millis(1);
+
 /// Smallest capacity of a channel between stages (in items): enough for
 /// batches to form, so that a busy pipeline wakes each stage once per batch
 /// rather than once per item.
@@ -598,13 +602,12 @@ fn spawn_dedicated<T: Send + 'static, E: Send + 'static>(
                 .spawn(move || {
                     // One job at a time: a thread that took several would
                     // run them one after another while its siblings idle.
+                    // A panic drops `reply`: the waiting task reports it.
                     while let Ok((item, reply)) = rx.recv() {
                         let mut job = Some((item, reply));
                         let mut run = || {
                             if let Some((item, reply)) = job.take() {
-                                let out = catch_unwind(AssertUnwindSafe(|| f(item)))
-                                    .map_err(|p| panic_message(&*p));
-                                let _ = reply.send(out);
+                                let _ = reply.send(Ok(f(item)));
                             }
                         };
                         match &session {
@@ -640,33 +643,52 @@ fn spawn_thread_stage<T: Send + 'static, E: Send + 'static>(
     std::thread::Builder::new()
         .name(thread_name(&name, 0))
         .spawn(move || {
-            let mut batch = Vec::with_capacity(MAX_BATCH);
+            let _guard = UnwindGuard {
+                shared: &ctx.shared,
+                stage: &name,
+            };
+            let mut batch = std::collections::VecDeque::with_capacity(MAX_BATCH);
             let mut outs = Vec::with_capacity(MAX_BATCH);
             loop {
                 if ctx.shared.stop.load(Ordering::Acquire) {
                     return;
                 }
-                let t = Instant::now();
-                let Ok(first) = rx.recv() else { return };
-                ctx.stats.received(t.elapsed());
-                batch.push(first);
-                for item in rx.try_iter().take(MAX_BATCH - 1) {
-                    ctx.stats.received(Duration::ZERO);
-                    batch.push(item);
+                if batch.is_empty() {
+                    let t = Instant::now();
+                    let Ok(first) = rx.recv() else { return };
+                    ctx.stats.received(t.elapsed());
+                    batch.push_back(first);
+                    for item in rx.try_iter().take(MAX_BATCH - 1) {
+                        ctx.stats.received(Duration::ZERO);
+                        batch.push_back(item);
+                    }
                 }
+                // One session for the items at hand, cut short once it has
+                // run for BATCH_SLICE, so that results stream out promptly
+                // and a stop request is seen between slow items.
+                let started = Instant::now();
                 let mut run = || {
-                    for item in batch.drain(..) {
-                        outs.push(timed(&ctx.stats, || f(item)));
+                    while let Some(item) = batch.pop_front() {
+                        let t = Instant::now();
+                        outs.push(f(item));
+                        ctx.stats.worked(t.elapsed());
+                        if started.elapsed() >= BATCH_SLICE
+                            || ctx.shared.stop.load(Ordering::Acquire)
+                        {
+                            break;
+                        }
                     }
                 };
                 match &session {
                     Some(s) => s(&mut run),
                     None => run(),
                 }
-                for outcome in outs.drain(..) {
-                    let go_on = match outcome {
-                        Ok(Ok(Some(v))) => out.emit_blocking(v),
-                        other => ctx.handle_no_send(&name, on_error, other).unwrap_or(true),
+                for result in outs.drain(..) {
+                    let go_on = match result {
+                        Ok(Some(v)) => out.emit_blocking(v),
+                        other => ctx
+                            .handle_no_send(&name, on_error, Ok(other))
+                            .unwrap_or(true),
                     };
                     if !go_on {
                         return;
@@ -675,6 +697,27 @@ fn spawn_thread_stage<T: Send + 'static, E: Send + 'static>(
             }
         })
         .map_err(PipelineError::Start)
+}
+
+/// Records a failure if a stage thread unwinds out of its function (a
+/// panic). Functions run on dedicated threads are not wrapped in
+/// `catch_unwind`: an interpreter that ends a thread with a forced unwind
+/// (`CPython` does at exit, through `pthread_exit`) must be let through, and
+/// catching it would abort the process.
+struct UnwindGuard<'a, E> {
+    shared: &'a Shared<E>,
+    stage: &'a str,
+}
+
+impl<E> Drop for UnwindGuard<'_, E> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.shared.fail(
+                self.stage,
+                FailureKind::Panicked(format!("a thread of stage {:?} panicked", self.stage)),
+            );
+        }
+    }
 }
 
 struct StageCtx<E> {
@@ -936,7 +979,7 @@ fn invoke<T: Send + 'static, E: Send + 'static>(
                 };
                 let out = if sent {
                     done.await
-                        .unwrap_or_else(|_| Err("the stage's thread is gone".into()))
+                        .unwrap_or_else(|_| Err("the stage's thread panicked (or is gone)".into()))
                 } else {
                     Err("the stage's threads are gone".into())
                 };

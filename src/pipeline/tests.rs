@@ -220,15 +220,25 @@ fn source_errors_and_panics_are_failures() {
         assert!(x != 3, "three is right out");
         Ok(Some(x))
     });
-    for work in [
-        Work::Inline(f.clone()),
-        Work::Dedicated(f.clone(), None),
-        Work::Blocking(f),
+    // Inline and blocking work catch the panic and keep its message; a
+    // dedicated thread (one or several) dies with it, which fails the stage.
+    for (work, conc, message) in [
+        (Work::Inline(f.clone()), 2, "right out"),
+        (Work::Blocking(f.clone()), 2, "right out"),
+        (Work::Dedicated(f.clone(), None), 2, "panicked"),
+        (Work::Dedicated(f, None), 1, "panicked"),
     ] {
-        let mut p = P::new(source(10), vec![map("p", work, 2, true)], config(2), None).unwrap();
+        let mut p = P::new(
+            source(10),
+            vec![map("p", work, conc, true)],
+            config(2),
+            None,
+        )
+        .unwrap();
         let err = drain(&mut p).unwrap_err();
+        assert_eq!(err.stage, "p");
         assert!(
-            matches!(err.kind, FailureKind::Panicked(ref m) if m.contains("right out")),
+            matches!(err.kind, FailureKind::Panicked(ref m) if m.contains(message)),
             "{err:?}"
         );
     }

@@ -19,6 +19,20 @@ use crate::pipeline::{
     StatsReporter, StatsSnapshot, Work,
 };
 
+/// Bumped in every child right after a fork (see `_after_fork_in_child`):
+/// a pipeline built in another generation belongs to the parent.
+static FORK_GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn fork_generation() -> u64 {
+    FORK_GENERATION.load(std::sync::atomic::Ordering::Acquire)
+}
+
+/// Registered with `os.register_at_fork(after_in_child=...)` by the package.
+#[pyfunction]
+fn _after_fork_in_child() {
+    FORK_GENERATION.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+}
+
 /// How long `__next__` waits without the GIL before checking for signals.
 const WAIT_SLICE: Duration = Duration::from_millis(50);
 
@@ -416,9 +430,11 @@ struct Inner {
 }
 
 /// A running (or runnable) pipeline; see `ferrofeed.PipelineBuilder`.
-#[pyclass(name = "Pipeline", module = "ferrofeed._core", frozen)]
+#[pyclass(name = "Pipeline", module = "ferrofeed._core", frozen, weakref)]
 pub(crate) struct PyPipeline {
     inner: Mutex<Inner>,
+    /// The fork generation the pipeline was built in.
+    generation: u64,
 }
 
 impl PyPipeline {
@@ -431,6 +447,8 @@ impl PyPipeline {
     fn shutdown(&self, py: Python<'_>) -> PyResult<()> {
         let (feeder, runner) = py.detach(|| {
             let mut inner = self.lock();
+            // A stopped pipeline is finished: iterating it again says so.
+            inner.exhausted = true;
             inner.pipeline.stop();
             (inner.feeder.take(), inner.runner.take())
         });
@@ -531,6 +549,7 @@ impl PyPipeline {
                 runner,
                 exhausted: false,
             }),
+            generation: fork_generation(),
         })
     }
 
@@ -538,7 +557,7 @@ impl PyPipeline {
     fn start(&self, py: Python<'_>) -> PyResult<()> {
         let runner = {
             let inner = self.lock();
-            if !inner.pipeline.is_in_creator_process() {
+            if self.generation != fork_generation() || !inner.pipeline.is_in_creator_process() {
                 return Err(PyRuntimeError::new_err(
                     "this pipeline was built in another process (before a fork); build a new one",
                 ));
@@ -572,11 +591,14 @@ impl PyPipeline {
 
     fn __next__(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
         // The fast path: an item that is ready is taken with one lock and
-        // without releasing the GIL. (A pipeline inherited through a fork
-        // is refused by `start` on the slow path, before any wait.)
+        // without releasing the GIL. A pipeline inherited through a fork
+        // never takes it, and `start` refuses it.
         let ready = {
             let mut inner = self.lock();
-            if inner.pipeline.is_started() && !inner.exhausted {
+            if inner.pipeline.is_started()
+                && !inner.exhausted
+                && self.generation == fork_generation()
+            {
                 inner.pipeline.try_next()
             } else {
                 None
@@ -682,5 +704,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyPipeline>()?;
     m.add_class::<PyNativeOp>()?;
     m.add_function(wrap_pyfunction!(_op_identity, m)?)?;
+    m.add_function(wrap_pyfunction!(_after_fork_in_child, m)?)?;
     Ok(())
 }
