@@ -7,7 +7,9 @@
 #![allow(clippy::cast_possible_wrap, clippy::cast_sign_loss)]
 
 mod arena;
+mod dlpack;
 mod errors;
+mod staging;
 
 use pyo3::prelude::*;
 
@@ -25,5 +27,8 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
         },
     )?;
     arena::register(m)?;
+    dlpack::register(m)?;
+    staging::register(m)?;
+    m.add("cuda_feature", cfg!(feature = "cuda"))?;
     Ok(())
 }

@@ -35,6 +35,11 @@ pub enum ManagedPtr {
 #[derive(Debug)]
 pub struct Exported(ManagedPtr);
 
+// SAFETY: an `Exported` exclusively owns its managed tensor, whose heap block
+// holds only plain data and an `Arc<PooledBuffer>` (Send + Sync); the
+// deleter may run on any thread.
+unsafe impl Send for Exported {}
+
 impl Exported {
     /// Gives up ownership: the caller now has to have the deleter called
     /// exactly once.
