@@ -57,6 +57,7 @@ format: $(PY) ## Format Rust and Python code
 lint-rust: ## cargo fmt --check and clippy with warnings denied
 	cargo fmt --all -- --check
 	cargo clippy --all-targets -- -D warnings
+	cargo clippy --all-targets --no-default-features -- -D warnings
 	cargo clippy --all-targets --features python -- -D warnings
 
 .PHONY: lint-python

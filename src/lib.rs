@@ -13,14 +13,21 @@
 //!   bounded channels, stats, clean failure and shutdown.
 //! - [`arena`]: the shared arena, one memory-mapped file of opaque items that
 //!   every process on a node maps, so dataset metadata exists once per node.
+//! - [`dlpack`]: the `DLPack` structs, the `__dlpack__` request rules, and
+//!   managed tensors whose deleter drops a Rust owner.
+//! - [`staging`]: a bounded pool of 64-byte aligned (and, with a CUDA
+//!   driver, pinned) host buffers, and [`staging::Tensor`], a pooled buffer
+//!   exported by `DLPack`.
 //!
-//! The pipeline engine, image kernels, staging buffers and `DLPack` export are
-//! built on top of these (see `DESIGN.md`).
+//! The image kernels and the data loader are built on top of these (see
+//! `DESIGN.md`).
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod arena;
+pub mod dlpack;
 pub mod pipeline;
+pub mod staging;
 
 #[cfg(feature = "python")]
 mod py;

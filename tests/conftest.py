@@ -40,6 +40,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "leftovers_ok: the arena_dir fixture does not fail on files left behind"
     )
+    config.addinivalue_line("markers", "gpu: needs a CUDA device; skipped without one")
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

@@ -5,11 +5,20 @@ Example:
     >>> with ferrofeed.SharedList([{"file": "a.jpg", "label": 3}]) as meta:
     ...     meta[0]["label"]
     3
+    >>> t = ferrofeed.zeros((2, 3), "uint8")  # a 64-byte aligned, pooled buffer
+    >>> t.numpy().tolist()  # a zero-copy NumPy view, through DLPack
+    [[0, 0, 0], [0, 0, 0]]
+
+``import ferrofeed`` imports neither NumPy, PyTorch nor JAX: `to_numpy`, `to_torch` and
+`to_jax` import their framework when first called.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from . import _core, ops
+from ._core import BufferPool, Tensor, default_pool, empty, zeros
 from ._errors import (
     ArenaBuilderError,
     ArenaClosedError,
@@ -20,11 +29,21 @@ from ._errors import (
     ArenaIOError,
     ArenaNotFoundError,
     ArenaTimeoutError,
+    BufferAllocationError,
+    DLPackError,
     FerrofeedError,
+    PinnedMemoryError,
     PipelineError,
+    PoolExhaustedError,
+    StagingError,
 )
 from ._pipeline import Pipeline, PipelineBuilder
 from ._shared_list import SharedList, default_arena_dir
+
+if TYPE_CHECKING:
+    import jax
+    import numpy.typing as npt
+    import torch
 
 __version__: str = _core.__version__
 
@@ -38,31 +57,77 @@ __all__ = [
     "ArenaIOError",
     "ArenaNotFoundError",
     "ArenaTimeoutError",
+    "BufferAllocationError",
+    "BufferPool",
+    "DLPackError",
     "FerrofeedError",
+    "PinnedMemoryError",
     "Pipeline",
     "PipelineBuilder",
     "PipelineError",
+    "PoolExhaustedError",
     "SharedList",
+    "StagingError",
+    "Tensor",
     "__version__",
     "build_info",
     "default_arena_dir",
+    "default_pool",
+    "empty",
     "ops",
+    "to_jax",
+    "to_numpy",
+    "to_torch",
+    "zeros",
 ]
+
+
+def to_numpy(x: Any, /) -> npt.NDArray[Any]:
+    """Return ``x`` as a `numpy.ndarray` sharing its memory (see `ferrofeed.numpy`)."""
+    from .numpy import to_numpy
+
+    return to_numpy(x)
+
+
+def to_torch(
+    x: Any, /, *, device: str | torch.device | None = None, non_blocking: bool | None = None
+) -> torch.Tensor:
+    """Return ``x`` as a `torch.Tensor` sharing its memory (see `ferrofeed.torch.to_torch`)."""
+    from .torch import to_torch
+
+    return to_torch(x, device=device, non_blocking=non_blocking)
+
+
+def to_jax(x: Any, /, *, device: jax.Device | None = None) -> jax.Array:
+    """Return ``x`` as a `jax.Array` (see `ferrofeed.jax.to_jax`)."""
+    from .jax import to_jax
+
+    return to_jax(x, device=device)
 
 
 def build_info() -> dict[str, str]:
     """Versions and build settings, for bug reports.
 
     Example:
-        >>> sorted(build_info())
-        ['arena_format', 'build_profile', 'platform', 'python', 'version']
+        >>> sorted(build_info())  # doctest: +NORMALIZE_WHITESPACE
+        ['arena_format', 'build_profile', 'cuda_feature', 'pinned_memory', 'platform',
+         'python', 'version']
     """
     import platform
 
+    known, why = _core.pinned_memory_status()
+    if known is None:
+        pinned = "not probed yet"
+    elif known:
+        pinned = "available"
+    else:
+        pinned = f"unavailable ({why})"
     return {
         "version": __version__,
         "build_profile": _core.build_profile,
         "arena_format": str(_core.FORMAT_VERSION),
+        "cuda_feature": str(_core.cuda_feature),
+        "pinned_memory": pinned,
         "python": platform.python_version(),
         "platform": platform.platform(),
     }

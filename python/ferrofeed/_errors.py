@@ -19,8 +19,13 @@ __all__ = [
     "ArenaIOError",
     "ArenaNotFoundError",
     "ArenaTimeoutError",
+    "BufferAllocationError",
+    "DLPackError",
     "FerrofeedError",
+    "PinnedMemoryError",
     "PipelineError",
+    "PoolExhaustedError",
+    "StagingError",
 ]
 
 
@@ -87,3 +92,30 @@ class PipelineError(FerrofeedError, ExceptionGroup):
         derived = PipelineError(self.message, excs)
         derived.stage = getattr(self, "stage", "")
         return derived
+
+
+class StagingError(FerrofeedError):
+    """Base class of the errors of buffer pools and tensors (`ferrofeed.BufferPool`)."""
+
+
+class PoolExhaustedError(StagingError, TimeoutError):
+    """Every buffer of a pool stayed in use for the pool's whole timeout.
+
+    The consumer holds on to its tensors (or to views of them: NumPy arrays, torch tensors),
+    or ``max_buffers`` is lower than the number it keeps at once.
+    """
+
+
+class PinnedMemoryError(StagingError, RuntimeError):
+    """Pinned memory was required (``pinned=True``) and the CUDA driver cannot give it."""
+
+
+class BufferAllocationError(StagingError, MemoryError):
+    """The allocator refused a buffer of the size asked for."""
+
+
+class DLPackError(StagingError, BufferError):
+    """A ``__dlpack__`` request cannot be met (another device, a stream for host memory).
+
+    A `BufferError`, as the array API standard specifies.
+    """

@@ -1,12 +1,13 @@
 //! The one mapping from core errors to the Python exception hierarchy
 //! defined in `ferrofeed/_errors.py`.
 
-use pyo3::exceptions::PyRuntimeError;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
 
 use crate::arena::ArenaError;
+use crate::staging::StagingError;
 
 /// Looks up (once) an exception class of `ferrofeed._errors`.
 fn class<'py>(
@@ -35,6 +36,10 @@ exception_classes! {
     full => "ArenaFullError",
     io_error => "ArenaIOError",
     closed => "ArenaClosedError",
+    pool_exhausted => "PoolExhaustedError",
+    pinned_unavailable => "PinnedMemoryError",
+    allocation => "BufferAllocationError",
+    dlpack_request => "DLPackError",
 }
 
 /// Builds an exception of `cls` whose `str()` is `msg`; for `OSError`
@@ -94,6 +99,28 @@ impl From<ArenaError> for PyErr {
                 _ => io_error(py),
             };
             make(cls, &msg, errno, path)
+        })
+    }
+}
+
+impl From<StagingError> for PyErr {
+    /// Pool and tensor errors: `PoolExhaustedError` (a `TimeoutError`),
+    /// `PinnedMemoryError` (a `RuntimeError`), `BufferAllocationError` (a
+    /// `MemoryError`), `DLPackError` (a `BufferError`, as the array API wants
+    /// for a `__dlpack__` request that cannot be met); invalid arguments are
+    /// plain `ValueError`s.
+    #[cold]
+    fn from(err: StagingError) -> PyErr {
+        Python::attach(|py| {
+            let msg = err.to_string();
+            let cls = match &err {
+                StagingError::Exhausted { .. } => pool_exhausted(py),
+                StagingError::PinnedUnavailable { .. } => pinned_unavailable(py),
+                StagingError::OutOfMemory { .. } => allocation(py),
+                StagingError::Dlpack(e) if e.is_request_error() => dlpack_request(py),
+                _ => return PyValueError::new_err(msg),
+            };
+            make(cls, &msg, None, None)
         })
     }
 }

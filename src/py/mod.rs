@@ -7,8 +7,10 @@
 #![allow(clippy::cast_possible_wrap, clippy::cast_sign_loss)]
 
 mod arena;
+mod dlpack;
 mod errors;
 mod pipeline;
+mod staging;
 
 use pyo3::prelude::*;
 
@@ -27,5 +29,8 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     )?;
     arena::register(m)?;
     pipeline::register(m)?;
+    dlpack::register(m)?;
+    staging::register(m)?;
+    m.add("cuda_feature", cfg!(feature = "cuda"))?;
     Ok(())
 }

@@ -1,0 +1,137 @@
+"""JAX checks of test_dlpack.py, run in a subprocess.
+
+JAX starts threads at import, and forking a process that holds them warns (and may
+deadlock): keeping JAX out of the pytest process keeps the fork-based tests sound. Each
+check asserts; ``main`` prints one JSON line with what it observed.
+"""
+
+from __future__ import annotations
+
+import doctest
+import gc
+import json
+from typing import Any
+
+import ferrofeed
+import ferrofeed.jax
+import jax
+import jax.dlpack
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+DTYPES = ["uint8", "int32", "int64", "float16", "bfloat16", "float32"]
+
+
+class Recorder:
+    """Forwards __dlpack__ to a Tensor and records the keyword arguments used."""
+
+    def __init__(self, t: ferrofeed.Tensor) -> None:
+        self.t = t
+        self.calls: list[dict[str, Any]] = []
+
+    def __dlpack__(self, **kw: Any) -> Any:
+        self.calls.append(kw)
+        return self.t.__dlpack__(**kw)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self.t.__dlpack_device__()
+
+
+def pool(n: int = 4) -> ferrofeed.BufferPool:
+    return ferrofeed.BufferPool(n, pinned=False, timeout=0.2)
+
+
+def values_and_copies() -> dict[str, bool]:
+    """Right values for every dtype; whether JAX kept our buffer (zero copy), per dtype."""
+    x64 = bool(jax.config.read("jax_enable_x64"))
+    zero_copy: dict[str, bool] = {}
+    for dtype in DTYPES:
+        t = ferrofeed.empty((3, 4), dtype, pool=pool())
+        torch.from_dlpack(t).copy_(torch.arange(12).reshape(3, 4).to(getattr(torch, dtype)))
+        # Without jax_enable_x64, JAX narrows 64-bit integers to 32 bits (so, a copy).
+        narrowed = dtype == "int64" and not x64
+        for name, from_dlpack in [
+            ("jax.dlpack", jax.dlpack.from_dlpack),
+            ("jnp", jnp.from_dlpack),
+            ("to_jax", ferrofeed.to_jax),
+        ]:
+            a = from_dlpack(t)
+            assert a.shape == (3, 4), (dtype, name)
+            assert str(a.dtype) == ("int32" if narrowed else dtype), (dtype, name, a.dtype)
+            got = np.asarray(a.astype(jnp.float32)).tolist()
+            assert got == [[float(4 * i + j) for j in range(4)] for i in range(3)], (dtype, name)
+            same = a.unsafe_buffer_pointer() == t.data_ptr
+            assert same is not narrowed, (dtype, name, same)
+            zero_copy[f"{dtype}/{name}"] = same
+    return zero_copy
+
+
+def asks_for_legacy() -> dict[str, Any]:
+    r = Recorder(ferrofeed.zeros((2,), "float32", pool=pool()))
+    jax.dlpack.from_dlpack(r)
+    assert r.calls
+    assert "max_version" not in r.calls[0], r.calls
+    assert r.calls[0].get("stream") in (None, -1), r.calls
+    return {k: repr(v) for k, v in r.calls[0].items()}
+
+
+def view_outlives_tensor_and_pool() -> None:
+    p = pool()
+    t = p.empty((64, 64), "float32")
+    np.from_dlpack(t)[:] = np.arange(64 * 64, dtype=np.float32).reshape(64, 64)
+    view = jax.dlpack.from_dlpack(t)
+    assert view.unsafe_buffer_pointer() == t.data_ptr
+    stats = p.stats
+    del t, p
+    gc.collect()
+    junk = [ferrofeed.empty((64, 64), "float32") for _ in range(8)]
+    for j in junk:
+        np.from_dlpack(j)[:] = -1
+    assert float(view[63, 63]) == 64 * 64 - 1
+    assert float(view.sum()) == sum(range(64 * 64))
+    assert stats()["in_use"] == 1
+    del view
+    gc.collect()
+    s = stats()
+    assert (s["in_use"], s["releases"], s["idle"]) == (0, 1, 1), s
+
+
+def every_view_returns_the_buffer_once() -> None:
+    p = pool()
+    t = p.zeros((1000,), "float32")
+    views: list[Any] = [
+        np.from_dlpack(t),
+        torch.from_dlpack(t),
+        jax.dlpack.from_dlpack(t),
+        jnp.from_dlpack(t),
+    ]
+    del t
+    while views:
+        views.pop()
+        gc.collect()
+        assert p.stats()["releases"] == (0 if views else 1), p.stats()
+    s = p.stats()
+    assert (s["allocated"], s["in_use"], s["idle"], s["releases"]) == (1, 0, 1, 1), s
+
+
+def docstrings() -> None:
+    res = doctest.testmod(ferrofeed.jax)
+    assert res.attempted > 0
+    assert res.failed == 0
+
+
+def main() -> None:
+    out = {
+        "x64": bool(jax.config.read("jax_enable_x64")),
+        "zero_copy": values_and_copies(),
+        "legacy_call": asks_for_legacy(),
+    }
+    view_outlives_tensor_and_pool()
+    every_view_returns_the_buffer_once()
+    docstrings()
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
