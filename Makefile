@@ -82,9 +82,11 @@ test-python: ## pytest against the installed wheel
 test: install-test test-rust test-python ## Install what the tests need, then run every test
 
 .PHONY: bench
-bench: install-test ## Criterion benches and the Python RAM study
-	cargo bench --bench arena
+bench: install-test ## Criterion benches and the Python comparisons (see BENCHMARKS.md)
+	cargo bench --bench arena --bench pipeline
+	$(PIP) install -q "spdl==0.8.0"
 	$(PY) benches/ram_study.py
+	$(PY) benches/pipeline_overhead.py --spdl-n 20000
 
 .PHONY: clean
 clean: ## Remove build outputs (keeps .venv)

@@ -244,19 +244,34 @@ fn loads_transient<'py>(
         .map_err(|_| PyBufferError::new_err("item too large for a memoryview"))?;
     // SAFETY: PyMemoryView_FromMemory makes a read-only view of `bytes`
     // without owning them (a new reference, or null with an exception set).
-    // `bytes` lie in the mapping that `keep` holds alive for this whole call.
-    // Once `loads` returns, the view is released, after which nothing can
-    // read through it; if it cannot be released (an export of it is still
-    // held, which `pickle.loads` never does), the mapping is made immortal
-    // instead, so the view can never dangle.
+    // `bytes` lie in the mapping that `keep` holds alive for this whole call;
+    // see below for what happens after it.
     let view = unsafe {
         Bound::from_owned_ptr_or_err(
             py,
             ffi::PyMemoryView_FromMemory(bytes.as_ptr().cast_mut().cast(), len, ffi::PyBUF_READ),
         )?
     };
-    let result = loads.call1((&view,));
-    if view.call_method0(pyo3::intern!(py, "release")).is_err() {
+    // SAFETY: both are valid objects; the variadic argument list ends with
+    // a null pointer, and the call returns a new reference or null with an
+    // exception set. (`PyObject_CallFunctionObjArgs` passes the argument
+    // without building a tuple, unlike a generic call under the limited API.)
+    let result = unsafe {
+        Bound::from_owned_ptr_or_err(
+            py,
+            ffi::PyObject_CallFunctionObjArgs(
+                loads.as_ptr(),
+                view.as_ptr(),
+                std::ptr::null_mut::<ffi::PyObject>(),
+            ),
+        )
+    };
+    // Our reference is the only one left unless the unpickler kept the view
+    // (it never does): then nothing can reach the memory once it is dropped.
+    // Otherwise the mapping is made immortal, so the view can never dangle.
+    // SAFETY: `view` is a valid object; reading its reference count has no
+    // side effect.
+    if unsafe { ffi::Py_REFCNT(view.as_ptr()) } != 1 {
         std::mem::forget(Arc::clone(keep));
     }
     result
