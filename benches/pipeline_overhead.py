@@ -40,33 +40,26 @@ def time_loop(n: int) -> float:
     return time.perf_counter() - t
 
 
-def time_ferrofeed(n: int, buffer_size: int, threads: int) -> float:
-    p = (
-        PipelineBuilder()
-        .add_source(range(n))
-        .pipe(noop)
-        .add_sink(buffer_size)
-        .build(num_threads=threads)
-    )
+def drain(p: ferrofeed.Pipeline, n: int) -> float:
+    """Iterate a built pipeline to the end; return the seconds it took."""
     t = time.perf_counter()
     with p.auto_stop():
         count = sum(1 for _ in p)
     elapsed = time.perf_counter() - t
     assert count == n, count
     return elapsed
+
+
+def time_ferrofeed(n: int, buffer_size: int, threads: int) -> float:
+    b = PipelineBuilder().add_source(range(n)).pipe(noop)
+    return drain(b.add_sink(buffer_size).build(num_threads=threads), n)
 
 
 def time_ferrofeed_native(n: int, buffer_size: int, threads: int) -> float:
     b = PipelineBuilder().add_source(range(n))
     for _ in range(3):
         b = b.pipe(ops.identity())
-    p = b.add_sink(buffer_size).build(num_threads=threads)
-    t = time.perf_counter()
-    with p.auto_stop():
-        count = sum(1 for _ in p)
-    elapsed = time.perf_counter() - t
-    assert count == n, count
-    return elapsed
+    return drain(b.add_sink(buffer_size).build(num_threads=threads), n)
 
 
 def time_spdl(n: int, buffer_size: int, threads: int) -> float:

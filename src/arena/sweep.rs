@@ -63,21 +63,27 @@ fn process_is_dead(pid: i32) -> bool {
     }
 }
 
-/// Removes `path`, a claim file, if nobody holds it and it is older than
-/// [`CLAIM_TTL`]. Returns whether it did.
-fn sweep_claim(path: &Path) -> bool {
-    let Ok(file) = File::options()
+/// Opens a sweep candidate for reading, if it is a regular file (never
+/// following a symlink, never blocking on a FIFO).
+fn open_regular(path: &Path) -> Option<(File, std::fs::Metadata)> {
+    let file = File::options()
         .read(true)
         .custom_flags((OFlags::NOFOLLOW | OFlags::NONBLOCK).bits().cast_signed())
         .open(path)
-    else {
+        .ok()?;
+    let meta = file.metadata().ok().filter(std::fs::Metadata::is_file)?;
+    Some((file, meta))
+}
+
+/// Removes `path`, a claim file, if nobody holds it and it is older than
+/// [`CLAIM_TTL`]. Returns whether it did.
+fn sweep_claim(path: &Path) -> bool {
+    let Some((file, meta)) = open_regular(path) else {
         return false;
     };
-    let old = file
-        .metadata()
+    let old = meta
+        .modified()
         .ok()
-        .filter(std::fs::Metadata::is_file)
-        .and_then(|m| m.modified().ok())
         .and_then(|t| t.elapsed().ok())
         .is_some_and(|age| age > CLAIM_TTL);
     old && try_lock_exclusive(&file) && std::fs::remove_file(path).is_ok()
@@ -86,16 +92,9 @@ fn sweep_claim(path: &Path) -> bool {
 /// Removes `path` if it is an arena file (by its magic) that no process
 /// holds. Returns whether it did.
 fn sweep_one(path: &Path) -> bool {
-    let Ok(file) = File::options()
-        .read(true)
-        .custom_flags((OFlags::NOFOLLOW | OFlags::NONBLOCK).bits().cast_signed())
-        .open(path)
-    else {
+    let Some((file, _)) = open_regular(path) else {
         return false;
     };
-    if !file.metadata().is_ok_and(|m| m.is_file()) {
-        return false;
-    }
     let mut magic = [0u8; 8];
     if file.read_exact_at(&mut magic, 0).is_err() || magic != MAGIC {
         return false;
