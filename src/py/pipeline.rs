@@ -11,7 +11,7 @@ use std::time::Duration;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PyList, PyRange, PyRangeMethods, PyTuple};
+use pyo3::types::{PyDict, PyIterator, PyList, PyRange, PyRangeMethods, PyTuple};
 
 use crate::pipeline::{
     format_table, AggregateStage, AsyncItemFn, CombineFn, ErrorPolicy, Failure, FailureKind,
@@ -104,20 +104,17 @@ fn _op_identity() -> PyNativeOp {
 /// A Python iterator pulled on the source thread, several items per GIL
 /// acquisition.
 struct PySource {
-    iter: Py<PyAny>,
+    iter: Py<PyIterator>,
 }
 
 impl Source<Item, PyErr> for PySource {
     fn next_batch(&mut self, max: usize, out: &mut Vec<Item>) -> PyResult<bool> {
         Python::attach(|py| {
-            let it = self.iter.bind(py);
+            let mut it = self.iter.bind(py).clone();
             for _ in 0..max {
-                match it.call_method0(pyo3::intern!(py, "__next__")) {
-                    Ok(v) => out.push(Item::Py(v.unbind())),
-                    Err(e) if e.is_instance_of::<pyo3::exceptions::PyStopIteration>(py) => {
-                        return Ok(false)
-                    }
-                    Err(e) => return Err(e),
+                match it.next() {
+                    Some(v) => out.push(Item::Py(v?.unbind())),
+                    None => return Ok(false),
                 }
             }
             Ok(true)
@@ -186,7 +183,7 @@ struct Completion {
 #[pymethods]
 impl Completion {
     /// Called by the event loop with the finished task.
-    fn __call__(&self, py: Python<'_>, task: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn __call__(&self, task: &Bound<'_, PyAny>) -> PyResult<()> {
         let out = if task.call_method0("cancelled")?.is_truthy()? {
             Err(pyo3::exceptions::asyncio::CancelledError::new_err(
                 "the coroutine was cancelled",
@@ -209,7 +206,6 @@ impl Completion {
             // The pipeline may be gone; then nobody waits for this result.
             let _ = s.send(out);
         }
-        let _ = py;
         Ok(())
     }
 }
@@ -522,7 +518,7 @@ impl PyPipeline {
                 Some(hook),
             )
         } else {
-            let iter = source.try_iter()?.into_any().unbind();
+            let iter = source.try_iter()?.unbind();
             Pipeline::new(PySource { iter }, stages, config, Some(hook))
         }
         .map_err(|e| PyValueError::new_err(e.to_string()))?;
