@@ -13,6 +13,7 @@
 //!   bounded channels, stats, clean failure and shutdown.
 //! - [`arena`]: the shared arena, one memory-mapped file of opaque items that
 //!   every process on a node maps, so dataset metadata exists once per node.
+//! - [`sampler`]: seekable shuffled index orders, O(1) to start or resume.
 //! - [`dlpack`]: the `DLPack` structs, the `__dlpack__` request rules, and
 //!   managed tensors whose deleter drops a Rust owner.
 //! - [`staging`]: a bounded pool of 64-byte aligned (and, with a CUDA
@@ -27,6 +28,7 @@
 pub mod arena;
 pub mod dlpack;
 pub mod pipeline;
+pub mod sampler;
 pub mod staging;
 
 #[cfg(feature = "python")]

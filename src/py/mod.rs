@@ -10,6 +10,7 @@ mod arena;
 mod dlpack;
 mod errors;
 mod pipeline;
+mod sampler;
 mod staging;
 
 use pyo3::prelude::*;
@@ -29,6 +30,7 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     )?;
     arena::register(m)?;
     pipeline::register(m)?;
+    sampler::register(m)?;
     dlpack::register(m)?;
     staging::register(m)?;
     m.add("cuda_feature", cfg!(feature = "cuda"))?;
