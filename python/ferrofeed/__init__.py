@@ -37,6 +37,7 @@ from ._errors import (
     PoolExhaustedError,
     StagingError,
 )
+from ._loader import DataLoader, default_collate
 from ._pipeline import Pipeline, PipelineBuilder
 from ._shared_list import SharedList, default_arena_dir
 
@@ -60,6 +61,7 @@ __all__ = [
     "BufferAllocationError",
     "BufferPool",
     "DLPackError",
+    "DataLoader",
     "FerrofeedError",
     "PinnedMemoryError",
     "Pipeline",
@@ -72,6 +74,7 @@ __all__ = [
     "__version__",
     "build_info",
     "default_arena_dir",
+    "default_collate",
     "default_pool",
     "empty",
     "ops",

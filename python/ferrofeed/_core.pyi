@@ -75,6 +75,18 @@ def _op_identity() -> NativeOp:
     """Return a native op that passes items through."""
 
 @final
+class Permutation:
+    """A seekable pseudo-random permutation of ``range(n)`` keyed by ``(seed, epoch)``."""
+
+    def __new__(
+        cls, n: int, *, seed: int = 0, epoch: int = 0, shuffle: bool = True
+    ) -> Permutation: ...
+    def __len__(self) -> int: ...
+    def __getitem__(self, i: int, /) -> int: ...
+    def take(self, start: int, end: int, stride: int = 1) -> list[int]:
+        """Return the elements at ``start, start + stride, ...`` below ``end``, modulo len."""
+
+@final
 class Pipeline:
     """A built pipeline; iterate it, or use ``with pipeline.auto_stop():``."""
 

@@ -1,0 +1,515 @@
+"""`DataLoader`: batches from a map-style dataset, shuffled, sharded and resumable."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from . import _core
+from ._pipeline import PipelineBuilder
+
+__all__ = ["DataLoader", "default_collate"]
+
+Output = Literal["numpy", "torch", "jax"]
+
+_log = logging.getLogger("ferrofeed.loader")
+
+# dtypes a pooled, 64-byte aligned batch buffer can hold (what DLPack consumers take).
+_POOLED_DTYPES = {"uint8", "int32", "int64", "float16", "float32"}
+
+
+class MapDataset(Protocol):
+    """What `DataLoader` reads: ``len(ds)`` and ``ds[i]`` (a torch Dataset qualifies)."""
+
+    def __len__(self) -> int: ...
+    def __getitem__(self, index: int, /) -> Any: ...
+
+
+@dataclass(frozen=True)
+class _Skipped:
+    """A sample that failed under ``on_error="skip"`` (dropped from its batch by collate)."""
+
+    index: int
+    reason: str
+
+
+def _stack(arrays: Sequence[Any]) -> Any:
+    import numpy as np
+
+    first = np.asarray(arrays[0])
+    shape = (len(arrays), *first.shape)
+    if first.dtype.name in _POOLED_DTYPES and first.size > 0:
+        # Straight into a 64-byte aligned, pooled buffer: JAX and torch then take the
+        # batch by DLPack without a copy, and the buffer is reused once freed.
+        out = np.from_dlpack(_core.empty(shape, first.dtype.name))
+        np.stack([np.asarray(a) for a in arrays], out=out)
+        return out
+    return np.stack([np.asarray(a) for a in arrays])
+
+
+def default_collate(samples: Sequence[Any]) -> Any:
+    """Combine a list of samples into a batch, recursively, as NumPy arrays.
+
+    Arrays and numbers are stacked along a new first axis (into a pooled, 64-byte aligned
+    buffer for the common dtypes); dicts, tuples and lists are collated field by field;
+    strings, bytes and anything else are returned as a list.
+
+    Example:
+        >>> batch = default_collate([{"x": [1.0, 2.0], "y": 0}, {"x": [3.0, 4.0], "y": 1}])
+        >>> batch["x"].shape, batch["y"].tolist()
+        ((2, 2), [0, 1])
+    """
+    import numpy as np
+
+    first = samples[0]
+    if isinstance(first, Mapping):
+        return {key: default_collate([s[key] for s in samples]) for key in first}
+    if isinstance(first, tuple) and hasattr(first, "_fields"):  # a named tuple
+        return type(first)(*(default_collate(list(f)) for f in zip(*samples, strict=True)))
+    if isinstance(first, tuple | list):
+        if isinstance(first, list) and all(isinstance(v, int | float) for v in first):
+            return _stack(samples)
+        return type(first)(default_collate(list(f)) for f in zip(*samples, strict=True))
+    if isinstance(first, str | bytes):
+        return list(samples)
+    if isinstance(first, np.ndarray | np.generic | int | float | bool) or hasattr(
+        first, "__array__"
+    ):
+        return _stack(samples)
+    return list(samples)
+
+
+def _default_rank_and_world() -> tuple[int, int]:
+    """Find the rank and world size.
+
+    From torch.distributed or JAX when initialised, else ``RANK`` and ``WORLD_SIZE`` in the
+    environment, else a single process. Never imports a framework.
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        dist = getattr(torch, "distributed", None)
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank()), int(dist.get_world_size())
+    jax = sys.modules.get("jax")
+    if jax is not None:
+        try:
+            count = int(jax.process_count())
+        except Exception:  # a JAX without a usable backend: fall through
+            count = 1
+        if count > 1:
+            return int(jax.process_index()), count
+    rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
+    if rank is not None and world is not None:
+        return int(rank), int(world)
+    return 0, 1
+
+
+def _convert(batch: Any, output: Output, device: str | None) -> Any:
+    if output == "numpy":
+        return batch
+    if isinstance(batch, dict):
+        return {k: _convert(v, output, device) for k, v in batch.items()}
+    if isinstance(batch, tuple | list) and not _is_array(batch):
+        return type(batch)(_convert(v, output, device) for v in batch)
+    if not _is_array(batch):
+        return batch
+    if output == "torch":
+        import torch
+
+        tensor = torch.from_numpy(batch)
+        return tensor.to(device, non_blocking=True) if device else tensor
+    import jax
+
+    array = jax.dlpack.from_dlpack(batch) if batch.flags.c_contiguous else jax.numpy.asarray(batch)
+    return jax.device_put(array, jax.devices(device)[0]) if device else array
+
+
+def _is_array(x: Any) -> bool:
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(x, np.ndarray)
+
+
+class _Progress:
+    """A progress bar: tqdm when installed, else a one-line bar on stderr."""
+
+    def __init__(self, total: int, desc: str) -> None:
+        self._n, self._total, self._desc = 0, total, desc
+        self._start = time.monotonic()
+        self._tqdm: Any = None
+        try:
+            from tqdm import tqdm  # type: ignore[import-untyped,unused-ignore]
+
+            self._tqdm = tqdm(total=total, desc=desc, unit="batch")
+        except ImportError:
+            pass
+
+    def update(self) -> None:
+        self._n += 1
+        if self._tqdm is not None:
+            self._tqdm.update(1)
+            return
+        rate = self._n / max(time.monotonic() - self._start, 1e-9)
+        width = 30
+        filled = width * self._n // max(self._total, 1)
+        bar = "#" * filled + "-" * (width - filled)
+        print(
+            f"\r{self._desc} [{bar}] {self._n}/{self._total} {rate:.1f} batch/s",
+            end="",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def close(self) -> None:
+        if self._tqdm is not None:
+            self._tqdm.close()
+        else:
+            print(file=sys.stderr, flush=True)
+
+
+class DataLoader:
+    """Batches from a map-style dataset: shuffled per epoch, sharded by rank, resumable.
+
+    Samples are read and transformed concurrently on the pipeline's threads (``transform``
+    holds the GIL only while it runs), collated into batches, and handed out as NumPy
+    arrays, or as PyTorch or JAX arrays without a copy. Output order is deterministic: the
+    same ``seed`` and epoch give the same batches whatever ``num_threads`` is.
+
+    Sampling: every epoch is a new permutation of the dataset derived from ``(seed,
+    epoch)``, computed on the fly (starting an epoch costs the same for ten samples or a
+    billion). With ``world_size > 1`` each rank takes every ``world_size``-th sample of
+    that order: ranks never overlap, together they cover the dataset, and all see the same
+    number of batches (the shards are padded by wrapping around to the start, or with
+    ``drop_last=True`` cut to equal length, which also drops a last, partial batch).
+
+    Args:
+        source: a map-style dataset: ``len(ds)`` and ``ds[i]`` (a ``torch.utils.data.Dataset``
+            works unchanged, and so does a `SharedList` or a list).
+        batch_size: samples per batch.
+        shuffle: shuffle the order every epoch.
+        seed: the shuffle's seed.
+        drop_last: drop the uneven tail, so shards and batches are all full.
+        transform: a function applied to each sample after ``ds[i]``.
+        collate: combines a list of samples into a batch (default: `default_collate`).
+        num_threads: samples read at once (default: the number of CPUs, at most 8).
+        prefetch: finished batches kept ready ahead of the training loop.
+        rank: this process's rank (default: torch.distributed or JAX when initialised,
+            else ``$RANK``, else 0).
+        world_size: the number of ranks (default: as for ``rank``, else 1).
+        batches_per_epoch: as AllenNLP defines it: every epoch yields exactly this many
+            batches, continuing where the previous epoch stopped and going round the data
+            as often as needed.
+        output: ``"numpy"``, ``"torch"`` or ``"jax"``.
+        device: move each batch there (e.g. ``"cuda:0"`` with torch, ``"gpu"`` with JAX).
+        on_error: ``"raise"`` (a failing sample stops the epoch with `PipelineError`) or
+            ``"skip"`` (the sample is left out of its batch, logged and listed in `stats`).
+        progress: show a progress bar (tqdm when installed).
+
+    Example:
+        >>> loader = DataLoader(list(range(10)), batch_size=4, shuffle=True, seed=1)
+        >>> len(loader)
+        3
+        >>> [b.tolist() for b in loader] == [b.tolist() for b in loader.epoch_batches(0)]
+        True
+    """
+
+    def __init__(
+        self,
+        source: MapDataset,
+        *,
+        batch_size: int = 1,
+        shuffle: bool = False,
+        seed: int = 0,
+        drop_last: bool = False,
+        transform: Callable[[Any], Any] | None = None,
+        collate: Callable[[list[Any]], Any] | None = None,
+        num_threads: int | None = None,
+        prefetch: int = 2,
+        rank: int | None = None,
+        world_size: int | None = None,
+        batches_per_epoch: int | None = None,
+        output: Output = "numpy",
+        device: str | None = None,
+        on_error: Literal["raise", "skip"] = "raise",
+        progress: bool = False,
+    ) -> None:
+        if not (hasattr(source, "__len__") and hasattr(source, "__getitem__")):
+            raise TypeError(
+                "source must be a map-style dataset (len(ds) and ds[i]), "
+                f"not {type(source).__name__}"
+            )
+        for name, value, low in (("batch_size", batch_size, 1), ("prefetch", prefetch, 1)):
+            if not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an int >= {low}, not {value!r}")
+        if batches_per_epoch is not None and (
+            not isinstance(batches_per_epoch, int) or batches_per_epoch < 1
+        ):
+            raise ValueError(f"batches_per_epoch must be an int >= 1, not {batches_per_epoch!r}")
+        if output not in ("numpy", "torch", "jax"):
+            raise ValueError(f"output must be 'numpy', 'torch' or 'jax', not {output!r}")
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
+        default_rank, default_world = _default_rank_and_world()
+        self.rank = default_rank if rank is None else rank
+        self.world_size = default_world if world_size is None else world_size
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} is not in [0, world_size={self.world_size})")
+        if device is not None:
+            _check_device(output, device)
+        self.dataset = source
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.drop_last = drop_last
+        self.transform = transform
+        self.collate = collate or default_collate
+        self.num_threads = num_threads or min(os.cpu_count() or 2, 8)
+        self.prefetch = prefetch
+        self.batches_per_epoch = batches_per_epoch
+        self.output: Output = output
+        self.device = device
+        self.on_error = on_error
+        self.progress = progress
+        self._epoch = 0
+        self._resume_batches = 0
+        self._batches_done = 0
+        self._skipped: list[tuple[int, str]] = []
+        self._skipped_lock = threading.Lock()
+        self._pipeline: _core.Pipeline | None = None
+
+    # -- sizes ---------------------------------------------------------------------
+
+    @property
+    def samples_per_rank(self) -> int:
+        """Samples each rank reads per pass over the data (after padding or dropping)."""
+        n = len(self.dataset)
+        return n // self.world_size if self.drop_last else math.ceil(n / self.world_size)
+
+    @property
+    def batches_per_pass(self) -> int:
+        """Batches each rank yields per pass over the data."""
+        per_rank = self.samples_per_rank
+        if self.drop_last:
+            return per_rank // self.batch_size
+        return math.ceil(per_rank / self.batch_size)
+
+    def __len__(self) -> int:
+        """Batches per epoch for this rank."""
+        return self.batches_per_epoch or self.batches_per_pass
+
+    # -- epochs and state -------------------------------------------------------------
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start the next iteration at the beginning of ``epoch``."""
+        self._epoch = epoch
+        self._resume_batches = 0
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next iteration yields (advances after each full epoch)."""
+        return self._epoch
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the loader stands, to resume with `load_state_dict` (in a new process too).
+
+        Example:
+            >>> loader = DataLoader(list(range(8)), batch_size=2, shuffle=True)
+            >>> it = iter(loader); first = next(it)
+            >>> state = loader.state_dict()
+            >>> resumed = DataLoader(list(range(8)), batch_size=2, shuffle=True)
+            >>> resumed.load_state_dict(state)
+            >>> next(iter(resumed)).tolist() == next(it).tolist()
+            True
+        """
+        return {
+            "version": 1,
+            "epoch": self._epoch,
+            "batches_done": self._batches_done,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "batch_size": self.batch_size,
+            "drop_last": self.drop_last,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "dataset_len": len(self.dataset),
+            "batches_per_epoch": self.batches_per_epoch,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from a `state_dict`.
+
+        The next iteration yields exactly the batches the interrupted run would have
+        yielded next.
+
+        Raises:
+            ValueError: the state comes from a loader configured differently.
+        """
+        if state.get("version") != 1:
+            raise ValueError(f"unsupported state version {state.get('version')!r}")
+        mine = self.state_dict()
+        for key in (
+            "seed",
+            "shuffle",
+            "batch_size",
+            "drop_last",
+            "rank",
+            "world_size",
+            "dataset_len",
+            "batches_per_epoch",
+        ):
+            if state[key] != mine[key]:
+                raise ValueError(
+                    f"the state was saved with {key}={state[key]!r}, this loader has "
+                    f"{key}={mine[key]!r}"
+                )
+        self._epoch = int(state["epoch"])
+        self._resume_batches = int(state["batches_done"])
+        self._batches_done = self._resume_batches
+
+    def stats(self) -> dict[str, Any]:
+        """Return the pipeline's figures and the samples skipped so far.
+
+        ``pipeline``: the current (or last) pass's per-stage figures; ``skipped``: the
+        samples left out under ``on_error="skip"``, as (index, reason).
+        """
+        with self._skipped_lock:
+            skipped = list(self._skipped)
+        pipeline = self._pipeline.stats() if self._pipeline is not None else {}
+        return {"pipeline": pipeline, "skipped": skipped, "skipped_count": len(skipped)}
+
+    # -- iteration ----------------------------------------------------------------------
+
+    def _positions(self, epoch: int) -> Iterator[int]:
+        """Dataset indices this rank reads in ``epoch``, from the resume point on."""
+        per_pass = self.batches_per_pass
+        if per_pass == 0:
+            return
+        if self.batches_per_epoch is None:
+            first, count = epoch * per_pass, per_pass
+        else:
+            first, count = epoch * self.batches_per_epoch, self.batches_per_epoch
+        first += self._resume_batches
+        count -= self._resume_batches
+        for g in range(first, first + count):  # g: a global batch number of this rank
+            data_epoch, b = divmod(g, per_pass)
+            perm = _core.Permutation(
+                len(self.dataset), seed=self.seed, epoch=data_epoch, shuffle=self.shuffle
+            )
+            start = b * self.batch_size
+            stop = min(start + self.batch_size, self.samples_per_rank)
+            # Rank r takes positions r, r + W, r + 2W, ... of the epoch's order.
+            w, r = self.world_size, self.rank
+            yield from perm.take(r + start * w, r + stop * w, w)
+
+    def _batch_sizes(self, epoch: int) -> Iterator[int]:
+        per_pass = self.batches_per_pass
+        first = (epoch * (self.batches_per_epoch or per_pass)) + self._resume_batches
+        for g in range(first, first + len(self) - self._resume_batches):
+            b = g % per_pass
+            yield min(self.batch_size, self.samples_per_rank - b * self.batch_size)
+
+    def _load(self, index: int) -> Any:
+        try:
+            sample = self.dataset[index]
+            return self.transform(sample) if self.transform is not None else sample
+        except Exception as e:
+            if self.on_error == "raise":
+                e.add_note(f"while loading sample {index} of the dataset")
+                raise
+            reason = f"{type(e).__name__}: {e}"
+            _log.warning("skipped sample %d: %s", index, reason)
+            with self._skipped_lock:
+                self._skipped.append((index, reason))
+            return _Skipped(index, reason)
+
+    def _batches(self, epoch: int) -> Iterator[Any]:
+        sizes = self._batch_sizes(epoch)
+        collate, output, device = self.collate, self.output, self.device
+
+        def finish(samples: list[Any]) -> Any:
+            kept = [s for s in samples if not isinstance(s, _Skipped)]
+            return _convert(collate(kept), output, device) if kept else None
+
+        builder = PipelineBuilder().add_source(self._positions(epoch))
+        builder.pipe(self._load, concurrency=self.num_threads, name="load")
+        pipeline = (
+            builder.pipe(_Grouper(sizes), name="batch")
+            .pipe(finish, name="collate")
+            .add_sink(self.prefetch)
+            .build(num_threads=1)
+        )
+        self._pipeline = pipeline
+        with pipeline.auto_stop():
+            yield from pipeline
+
+    def __iter__(self) -> Iterator[Any]:
+        epoch = self._epoch
+        self._batches_done = self._resume_batches
+        todo = len(self) - self._resume_batches
+        bar = _Progress(todo, f"epoch {epoch}") if self.progress else None
+        try:
+            for batch in self._batches(epoch):
+                self._batches_done += 1
+                if bar is not None:
+                    bar.update()
+                yield batch
+        finally:
+            if bar is not None:
+                bar.close()
+        # A complete epoch: the next iteration starts the next one.
+        self._epoch = epoch + 1
+        self._resume_batches = 0
+        self._batches_done = 0
+
+    def epoch_batches(self, epoch: int) -> Iterator[Any]:
+        """The batches of ``epoch`` (from its start), without changing the loader's state."""
+        saved = (self._epoch, self._resume_batches, self._batches_done)
+        self._resume_batches = 0
+        try:
+            yield from self._batches(epoch)
+        finally:
+            self._epoch, self._resume_batches, self._batches_done = saved
+
+
+class _Grouper:
+    """Groups samples into batches of the sizes given (the last one may be short).
+
+    A stage of concurrency 1 in an ordered pipeline sees samples in order, so counting
+    them is enough; returning ``None`` until a batch is full drops nothing else.
+    """
+
+    def __init__(self, sizes: Iterator[int]) -> None:
+        self._sizes = sizes
+        self._want = next(sizes, 0)
+        self._group: list[Any] = []
+
+    def __call__(self, sample: Any) -> list[Any] | None:
+        self._group.append(sample)
+        if len(self._group) < self._want:
+            return None
+        group, self._group = self._group, []
+        self._want = next(self._sizes, 0)
+        return group
+
+
+def _check_device(output: Output, device: str) -> None:
+    if output == "numpy":
+        raise ValueError("device= needs output='torch' or output='jax'")
+    if output == "torch":
+        import torch
+
+        if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device={device!r}: no CUDA device is available to PyTorch")
+        return
+    import jax
+
+    try:
+        jax.devices(device)
+    except RuntimeError as e:
+        raise ValueError(f"device={device!r}: JAX has no such backend ({e})") from None
