@@ -26,6 +26,7 @@
 
 pub mod arena;
 pub mod dlpack;
+pub mod image;
 pub mod pipeline;
 pub mod staging;
 
