@@ -24,8 +24,16 @@ $(PY):
 .PHONY: venv
 venv: $(PY) ## Create the virtual environment (.venv)
 
+.PHONY: build-deps
+build-deps: ## Install cmake and nasm (libjpeg-turbo's build) with apt-get, when missing
+	@if ! command -v cmake >/dev/null 2>&1 || ! command -v nasm >/dev/null 2>&1; then \
+		SUDO=""; if [ "$$(id -u)" != 0 ]; then SUDO=sudo; fi; \
+		echo "installing cmake and nasm (to build libjpeg-turbo from source)"; \
+		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq cmake nasm; \
+	fi
+
 .PHONY: wheel
-wheel: $(PY) ## Build the release wheel into target/wheels
+wheel: $(PY) build-deps ## Build the release wheel into target/wheels
 	$(PIP) install -q "maturin>=1.8,<2"
 	rm -f $(WHEEL_DIR)/ferrofeed-*.whl
 	$(VENV)/bin/maturin build --release --out $(WHEEL_DIR)
@@ -54,7 +62,7 @@ format: $(PY) ## Format Rust and Python code
 	$(VENV)/bin/ruff check --fix python tests benches examples
 
 .PHONY: lint-rust
-lint-rust: ## cargo fmt --check and clippy with warnings denied
+lint-rust: build-deps ## cargo fmt --check and clippy with warnings denied
 	cargo fmt --all -- --check
 	cargo clippy --all-targets -- -D warnings
 	cargo clippy --all-targets --no-default-features -- -D warnings
@@ -71,7 +79,7 @@ lint-python: ## ruff, ruff format --check, mypy and stubtest (needs install-test
 lint: lint-rust lint-python ## All lints
 
 .PHONY: test-rust
-test-rust: ## Rust unit, property and doc tests
+test-rust: build-deps ## Rust unit, property and doc tests
 	cargo test
 
 .PHONY: test-python

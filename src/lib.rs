@@ -27,6 +27,7 @@
 
 pub mod arena;
 pub mod dlpack;
+pub mod image;
 pub mod pipeline;
 pub mod sampler;
 pub mod staging;

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from . import _core, ops
+from . import _core, io, ops
 from ._core import BufferPool, Tensor, default_pool, empty, zeros
 from ._errors import (
     ArenaBuilderError,
@@ -32,6 +32,9 @@ from ._errors import (
     BufferAllocationError,
     DLPackError,
     FerrofeedError,
+    ImageDecodeError,
+    ImageError,
+    ImageReadError,
     PinnedMemoryError,
     PipelineError,
     PoolExhaustedError,
@@ -63,6 +66,9 @@ __all__ = [
     "DLPackError",
     "DataLoader",
     "FerrofeedError",
+    "ImageDecodeError",
+    "ImageError",
+    "ImageReadError",
     "PinnedMemoryError",
     "Pipeline",
     "PipelineBuilder",
@@ -77,6 +83,7 @@ __all__ = [
     "default_collate",
     "default_pool",
     "empty",
+    "io",
     "ops",
     "to_jax",
     "to_numpy",

@@ -2,7 +2,7 @@
 
 from collections.abc import Iterable, Iterator, Sequence
 from os import PathLike
-from typing import Any, Self, final
+from typing import Any, Literal, Self, final
 
 import numpy as np
 import numpy.typing as npt
@@ -237,3 +237,115 @@ def zeros(
 
 def pinned_memory_status() -> tuple[bool | None, str | None]:
     """(available, reason): None while no pool has asked for pinned memory yet."""
+
+ImageSource = bytes | bytearray | memoryview | str | PathLike[str]
+
+def decode_image(
+    src: ImageSource,
+    /,
+    *,
+    size: int | tuple[int, int] | None = None,
+    mode: Literal["RGB", "L", "gray"] = "RGB",
+    resize_shorter: int | None = None,
+    crop: int | tuple[int, int] | Literal["random"] | None = None,
+    flip: bool = False,
+    scale: tuple[float, float] = (0.08, 1.0),
+    ratio: tuple[float, float] = (0.75, 1.3333333333333333),
+    seed: int | None = None,
+    dct_scaling: bool = True,
+    pool: BufferPool | None = None,
+) -> Tensor:
+    """Decode one JPEG, PNG or WebP image into a ``(H, W, C)`` uint8 tensor.
+
+    The file is read and the image decoded with the GIL released. The format is recognized
+    from the bytes, never from the file name. Steps, in order: JPEG EXIF orientation,
+    ``resize_shorter``, ``crop``, ``size``, ``flip``, all done as one resample into the
+    output (antialiased bilinear, as Pillow's ``BILINEAR``).
+
+    Args:
+        src: Encoded bytes (``bytes``, ``bytearray``, ``memoryview``) or a path.
+        size: The output ``(height, width)`` (an int for a square); ``None`` keeps the size.
+        mode: ``"RGB"`` (3 channels; alpha dropped) or ``"L"`` (1 channel of luma).
+        resize_shorter: Resize so the shorter side has this length first (torchvision's
+            ``Resize(int)``).
+        crop: ``(height, width)`` (or an int) for torchvision's ``CenterCrop`` (padding with
+            zeros when larger than the image), or ``"random"`` for ``RandomResizedCrop``
+            (needs ``size``; bounds ``scale`` and ``ratio``; reproducible with ``seed``).
+        flip: Mirror left-right.
+        scale: Area fraction bounds of the random crop.
+        ratio: Aspect ratio bounds of the random crop.
+        seed: Seed of the random crop (``None``: a fresh one).
+        dct_scaling: Let libjpeg-turbo decode a JPEG at a reduced n/8 scale that still
+            covers the output (much faster for large photos, slightly different pixels).
+        pool: The `BufferPool` of the tensor (default: `default_pool`).
+
+    Returns:
+        A `Tensor` of shape ``(H, W, 3)`` or ``(H, W, 1)``, dtype uint8.
+
+    Raises:
+        ImageDecodeError: Empty, truncated, corrupt or unsupported data; the message names
+            the file (or ``<bytes>``).
+        ImageReadError: The file cannot be read.
+        ValueError: Invalid arguments.
+
+    Example:
+        >>> import ferrofeed.io, numpy as np
+        >>> t = ferrofeed.io.decode_image(
+        ...     "photo.jpg", resize_shorter=256, crop=224
+        ... )  # doctest: +SKIP
+        >>> np.from_dlpack(t).shape  # doctest: +SKIP
+        (224, 224, 3)
+    """
+
+def load_images(
+    sources: Iterable[ImageSource],
+    /,
+    *,
+    size: int | tuple[int, int],
+    mode: Literal["RGB", "L", "gray"] = "RGB",
+    resize_shorter: int | None = None,
+    crop: int | tuple[int, int] | Literal["random"] | None = None,
+    flip: bool = False,
+    scale: tuple[float, float] = (0.08, 1.0),
+    ratio: tuple[float, float] = (0.75, 1.3333333333333333),
+    seed: int | None = None,
+    dct_scaling: bool = True,
+    threads: int | None = None,
+    pool: BufferPool | None = None,
+) -> Tensor:
+    """Decode images in parallel into one ``(N, H, W, C)`` uint8 batch.
+
+    Each image is decoded, transformed (as `decode_image`, with the same arguments) and
+    written straight into its slot of one pooled buffer, by ``threads`` threads (default:
+    one per CPU), with the GIL released. With ``crop="random"``, item ``i`` gets a seed
+    derived from ``seed`` and ``i``, so a seeded batch is reproducible.
+
+    Args:
+        sources: Paths or encoded bytes.
+        size: The output ``(height, width)`` of every image (an int for a square).
+        mode: ``"RGB"`` or ``"L"``.
+        resize_shorter: As in `decode_image`.
+        crop: As in `decode_image`.
+        flip: As in `decode_image`.
+        scale: As in `decode_image`.
+        ratio: As in `decode_image`.
+        seed: As in `decode_image`.
+        dct_scaling: As in `decode_image`.
+        threads: Decoding threads (default: the number of CPUs, at most one per image).
+        pool: The `BufferPool` of the batch (default: `default_pool`).
+
+    Returns:
+        A `Tensor` of shape ``(N, H, W, C)``, dtype uint8.
+
+    Raises:
+        ImageDecodeError: An image cannot be decoded; the message names its path (or
+            ``item i``). The first failing item is raised; no partial batch is returned.
+        ImageReadError: A file cannot be read.
+        ValueError: Invalid arguments.
+
+    Example:
+        >>> import ferrofeed.io, torch
+        >>> batch = ferrofeed.io.load_images(["a.jpg", "b.png"], size=224)  # doctest: +SKIP
+        >>> torch.from_dlpack(batch).permute(0, 3, 1, 2).shape  # doctest: +SKIP
+        torch.Size([2, 3, 224, 224])
+    """

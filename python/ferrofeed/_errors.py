@@ -22,6 +22,9 @@ __all__ = [
     "BufferAllocationError",
     "DLPackError",
     "FerrofeedError",
+    "ImageDecodeError",
+    "ImageError",
+    "ImageReadError",
     "PinnedMemoryError",
     "PipelineError",
     "PoolExhaustedError",
@@ -119,3 +122,23 @@ class DLPackError(StagingError, BufferError):
 
     A `BufferError`, as the array API standard specifies.
     """
+
+
+class ImageError(FerrofeedError):
+    """Base class of the errors of image decoding (`ferrofeed.io`).
+
+    The message starts with the file's path (or ``item N`` for bytes in a batch).
+    """
+
+    def __str__(self) -> str:
+        if len(self.args) == 1:
+            return str(self.args[0])
+        return super().__str__()
+
+
+class ImageDecodeError(ImageError, ValueError):
+    """The bytes are not a decodable image: empty, truncated, corrupt, or not JPEG/PNG/WebP."""
+
+
+class ImageReadError(ImageError, OSError):
+    """The image file cannot be read; ``errno`` and ``filename`` are set."""

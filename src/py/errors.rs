@@ -7,6 +7,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
 
 use crate::arena::ArenaError;
+use crate::image::ImageError;
 use crate::staging::StagingError;
 
 /// Looks up (once) an exception class of `ferrofeed._errors`.
@@ -40,6 +41,8 @@ exception_classes! {
     pinned_unavailable => "PinnedMemoryError",
     allocation => "BufferAllocationError",
     dlpack_request => "DLPackError",
+    image_decode => "ImageDecodeError",
+    image_read => "ImageReadError",
 }
 
 /// Builds an exception of `cls` whose `str()` is `msg`; for `OSError`
@@ -121,6 +124,29 @@ impl From<StagingError> for PyErr {
                 _ => return PyValueError::new_err(msg),
             };
             make(cls, &msg, None, None)
+        })
+    }
+}
+
+impl From<ImageError> for PyErr {
+    /// `ImageReadError` (an `OSError`, with `errno` and `filename`) when a
+    /// file cannot be read; a plain `ValueError` for an invalid transform;
+    /// `ImageDecodeError` (a `ValueError`) for everything about the bytes.
+    /// Every message starts with the file's path or the item's index.
+    #[cold]
+    fn from(err: ImageError) -> PyErr {
+        Python::attach(|py| {
+            let msg = err.to_string();
+            match &err {
+                ImageError::Io { name, source } => make(
+                    image_read(py),
+                    &msg,
+                    source.raw_os_error(),
+                    Some(name.clone()),
+                ),
+                ImageError::InvalidTransform { .. } => PyValueError::new_err(msg),
+                _ => make(image_decode(py), &msg, None, None),
+            }
         })
     }
 }

@@ -9,6 +9,7 @@
 mod arena;
 mod dlpack;
 mod errors;
+mod image;
 mod pipeline;
 mod sampler;
 mod staging;
@@ -33,6 +34,7 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     sampler::register(m)?;
     dlpack::register(m)?;
     staging::register(m)?;
+    image::register(m)?;
     m.add("cuda_feature", cfg!(feature = "cuda"))?;
     Ok(())
 }

@@ -210,7 +210,10 @@ fn default_pool(py: Python<'_>) -> PyResult<Py<PyBufferPool>> {
     .map(|p| p.clone_ref(py))
 }
 
-fn pool_or_default(py: Python<'_>, pool: Option<&Bound<'_, PyBufferPool>>) -> PyResult<BufferPool> {
+pub(crate) fn pool_or_default(
+    py: Python<'_>,
+    pool: Option<&Bound<'_, PyBufferPool>>,
+) -> PyResult<BufferPool> {
     Ok(match pool {
         Some(p) => p.get().pool.clone(),
         None => default_pool(py)?.bind(py).get().pool.clone(),

@@ -1,0 +1,529 @@
+//! Image kernels: decode JPEG, PNG and WebP to 8-bit RGB or grayscale,
+//! apply EXIF orientation, resize, crop and flip, writing straight into a
+//! caller-given slot of a batch buffer. Pure Rust API, no GIL anywhere.
+//!
+//! # The one-resample design
+//!
+//! A [`Transform`] (shorter-side resize, center or random-resized crop,
+//! final size, flip) is planned up front from the image header, and every
+//! geometric step is folded into a *single* resample of one source
+//! rectangle into the output slot (antialiased bilinear, as Pillow's
+//! `Image.resize(..., BILINEAR)` and torchvision's `antialias=True`). For a
+//! JPEG much larger than its output, libjpeg-turbo decodes at the smallest
+//! `n/8` scale that still covers the output (DCT-domain scaling), so a
+//! 4000 x 3000 photo bound for 224 x 224 is decoded at 1/8 size.
+//!
+//! # Errors, never panics
+//!
+//! Empty, truncated, corrupt, unsupported or oversized input is an
+//! [`ImageError`] naming the source (a path, or `item 3`). The decoders are
+//! additionally run under `catch_unwind`, so a bug in one of them becomes an
+//! error for that item, not a crash of the loader.
+//!
+//! # Example
+//!
+//! ```
+//! use ferrofeed::image::{decode, ColorMode, Transform};
+//!
+//! // A 1x1 PNG (red).
+//! let png = [
+//!     0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a, 0x00, 0x00, 0x00, 0x0d, 0x49, 0x48, 0x44,
+//!     0x52, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x01, 0x08, 0x02, 0x00, 0x00, 0x00, 0x90,
+//!     0x77, 0x53, 0xde, 0x00, 0x00, 0x00, 0x0c, 0x49, 0x44, 0x41, 0x54, 0x78, 0x9c, 0x63, 0xf8,
+//!     0xcf, 0xc0, 0x00, 0x00, 0x03, 0x01, 0x01, 0x00, 0xc9, 0xfe, 0x92, 0xef, 0x00, 0x00, 0x00,
+//!     0x00, 0x49, 0x45, 0x4e, 0x44, 0xae, 0x42, 0x60, 0x82,
+//! ];
+//! let t = Transform { size: Some((2, 3)), ..Transform::default() };
+//! let img = decode(&png, "red.png", &t)?;
+//! assert_eq!((img.height, img.width, img.channels), (2, 3, 3));
+//! assert!(img.data.chunks(3).all(|p| p == [255, 0, 0]));
+//! assert!(decode(b"not an image", "x.png", &t).is_err());
+//! # Ok::<(), ferrofeed::image::ImageError>(())
+//! ```
+
+// Image sizes are bounded by MAX_PIXELS (< 2^28), so the casts between
+// pixel counts and f64 in the geometry are exact, and the f64 values cast
+// back are non-negative by construction.
+#![allow(clippy::cast_precision_loss, clippy::cast_sign_loss)]
+
+mod codecs;
+mod ops;
+mod plan;
+#[cfg(test)]
+mod tests;
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::Path;
+
+pub use codecs::ImageInfo;
+
+/// The largest image decoded, in pixels (Pillow's decompression-bomb error
+/// limit): larger headers are refused before any allocation.
+pub const MAX_PIXELS: usize = 178_956_970;
+
+/// An image file format, recognized by its first bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// JPEG (JFIF/EXIF; baseline, progressive, lossless; gray, `YCbCr`, CMYK, YCCK).
+    Jpeg,
+    /// PNG (1 to 16 bits, gray, RGB, palette, with or without alpha).
+    Png,
+    /// WebP (lossy or lossless; the first frame of an animation).
+    Webp,
+}
+
+impl std::fmt::Display for Format {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Format::Jpeg => "JPEG",
+            Format::Png => "PNG",
+            Format::Webp => "WebP",
+        })
+    }
+}
+
+/// The pixel layout of the output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ColorMode {
+    /// 3 channels, R, G, B (alpha is dropped, as Pillow's `convert("RGB")`).
+    #[default]
+    Rgb,
+    /// 1 channel of luma (Pillow's `convert("L")` weights).
+    Gray,
+}
+
+impl ColorMode {
+    /// Channels per pixel: 3 or 1.
+    pub fn channels(self) -> usize {
+        match self {
+            ColorMode::Rgb => 3,
+            ColorMode::Gray => 1,
+        }
+    }
+}
+
+/// A crop, applied after the shorter-side resize and before the final
+/// resize to [`Transform::size`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Crop {
+    /// torchvision's `CenterCrop((height, width))`: offsets rounded half to
+    /// even; a crop larger than the image pads it with zeros.
+    Center {
+        /// Crop height.
+        height: usize,
+        /// Crop width.
+        width: usize,
+    },
+    /// torchvision's `RandomResizedCrop`: an area fraction in `scale` and an
+    /// aspect ratio (log-uniform) in `ratio`, 10 attempts, then a center
+    /// crop; reproducible from `seed`. Needs [`Transform::size`].
+    RandomResized {
+        /// Area fraction bounds, torchvision's default `(0.08, 1.0)`.
+        scale: (f64, f64),
+        /// Aspect ratio bounds, torchvision's default `(3/4, 4/3)`.
+        ratio: (f64, f64),
+        /// The seed of the crop's random draws.
+        seed: u64,
+    },
+}
+
+impl Crop {
+    /// A random resized crop with torchvision's default bounds.
+    pub fn random_resized(seed: u64) -> Self {
+        Crop::RandomResized {
+            scale: (0.08, 1.0),
+            ratio: (3.0 / 4.0, 4.0 / 3.0),
+            seed,
+        }
+    }
+}
+
+/// What to do with a decoded image, in this order: EXIF orientation,
+/// shorter-side resize, crop, resize to `size`, horizontal flip.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Transform {
+    /// Output pixel layout.
+    pub mode: ColorMode,
+    /// Resize so that the shorter side has this length (the longer side
+    /// scaled and truncated, as torchvision's `Resize(int)`).
+    pub resize_shorter: Option<usize>,
+    /// A crop.
+    pub crop: Option<Crop>,
+    /// Final `(height, width)`: the (cropped) image is resized to it.
+    pub size: Option<(usize, usize)>,
+    /// Mirror left-right at the end.
+    pub flip: bool,
+    /// Let libjpeg-turbo decode at a reduced `n/8` scale when the output is
+    /// much smaller (faster; slightly different from a full decode and
+    /// resize). On by default.
+    pub dct_scaling: bool,
+}
+
+impl Default for Transform {
+    fn default() -> Self {
+        Self {
+            mode: ColorMode::Rgb,
+            resize_shorter: None,
+            crop: None,
+            size: None,
+            flip: false,
+            dct_scaling: true,
+        }
+    }
+}
+
+/// Why an image could not be decoded. Every variant names its source.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ImageError {
+    /// The input has no bytes.
+    #[error("{name}: empty input, not an image")]
+    Empty {
+        /// The source: a path or `item N`.
+        name: String,
+    },
+    /// The first bytes are none of the supported formats' signatures.
+    #[error("{name}: not a JPEG, PNG or WebP image (starts with {magic})")]
+    UnknownFormat {
+        /// The source.
+        name: String,
+        /// The first bytes, in hex.
+        magic: String,
+    },
+    /// The decoder rejected the data: truncated, damaged, or invalid.
+    #[error("{name}: corrupt or truncated {format} data: {reason}")]
+    Corrupt {
+        /// The source.
+        name: String,
+        /// The format the signature announced.
+        format: Format,
+        /// The decoder's message.
+        reason: String,
+    },
+    /// A valid file using a feature that is not supported.
+    #[error("{name}: unsupported {format} image: {reason}")]
+    Unsupported {
+        /// The source.
+        name: String,
+        /// The format.
+        format: Format,
+        /// What is not supported.
+        reason: String,
+    },
+    /// The header announces more than [`MAX_PIXELS`] pixels.
+    #[error("{name}: image of {width}x{height} pixels exceeds the limit of {MAX_PIXELS} pixels")]
+    TooLarge {
+        /// The source.
+        name: String,
+        /// Width from the header.
+        width: usize,
+        /// Height from the header.
+        height: usize,
+    },
+    /// Reading the file failed.
+    #[error("{name}: cannot read the file: {source}")]
+    Io {
+        /// The path.
+        name: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The transform is invalid (zero sizes, a random crop without a size).
+    #[error("invalid image transform: {reason}")]
+    InvalidTransform {
+        /// What is wrong.
+        reason: String,
+    },
+    /// The output slot's length is not the planned output size.
+    #[error(
+        "{name}: output slot of {len} bytes, expected {expected} ({height}x{width}x{channels})"
+    )]
+    SlotSize {
+        /// The source.
+        name: String,
+        /// The slot's length.
+        len: usize,
+        /// The bytes needed.
+        expected: usize,
+        /// Planned height.
+        height: usize,
+        /// Planned width.
+        width: usize,
+        /// Channels.
+        channels: usize,
+    },
+    /// A decoder panicked (a bug in it); the item is reported, not the process.
+    #[error("{name}: the image decoder failed unexpectedly: {reason}")]
+    DecoderPanic {
+        /// The source.
+        name: String,
+        /// The panic message.
+        reason: String,
+    },
+}
+
+impl ImageError {
+    /// Sets the source name (the kernels build errors before they know it).
+    #[cold]
+    fn named(mut self, source: &str) -> Self {
+        match &mut self {
+            ImageError::Empty { name }
+            | ImageError::UnknownFormat { name, .. }
+            | ImageError::Corrupt { name, .. }
+            | ImageError::Unsupported { name, .. }
+            | ImageError::TooLarge { name, .. }
+            | ImageError::Io { name, .. }
+            | ImageError::SlotSize { name, .. }
+            | ImageError::DecoderPanic { name, .. } => {
+                if name.is_empty() {
+                    source.clone_into(name);
+                }
+            }
+            ImageError::InvalidTransform { .. } => {}
+        }
+        self
+    }
+
+    /// The name of the source the error is about, if any.
+    pub fn source_name(&self) -> Option<&str> {
+        match self {
+            ImageError::Empty { name }
+            | ImageError::UnknownFormat { name, .. }
+            | ImageError::Corrupt { name, .. }
+            | ImageError::Unsupported { name, .. }
+            | ImageError::TooLarge { name, .. }
+            | ImageError::Io { name, .. }
+            | ImageError::SlotSize { name, .. }
+            | ImageError::DecoderPanic { name, .. } => Some(name),
+            ImageError::InvalidTransform { .. } => None,
+        }
+    }
+}
+
+/// A decoded image, HWC, 8-bit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DecodedImage {
+    /// Rows.
+    pub height: usize,
+    /// Columns.
+    pub width: usize,
+    /// 3 (RGB) or 1 (gray).
+    pub channels: usize,
+    /// `height * width * channels` bytes, row-major, interleaved.
+    pub data: Vec<u8>,
+}
+
+/// The image header and the output shape `(height, width, channels)` that
+/// `transform` gives for it.
+///
+/// # Errors
+///
+/// As [`decode_into`], for the header only.
+pub fn output_shape(
+    data: &[u8],
+    name: &str,
+    transform: &Transform,
+) -> Result<(ImageInfo, (usize, usize, usize)), ImageError> {
+    guarded(name, || {
+        let info = probe_inner(data)?;
+        let (w, h) = info.oriented_size();
+        let p = plan::plan(w, h, transform)?;
+        Ok((info, (p.out_h, p.out_w, transform.mode.channels())))
+    })
+}
+
+/// Reads the header: format, stored size, EXIF orientation.
+///
+/// # Errors
+///
+/// As [`decode_into`], for the header only.
+pub fn probe(data: &[u8], name: &str) -> Result<ImageInfo, ImageError> {
+    guarded(name, || probe_inner(data))
+}
+
+fn probe_inner(data: &[u8]) -> Result<ImageInfo, ImageError> {
+    if data.is_empty() {
+        return Err(ImageError::Empty {
+            name: String::new(),
+        });
+    }
+    let format = codecs::sniff(data).ok_or_else(|| ImageError::UnknownFormat {
+        name: String::new(),
+        magic: data
+            .iter()
+            .take(8)
+            .map(|b| format!("{b:02x}"))
+            .collect::<Vec<_>>()
+            .join(" "),
+    })?;
+    codecs::probe(data, format)
+}
+
+/// Runs `f`, turning a panic into [`ImageError::DecoderPanic`] and naming
+/// the source in any error.
+fn guarded<T>(name: &str, f: impl FnOnce() -> Result<T, ImageError>) -> Result<T, ImageError> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(r) => r.map_err(|e| e.named(name)),
+        Err(payload) => {
+            let reason = payload
+                .downcast_ref::<&str>()
+                .map(ToString::to_string)
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "panic".into());
+            Err(ImageError::DecoderPanic {
+                name: name.to_owned(),
+                reason,
+            })
+        }
+    }
+}
+
+/// Decodes `data` (named `name` in errors), applies `transform`, and writes
+/// the result, HWC uint8, into `slot`, which must be exactly the output
+/// size (see [`output_shape`]). Returns `(height, width, channels)`.
+///
+/// # Errors
+///
+/// [`ImageError`]: empty, unknown, corrupt, unsupported or oversized input,
+/// an invalid transform, or a slot of the wrong size. `slot` may be partly
+/// written when an error is returned.
+pub fn decode_into(
+    data: &[u8],
+    name: &str,
+    transform: &Transform,
+    slot: &mut [u8],
+) -> Result<(usize, usize, usize), ImageError> {
+    guarded(name, || decode_inner(data, transform, slot))
+}
+
+/// [`decode_into`] a new buffer.
+///
+/// # Errors
+///
+/// As [`decode_into`].
+pub fn decode(data: &[u8], name: &str, transform: &Transform) -> Result<DecodedImage, ImageError> {
+    let (_, (h, w, c)) = output_shape(data, name, transform)?;
+    let mut buf = vec![0u8; h * w * c];
+    decode_into(data, name, transform, &mut buf)?;
+    Ok(DecodedImage {
+        height: h,
+        width: w,
+        channels: c,
+        data: buf,
+    })
+}
+
+/// Reads `path` and decodes it (errors name the path).
+///
+/// # Errors
+///
+/// [`ImageError::Io`] when the file cannot be read, else as [`decode`].
+pub fn decode_file(path: &Path, transform: &Transform) -> Result<DecodedImage, ImageError> {
+    let name = path.display().to_string();
+    let data = std::fs::read(path).map_err(|source| ImageError::Io {
+        name: name.clone(),
+        source,
+    })?;
+    decode(&data, &name, transform)
+}
+
+fn decode_inner(
+    data: &[u8],
+    transform: &Transform,
+    slot: &mut [u8],
+) -> Result<(usize, usize, usize), ImageError> {
+    let info = probe_inner(data)?;
+    let (ow, oh) = info.oriented_size();
+    let p = plan::plan(ow, oh, transform)?;
+    let c = transform.mode.channels();
+    let expected = p.out_w * p.out_h * c;
+    if slot.len() != expected {
+        return Err(ImageError::SlotSize {
+            name: String::new(),
+            len: slot.len(),
+            expected,
+            height: p.out_h,
+            width: p.out_w,
+            channels: c,
+        });
+    }
+    let identity = info.orientation == 1
+        && (p.out_w, p.out_h) == (ow, oh)
+        && p.dst.width == ow
+        && p.dst.height == oh
+        && p.src.left == 0.0
+        && p.src.top == 0.0;
+    // The decoded pixels in `mode`, before orientation: (buffer, w, h).
+    let (pixels, w, h) = match info.format {
+        Format::Jpeg => {
+            if identity {
+                // One copy: libjpeg-turbo writes straight into the slot.
+                codecs::decode_jpeg_into(data, 8, transform.mode, slot, ow * c)?;
+                finish(slot, &p, c, transform.flip);
+                return Ok((p.out_h, p.out_w, c));
+            }
+            let num = if transform.dct_scaling {
+                plan::jpeg_scale_num(&p, ow, oh)
+            } else {
+                8
+            };
+            let (sw, sh) = codecs::jpeg_scaled_size(&info, num);
+            let mut buf = vec![0u8; sw * sh * c];
+            let (w, h) = codecs::decode_jpeg_into(data, num, transform.mode, &mut buf, sw * c)?;
+            buf.truncate(w * h * c);
+            (buf, w, h)
+        }
+        Format::Png | Format::Webp => {
+            let px = if info.format == Format::Png {
+                codecs::decode_png(data)?
+            } else {
+                codecs::decode_webp(data)?
+            };
+            if (px.width, px.height) != (info.width, info.height) {
+                return Err(ImageError::Corrupt {
+                    name: String::new(),
+                    format: info.format,
+                    reason: "frame size differs from the header".into(),
+                });
+            }
+            if identity {
+                ops::convert_channels(&px.data, px.channels, slot, c);
+                finish(slot, &p, c, transform.flip);
+                return Ok((p.out_h, p.out_w, c));
+            }
+            let mut buf = vec![0u8; px.width * px.height * c];
+            ops::convert_channels(&px.data, px.channels, &mut buf, c);
+            (buf, px.width, px.height)
+        }
+    };
+    let (pixels, w, h) = if info.orientation == 1 {
+        (pixels, w, h)
+    } else {
+        ops::orient(&pixels, w, h, c, info.orientation)
+    };
+    // The plan is in full-size oriented coordinates; the decoded image may
+    // be DCT-scaled.
+    let (fx, fy) = (w as f64 / ow as f64, h as f64 / oh as f64);
+    let rect = plan::RectF {
+        left: p.src.left * fx,
+        top: p.src.top * fy,
+        width: (p.src.width * fx).min(w as f64),
+        height: (p.src.height * fy).min(h as f64),
+    };
+    ops::resample(&pixels, w, h, c, rect, slot, p.out_w, p.out_h, p.dst).map_err(|reason| {
+        ImageError::Corrupt {
+            name: String::new(),
+            format: info.format,
+            reason: format!("resize failed: {reason}"),
+        }
+    })?;
+    finish(slot, &p, c, transform.flip);
+    Ok((p.out_h, p.out_w, c))
+}
+
+fn finish(slot: &mut [u8], p: &plan::Plan, c: usize, flip: bool) {
+    if flip {
+        ops::flip_horizontal(slot, p.out_w, c);
+    }
+}

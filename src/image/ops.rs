@@ -1,0 +1,303 @@
+//! Pixel kernels: color conversion, EXIF orientation, resample into a
+//! region of the output, horizontal flip.
+
+use std::cell::RefCell;
+
+use fast_image_resize::images::{Image, ImageRef};
+use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
+
+use super::plan::{RectF, RectU};
+
+thread_local! {
+    /// One resizer per thread: it keeps its scratch buffers between images.
+    static RESIZER: RefCell<Resizer> = RefCell::new(Resizer::new());
+}
+
+/// Pillow's `RGB` -> `L`: ITU-R 601-2 luma with 16-bit fixed point weights
+/// (`L = R * 299/1000 + G * 587/1000 + B * 114/1000`, rounded).
+#[inline]
+pub(crate) fn luma(r: u8, g: u8, b: u8) -> u8 {
+    ((u32::from(r) * 19595 + u32::from(g) * 38470 + u32::from(b) * 7471 + 0x8000) >> 16) as u8
+}
+
+/// Pillow's `MULDIV255`: `a * b / 255`, rounded.
+#[inline]
+fn muldiv255(a: u32, b: u32) -> u32 {
+    let t = a * b + 128;
+    ((t >> 8) + t) >> 8
+}
+
+/// Adobe (inverted) CMYK as libjpeg returns it -> RGB, as Pillow's
+/// `CMYK;I` unpacking followed by `convert("RGB")` computes it.
+pub(crate) fn inverted_cmyk_to_rgb(cmyk: &[u8], rgb: &mut [u8]) {
+    for (src, dst) in cmyk.chunks_exact(4).zip(rgb.chunks_exact_mut(3)) {
+        let nk = u32::from(src[3]);
+        for i in 0..3 {
+            let c = 255 - u32::from(src[i]);
+            dst[i] = nk.saturating_sub(muldiv255(c, nk)) as u8;
+        }
+    }
+}
+
+/// Converts `n` pixels of `from` channels (1: gray, 2: gray+alpha, 3: RGB,
+/// 4: RGBA) into `to` channels (1 or 3); alpha is dropped, as Pillow's
+/// `convert("RGB")` / `convert("L")` drop it.
+pub(crate) fn convert_channels(src: &[u8], from: usize, dst: &mut [u8], to: usize) {
+    match (from, to) {
+        (a, b) if a == b => dst.copy_from_slice(src),
+        (1 | 2, 1) => {
+            for (s, d) in src.chunks_exact(from).zip(dst.iter_mut()) {
+                *d = s[0];
+            }
+        }
+        (1 | 2, 3) => {
+            for (s, d) in src.chunks_exact(from).zip(dst.chunks_exact_mut(3)) {
+                d.fill(s[0]);
+            }
+        }
+        (3 | 4, 3) => {
+            for (s, d) in src.chunks_exact(from).zip(dst.chunks_exact_mut(3)) {
+                d.copy_from_slice(&s[..3]);
+            }
+        }
+        (3 | 4, 1) => {
+            for (s, d) in src.chunks_exact(from).zip(dst.iter_mut()) {
+                *d = luma(s[0], s[1], s[2]);
+            }
+        }
+        _ => unreachable!("channel counts are 1 to 4, output 1 or 3"),
+    }
+}
+
+#[allow(clippy::many_single_char_names)]
+/// Applies EXIF `orientation` (2..=8) to a `w` x `h` image of `c` channels;
+/// returns the new buffer and its width and height.
+pub(crate) fn orient(
+    src: &[u8],
+    w: usize,
+    h: usize,
+    c: usize,
+    orientation: u16,
+) -> (Vec<u8>, usize, usize) {
+    let transposed = orientation >= 5;
+    let (ow, oh) = if transposed { (h, w) } else { (w, h) };
+    let mut out = vec![0u8; ow * oh * c];
+    for oy in 0..oh {
+        for ox in 0..ow {
+            let (sx, sy) = match orientation {
+                2 => (w - 1 - ox, oy),
+                3 => (w - 1 - ox, h - 1 - oy),
+                4 => (ox, h - 1 - oy),
+                5 => (oy, ox),
+                6 => (oy, h - 1 - ox),
+                7 => (w - 1 - oy, h - 1 - ox),
+                8 => (w - 1 - oy, ox),
+                _ => (ox, oy),
+            };
+            let s = (sy * w + sx) * c;
+            let d = (oy * ow + ox) * c;
+            out[d..d + c].copy_from_slice(&src[s..s + c]);
+        }
+    }
+    (out, ow, oh)
+}
+
+fn pixel_type(c: usize) -> PixelType {
+    if c == 1 {
+        PixelType::U8
+    } else {
+        PixelType::U8x3
+    }
+}
+
+/// Whether `v` is (within float noise) the integer `n`.
+#[allow(clippy::cast_precision_loss)]
+fn is_int(v: f64, n: usize) -> bool {
+    (v - n as f64).abs() < 1e-9
+}
+
+/// `v` as an integer, if it is one (within float noise) and non-negative.
+#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+fn as_int(v: f64) -> Option<usize> {
+    let r = v.round();
+    (r >= 0.0 && (v - r).abs() < 1e-9).then_some(r as usize)
+}
+
+/// Resamples the `rect` of a `sw` x `sh` image of `c` channels (antialiased
+/// bilinear, Pillow's `BILINEAR`) onto the `dst` region of an `out_w` x
+/// `out_h` output; the output outside `dst` is zeroed. A rectangle that is
+/// integral and already the size of `dst` is copied, not resampled.
+///
+/// # Errors
+///
+/// The resizer's error message (it only fails on inconsistent sizes, which
+/// the plan rules out).
+#[allow(
+    clippy::too_many_arguments,
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss
+)]
+pub(crate) fn resample(
+    src: &[u8],
+    sw: usize,
+    sh: usize,
+    c: usize,
+    rect: RectF,
+    out: &mut [u8],
+    out_w: usize,
+    out_h: usize,
+    dst: RectU,
+) -> Result<(), String> {
+    let full = dst.x == 0 && dst.y == 0 && dst.width == out_w && dst.height == out_h;
+    if !full {
+        out.fill(0);
+    }
+    let row = out_w * c;
+    let copy = as_int(rect.left).zip(as_int(rect.top));
+    if let Some((left, top)) = copy {
+        if is_int(rect.width, dst.width) && is_int(rect.height, dst.height) {
+            for y in 0..dst.height {
+                let s = ((top + y) * sw + left) * c;
+                let d = (dst.y + y) * row + dst.x * c;
+                out[d..d + dst.width * c].copy_from_slice(&src[s..s + dst.width * c]);
+            }
+            return Ok(());
+        }
+    }
+    let to_u32 = |v: usize| u32::try_from(v).map_err(|_| format!("dimension {v} is too large"));
+    let src_img =
+        ImageRef::new(to_u32(sw)?, to_u32(sh)?, src, pixel_type(c)).map_err(|e| e.to_string())?;
+    let options = ResizeOptions::new()
+        .resize_alg(ResizeAlg::Convolution(FilterType::Bilinear))
+        .crop(rect.left, rect.top, rect.width, rect.height);
+    let run = |buf: &mut [u8]| -> Result<(), String> {
+        let mut dst_img =
+            Image::from_slice_u8(to_u32(dst.width)?, to_u32(dst.height)?, buf, pixel_type(c))
+                .map_err(|e| e.to_string())?;
+        RESIZER.with(|r| {
+            r.borrow_mut()
+                .resize(&src_img, &mut dst_img, &options)
+                .map_err(|e| e.to_string())
+        })
+    };
+    if full {
+        run(&mut out[..out_w * out_h * c])
+    } else {
+        let mut tmp = vec![0u8; dst.width * dst.height * c];
+        run(&mut tmp)?;
+        for (y, line) in tmp.chunks_exact(dst.width * c).enumerate() {
+            let d = (dst.y + y) * row + dst.x * c;
+            out[d..d + line.len()].copy_from_slice(line);
+        }
+        Ok(())
+    }
+}
+
+/// Mirrors each row of a `w`-pixel-wide image of `c` channels in place.
+pub(crate) fn flip_horizontal(img: &mut [u8], w: usize, c: usize) {
+    if w == 0 {
+        return;
+    }
+    for row in img.chunks_exact_mut(w * c) {
+        if c == 1 {
+            row.reverse();
+        } else {
+            for x in 0..w / 2 {
+                let (a, b) = (x * c, (w - 1 - x) * c);
+                for k in 0..c {
+                    row.swap(a + k, b + k);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn orientations_match_their_definition() {
+        // 3 x 2 gray image: 0 1 2 / 3 4 5
+        let src = [0u8, 1, 2, 3, 4, 5];
+        let cases: [(u16, &[u8], usize); 7] = [
+            (2, &[2, 1, 0, 5, 4, 3], 3),
+            (3, &[5, 4, 3, 2, 1, 0], 3),
+            (4, &[3, 4, 5, 0, 1, 2], 3),
+            (5, &[0, 3, 1, 4, 2, 5], 2),
+            (6, &[3, 0, 4, 1, 5, 2], 2),
+            (7, &[5, 2, 4, 1, 3, 0], 2),
+            (8, &[2, 5, 1, 4, 0, 3], 2),
+        ];
+        for (o, want, w) in cases {
+            let (out, ow, _) = orient(&src, 3, 2, 1, o);
+            assert_eq!((out.as_slice(), ow), (want, w), "orientation {o}");
+        }
+    }
+
+    #[test]
+    fn flip_rgb_and_gray() {
+        let mut rgb = [1u8, 2, 3, 4, 5, 6, 7, 8, 9];
+        flip_horizontal(&mut rgb, 3, 3);
+        assert_eq!(rgb, [7, 8, 9, 4, 5, 6, 1, 2, 3]);
+        let mut g = [1u8, 2, 3, 4];
+        flip_horizontal(&mut g, 2, 1);
+        assert_eq!(g, [2, 1, 4, 3]);
+    }
+
+    #[test]
+    fn conversions() {
+        assert_eq!(luma(255, 255, 255), 255);
+        assert_eq!(luma(0, 0, 0), 0);
+        assert_eq!(luma(255, 0, 0), 76); // Pillow: Image.new("RGB", (1,1), (255,0,0)).convert("L")
+        let mut out = [0u8; 6];
+        convert_channels(&[10, 20, 30, 40, 50, 60, 70, 80], 4, &mut out, 3);
+        assert_eq!(out, [10, 20, 30, 50, 60, 70]);
+        let mut rgb = [0u8; 3];
+        // Inverted CMYK (255, 255, 255, 255) is "no ink": white.
+        inverted_cmyk_to_rgb(&[255, 255, 255, 255], &mut rgb);
+        assert_eq!(rgb, [255, 255, 255]);
+        inverted_cmyk_to_rgb(&[255, 255, 255, 0], &mut rgb);
+        assert_eq!(rgb, [0, 0, 0]);
+    }
+
+    #[test]
+    fn integral_crop_is_a_copy_and_padding_is_zero() {
+        let src: Vec<u8> = (0..16).collect(); // 4 x 4 gray
+        let mut out = [9u8; 6]; // 3 wide, 2 high
+        let rect = RectF {
+            left: 1.0,
+            top: 2.0,
+            width: 2.0,
+            height: 2.0,
+        };
+        let dst = RectU {
+            x: 1,
+            y: 0,
+            width: 2,
+            height: 2,
+        };
+        resample(&src, 4, 4, 1, rect, &mut out, 3, 2, dst).unwrap();
+        assert_eq!(out, [0, 9, 10, 0, 13, 14]);
+    }
+
+    #[test]
+    fn resize_of_a_flat_image_is_flat() {
+        let src = vec![77u8; 40 * 30 * 3];
+        let mut out = vec![0u8; 7 * 5 * 3];
+        let rect = RectF {
+            left: 0.0,
+            top: 0.0,
+            width: 40.0,
+            height: 30.0,
+        };
+        let dst = RectU {
+            x: 0,
+            y: 0,
+            width: 7,
+            height: 5,
+        };
+        resample(&src, 40, 30, 3, rect, &mut out, 7, 5, dst).unwrap();
+        assert!(out.iter().all(|&v| v == 77));
+    }
+}

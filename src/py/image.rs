@@ -1,0 +1,344 @@
+//! `ferrofeed._core.decode_image` / `load_images`: the Python face of
+//! [`crate::image`], surfaced as `ferrofeed.io`.
+//!
+//! Arguments are parsed with the GIL held; files are read and images decoded
+//! with it released. `load_images` decodes on scoped threads, each taking
+//! the next item and writing it straight into its slot of one pooled batch
+//! buffer; the first failing item (lowest index) is raised and the buffer
+//! goes back to the pool, so a partly filled batch is never handed out.
+
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
+use pyo3::buffer::PyBuffer;
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyInt, PyString};
+
+use super::dlpack::PyTensor;
+use super::staging::{acquire, pool_or_default, PyBufferPool};
+use crate::dlpack::DType;
+use crate::image::{self, ColorMode, Crop, ImageError, Transform};
+use crate::staging::Tensor;
+
+/// An image to decode: a file, or encoded bytes.
+enum Source<'a> {
+    Path(PathBuf),
+    Owned(Vec<u8>),
+    Borrowed(&'a [u8]),
+}
+
+impl Source<'_> {
+    /// The name used in errors.
+    fn name(&self, index: Option<usize>) -> String {
+        match (self, index) {
+            (Source::Path(p), _) => p.display().to_string(),
+            (_, Some(i)) => format!("item {i}"),
+            (_, None) => "<bytes>".to_owned(),
+        }
+    }
+
+    /// The encoded bytes (reads the file; call without the GIL).
+    fn bytes(&self, name: &str) -> Result<std::borrow::Cow<'_, [u8]>, ImageError> {
+        match self {
+            Source::Path(p) => std::fs::read(p)
+                .map(std::borrow::Cow::Owned)
+                .map_err(|source| ImageError::Io {
+                    name: name.to_owned(),
+                    source,
+                }),
+            Source::Owned(v) => Ok(std::borrow::Cow::Borrowed(v)),
+            Source::Borrowed(b) => Ok(std::borrow::Cow::Borrowed(b)),
+        }
+    }
+}
+
+/// `bytes` are borrowed (immutable); other buffers are copied, since they
+/// could change while the GIL is released; `str` and `os.PathLike` are
+/// paths.
+fn parse_source<'py>(obj: &'py Bound<'py, PyAny>) -> PyResult<Source<'py>> {
+    if let Ok(b) = obj.cast::<PyBytes>() {
+        return Ok(Source::Borrowed(b.as_bytes()));
+    }
+    if obj.is_instance_of::<PyString>() || obj.hasattr("__fspath__")? {
+        return Ok(Source::Path(obj.extract::<PathBuf>()?));
+    }
+    match PyBuffer::<u8>::get(obj) {
+        Ok(buf) => Ok(Source::Owned(buf.to_vec(obj.py())?)),
+        Err(_) => Err(PyTypeError::new_err(format!(
+            "an image source is bytes, a bytes-like object, a path str or an os.PathLike, not {}",
+            obj.get_type().name()?
+        ))),
+    }
+}
+
+/// `size`: an int (square) or `(height, width)`.
+fn parse_size(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Option<(usize, usize)>> {
+    let Some(obj) = obj.filter(|o| !o.is_none()) else {
+        return Ok(None);
+    };
+    let pair = if obj.is_instance_of::<PyInt>() {
+        let n: usize = obj.extract()?;
+        (n, n)
+    } else {
+        obj.extract::<(usize, usize)>().map_err(|_| {
+            PyTypeError::new_err(format!(
+                "{what} is an int or a (height, width) pair of ints"
+            ))
+        })?
+    };
+    if pair.0 == 0 || pair.1 == 0 {
+        return Err(PyValueError::new_err(format!("{what} must be positive")));
+    }
+    Ok(Some(pair))
+}
+
+/// A random seed when none is given (the std hasher's per-process keys).
+fn fresh_seed() -> u64 {
+    RandomState::new().hash_one(std::time::Instant::now())
+}
+
+/// The seed of item `index` of a batch seeded with `seed`.
+fn item_seed(seed: u64, index: usize) -> u64 {
+    let mut z = seed ^ (index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z ^ (z >> 27)
+}
+
+/// The keyword arguments shared by `decode_image` and `load_images`.
+#[allow(clippy::too_many_arguments)]
+fn parse_transform(
+    size: Option<&Bound<'_, PyAny>>,
+    mode: &str,
+    resize_shorter: Option<usize>,
+    crop: Option<&Bound<'_, PyAny>>,
+    flip: bool,
+    scale: (f64, f64),
+    ratio: (f64, f64),
+    seed: Option<u64>,
+    dct_scaling: bool,
+) -> PyResult<Transform> {
+    let mode = match mode {
+        "RGB" => ColorMode::Rgb,
+        "L" | "gray" => ColorMode::Gray,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "mode is \"RGB\" or \"L\" (grayscale), not {other:?}"
+            )))
+        }
+    };
+    if resize_shorter == Some(0) {
+        return Err(PyValueError::new_err("resize_shorter must be positive"));
+    }
+    let size = parse_size(size, "size")?;
+    let crop = match crop.filter(|c| !c.is_none()) {
+        None => None,
+        Some(c) if c.extract::<&str>().is_ok_and(|s| s == "random") => {
+            if size.is_none() {
+                return Err(PyValueError::new_err(
+                    "crop=\"random\" (a random resized crop) needs an output size=",
+                ));
+            }
+            Some(Crop::RandomResized {
+                scale,
+                ratio,
+                seed: seed.unwrap_or_else(fresh_seed),
+            })
+        }
+        Some(c) => {
+            let (height, width) = parse_size(Some(c), "crop")
+                .map_err(|_| {
+                    PyValueError::new_err(
+                        "crop is an int or (height, width) for a center crop, or \"random\"",
+                    )
+                })?
+                .unwrap_or((1, 1));
+            Some(Crop::Center { height, width })
+        }
+    };
+    Ok(Transform {
+        mode,
+        resize_shorter,
+        crop,
+        size,
+        flip,
+        dct_scaling,
+    })
+}
+
+/// Decodes one image into a new tensor of shape `(H, W, C)`.
+#[pyfunction]
+#[pyo3(signature = (
+    src, /, *, size=None, mode="RGB", resize_shorter=None, crop=None, flip=false,
+    scale=(0.08, 1.0), ratio=(0.75, 4.0 / 3.0), seed=None, dct_scaling=true, pool=None
+), text_signature = "(src, /, *, size=None, mode='RGB', resize_shorter=None, crop=None, \
+    flip=False, scale=(0.08, 1.0), ratio=(0.75, 1.3333333333333333), seed=None, \
+    dct_scaling=True, pool=None)")]
+#[allow(clippy::too_many_arguments)]
+fn decode_image(
+    py: Python<'_>,
+    src: &Bound<'_, PyAny>,
+    size: Option<&Bound<'_, PyAny>>,
+    mode: &str,
+    resize_shorter: Option<usize>,
+    crop: Option<&Bound<'_, PyAny>>,
+    flip: bool,
+    scale: (f64, f64),
+    ratio: (f64, f64),
+    seed: Option<u64>,
+    dct_scaling: bool,
+    pool: Option<&Bound<'_, PyBufferPool>>,
+) -> PyResult<PyTensor> {
+    let transform = parse_transform(
+        size,
+        mode,
+        resize_shorter,
+        crop,
+        flip,
+        scale,
+        ratio,
+        seed,
+        dct_scaling,
+    )?;
+    let source = parse_source(src)?;
+    let pool = pool_or_default(py, pool)?;
+    let name = source.name(None);
+    let (data, shape) = py.detach(|| -> Result<_, ImageError> {
+        let data = source.bytes(&name)?;
+        let (_, shape) = image::output_shape(&data, &name, &transform)?;
+        Ok((data, shape))
+    })?;
+    let nbytes = shape.0 * shape.1 * shape.2;
+    let mut buffer = acquire(py, &pool, nbytes)?;
+    py.detach(|| image::decode_into(&data, &name, &transform, &mut buffer[..nbytes]))?;
+    Ok(PyTensor::new(Tensor::from_buffer(
+        buffer,
+        &[shape.0, shape.1, shape.2],
+        DType::U8,
+    )?))
+}
+
+/// Decodes many images into one `(N, H, W, C)` batch, in parallel.
+#[pyfunction]
+#[pyo3(signature = (
+    sources, /, *, size, mode="RGB", resize_shorter=None, crop=None, flip=false,
+    scale=(0.08, 1.0), ratio=(0.75, 4.0 / 3.0), seed=None, dct_scaling=true, threads=None,
+    pool=None
+), text_signature = "(sources, /, *, size, mode='RGB', resize_shorter=None, crop=None, \
+    flip=False, scale=(0.08, 1.0), ratio=(0.75, 1.3333333333333333), seed=None, \
+    dct_scaling=True, threads=None, pool=None)")]
+#[allow(clippy::too_many_arguments)]
+fn load_images(
+    py: Python<'_>,
+    sources: &Bound<'_, PyAny>,
+    size: &Bound<'_, PyAny>,
+    mode: &str,
+    resize_shorter: Option<usize>,
+    crop: Option<&Bound<'_, PyAny>>,
+    flip: bool,
+    scale: (f64, f64),
+    ratio: (f64, f64),
+    seed: Option<u64>,
+    dct_scaling: bool,
+    threads: Option<usize>,
+    pool: Option<&Bound<'_, PyBufferPool>>,
+) -> PyResult<PyTensor> {
+    let transform = parse_transform(
+        Some(size),
+        mode,
+        resize_shorter,
+        crop,
+        flip,
+        scale,
+        ratio,
+        seed,
+        dct_scaling,
+    )?;
+    let (height, width) = transform
+        .size
+        .ok_or_else(|| PyValueError::new_err("load_images needs size="))?;
+    let channels = transform.mode.channels();
+    if threads == Some(0) {
+        return Err(PyValueError::new_err("threads must be positive"));
+    }
+    let items: Vec<Bound<'_, PyAny>> = sources
+        .try_iter()
+        .map_err(|_| PyTypeError::new_err("sources is an iterable of paths or bytes"))?
+        .collect::<PyResult<_>>()?;
+    let parsed: Vec<Source<'_>> = items.iter().map(parse_source).collect::<PyResult<_>>()?;
+    let slot_len = height * width * channels;
+    let nbytes = slot_len * parsed.len();
+    let pool = pool_or_default(py, pool)?;
+    let mut buffer = acquire(py, &pool, nbytes)?;
+    let batch_seed = match transform.crop {
+        Some(Crop::RandomResized { seed, .. }) => Some(seed),
+        _ => None,
+    };
+    let n_threads = threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from))
+        .min(parsed.len())
+        .max(1);
+    let result = py.detach(|| -> Result<(), ImageError> {
+        if slot_len == 0 || parsed.is_empty() {
+            return Ok(());
+        }
+        let slots = Mutex::new(buffer[..nbytes].chunks_exact_mut(slot_len).enumerate());
+        let failed = AtomicBool::new(false);
+        let errors: Mutex<Vec<(usize, ImageError)>> = Mutex::new(Vec::new());
+        let work = || loop {
+            if failed.load(Ordering::Relaxed) {
+                return;
+            }
+            let next = slots
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .next();
+            let Some((i, slot)) = next else { return };
+            let source = &parsed[i];
+            let name = source.name(Some(i));
+            let mut t = transform;
+            if let (Some(s), Some(Crop::RandomResized { seed, .. })) = (batch_seed, &mut t.crop) {
+                *seed = item_seed(s, i);
+            }
+            let r = source
+                .bytes(&name)
+                .and_then(|data| image::decode_into(&data, &name, &t, slot));
+            if let Err(e) = r {
+                failed.store(true, Ordering::Relaxed);
+                errors
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .push((i, e));
+            }
+        };
+        std::thread::scope(|s| {
+            for _ in 1..n_threads {
+                s.spawn(work);
+            }
+            work();
+        });
+        let mut errors = errors
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        errors.sort_by_key(|(i, _)| *i);
+        match errors.into_iter().next() {
+            Some((_, e)) => Err(e),
+            None => Ok(()),
+        }
+    });
+    result?;
+    Ok(PyTensor::new(Tensor::from_buffer(
+        buffer,
+        &[parsed.len(), height, width, channels],
+        DType::U8,
+    )?))
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(decode_image, m)?)?;
+    m.add_function(wrap_pyfunction!(load_images, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,375 @@
+"""ferrofeed.io against Pillow on images generated at test time.
+
+Thresholds (mean absolute difference per channel value, 0-255):
+- JPEG decode vs Pillow: MAE < 1.5 (both are libjpeg-turbo with the islow IDCT; measured
+  0.0 on every variant here, CMYK included; gray output of a color JPEG: 0.005).
+- PNG (every variant) and lossless WebP: exact.
+- Lossy WebP vs Pillow (libwebp): MAE < 1.0 (measured 0.0).
+- Resize vs Pillow BILINEAR: PSNR >= 50 dB without DCT scaling (measured 55-57 dB, max
+  difference 1: rounding in the two-pass convolution); >= 35 dB with DCT scaling (measured
+  39-49 dB: libjpeg-turbo's scaled IDCT is a different, also antialiased, downscale).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import struct
+import threading
+import time
+import zlib
+from pathlib import Path
+
+import ferrofeed
+import ferrofeed.io as fio
+import numpy as np
+import pytest
+
+Image = pytest.importorskip("PIL.Image")
+ImageOps = pytest.importorskip("PIL.ImageOps")
+
+
+# --------------------------------------------------------------------------------------
+# helpers
+
+
+def photo_like(h: int, w: int, seed: int = 0) -> np.ndarray:
+    """Smooth gradients plus mild noise: compresses like a photo, exercises every channel."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:h, 0:w].astype(np.float64)
+    r = 127 + 120 * np.sin(x / max(w, 1) * 6.0 + y / max(h, 1) * 2.0)
+    g = 255 * (y / max(h - 1, 1))
+    b = 127 + 100 * np.cos((x + y) / 17.0)
+    img = np.stack([r, g, b], axis=-1) + rng.normal(0, 6, (h, w, 3))
+    return np.clip(img, 0, 255).astype(np.uint8)
+
+
+def encode(img: Image.Image, fmt: str, **kw: object) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, fmt, **kw)
+    return buf.getvalue()
+
+
+def pil_rgb(data: bytes, mode: str = "RGB") -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(data)).convert(mode))
+
+
+def ours(src: object, **kw: object) -> np.ndarray:
+    t = fio.decode_image(src, **kw)  # type: ignore[arg-type]
+    assert isinstance(t, ferrofeed.Tensor)
+    arr = np.from_dlpack(t)
+    assert arr.dtype == np.uint8
+    assert arr.ctypes.data % 64 == 0
+    return arr
+
+
+def mae(a: np.ndarray, b: np.ndarray) -> float:
+    assert a.shape == b.shape, (a.shape, b.shape)
+    return float(np.abs(a.astype(np.int32) - b.astype(np.int32)).mean())
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = float(((a.astype(np.float64) - b.astype(np.float64)) ** 2).mean())
+    return math.inf if mse == 0 else 10 * math.log10(255**2 / mse)
+
+
+def write_png(arr: np.ndarray, bit_depth: int, color_type: int) -> bytes:
+    """A minimal PNG writer (for 16-bit RGB, which Pillow cannot save)."""
+    h, w = arr.shape[:2]
+    raw = arr.astype(">u2").tobytes() if bit_depth == 16 else arr.astype(np.uint8).tobytes()
+    stride = len(raw) // h
+    rows = b"".join(b"\0" + raw[i * stride : (i + 1) * stride] for i in range(h))
+
+    def chunk(tag: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + tag + body + struct.pack(">I", zlib.crc32(tag + body))
+
+    ihdr = struct.pack(">IIBBBBB", w, h, bit_depth, color_type, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", ihdr)
+        + chunk(b"IDAT", zlib.compress(rows))
+        + chunk(b"IEND", b"")
+    )
+
+
+SIZES = [(48, 64), (217, 333), (375, 500)]
+
+
+# --------------------------------------------------------------------------------------
+# JPEG
+
+
+@pytest.mark.parametrize(("h", "w"), SIZES)
+@pytest.mark.parametrize("quality", [75, 90, 95])
+@pytest.mark.parametrize("subsampling", [0, 1, 2])  # 4:4:4, 4:2:2, 4:2:0
+@pytest.mark.parametrize("progressive", [False, True])
+def test_jpeg_matches_pillow(h: int, w: int, quality: int, subsampling: int, progressive: bool):
+    img = Image.fromarray(photo_like(h, w, seed=h + quality))
+    data = encode(img, "JPEG", quality=quality, subsampling=subsampling, progressive=progressive)
+    got = ours(data)
+    assert got.shape == (h, w, 3)
+    assert mae(got, pil_rgb(data)) < 1.5
+
+
+def test_jpeg_grayscale_and_cmyk():
+    rgb = photo_like(120, 90, seed=3)
+    gray = encode(Image.fromarray(rgb).convert("L"), "JPEG", quality=90)
+    assert mae(ours(gray), pil_rgb(gray)) < 1.5
+    g1 = ours(gray, mode="L")
+    assert g1.shape == (120, 90, 1)
+    assert mae(g1[..., 0], pil_rgb(gray, "L")) < 1.5
+    cmyk = encode(Image.fromarray(rgb).convert("CMYK"), "JPEG", quality=95)
+    assert mae(ours(cmyk), pil_rgb(cmyk)) < 1.5
+    # Grayscale output of a color JPEG: luma, within rounding of Pillow's convert("L").
+    color = encode(Image.fromarray(rgb), "JPEG", quality=90)
+    assert mae(ours(color, mode="L")[..., 0], pil_rgb(color, "L")) < 1.5
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_exif_orientation(orientation: int):
+    img = Image.fromarray(photo_like(40, 64, seed=orientation))
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    data = encode(img, "JPEG", quality=95, exif=exif.tobytes())
+    want = np.asarray(ImageOps.exif_transpose(Image.open(io.BytesIO(data))).convert("RGB"))
+    got = ours(data)
+    assert got.shape == want.shape
+    assert mae(got, want) < 1.5
+
+
+# --------------------------------------------------------------------------------------
+# PNG and WebP
+
+
+def test_png_variants_are_exact():
+    rgb = photo_like(37, 53, seed=1)
+    rgba = np.dstack([rgb, np.arange(37 * 53, dtype=np.uint8).reshape(37, 53)])
+    cases = {
+        "RGB": encode(Image.fromarray(rgb), "PNG"),
+        "RGBA": encode(Image.fromarray(rgba, "RGBA"), "PNG"),
+        "L": encode(Image.fromarray(rgb).convert("L"), "PNG"),
+        "LA": encode(Image.fromarray(rgba, "RGBA").convert("LA"), "PNG"),
+        "P": encode(Image.fromarray(rgb).convert("P", palette=Image.Palette.ADAPTIVE), "PNG"),
+        "1": encode(Image.fromarray(rgb).convert("1"), "PNG"),
+    }
+    for name, data in cases.items():
+        assert np.array_equal(ours(data), pil_rgb(data)), name
+        assert np.array_equal(ours(data, mode="L")[..., 0], pil_rgb(data, "L")), name
+    # 16 bit: the high byte of each sample.
+    rgb16 = (photo_like(21, 30, seed=2).astype(np.uint16) * 257) ^ 0x5A
+    assert np.array_equal(ours(write_png(rgb16, 16, 2)), (rgb16 >> 8).astype(np.uint8))
+    gray16 = rgb16[..., 0]
+    got = ours(write_png(gray16, 16, 0))
+    assert np.array_equal(got, np.repeat((gray16 >> 8).astype(np.uint8)[..., None], 3, axis=2))
+
+
+def test_webp_lossless_exact_and_lossy_close():
+    rgb = photo_like(64, 80, seed=4)
+    lossless = encode(Image.fromarray(rgb), "WEBP", lossless=True)
+    assert np.array_equal(ours(lossless), rgb)
+    rgba = np.dstack([rgb, np.full((64, 80), 200, np.uint8)])
+    lossless_a = encode(Image.fromarray(rgba, "RGBA"), "WEBP", lossless=True)
+    assert np.array_equal(ours(lossless_a), rgb)
+    lossy = encode(Image.fromarray(rgb), "WEBP", quality=90)
+    assert mae(ours(lossy), pil_rgb(lossy)) < 1.0
+
+
+# --------------------------------------------------------------------------------------
+# geometry
+
+
+@pytest.mark.parametrize(("h", "w", "out"), [(375, 500, (224, 224)), (217, 333, (100, 60))])
+def test_resize_psnr_vs_pillow_bilinear(h: int, w: int, out: tuple[int, int]):
+    rgb = photo_like(h, w, seed=5)
+    png = encode(Image.fromarray(rgb), "PNG")
+    want = np.asarray(Image.fromarray(rgb).resize(out[::-1], Image.Resampling.BILINEAR))
+    got = ours(png, size=out)
+    assert psnr(got, want) >= 50, psnr(got, want)
+    jpg = encode(Image.fromarray(rgb), "JPEG", quality=95)
+    want_j = np.asarray(Image.open(io.BytesIO(jpg)).resize(out[::-1], Image.Resampling.BILINEAR))
+    assert psnr(ours(jpg, size=out, dct_scaling=False), want_j) >= 50
+    assert psnr(ours(jpg, size=out), want_j) >= 35
+
+
+def test_resize_shorter_center_crop_flip_like_torchvision_steps():
+    rgb = photo_like(375, 500, seed=6)
+    png = encode(Image.fromarray(rgb), "PNG")
+    # torchvision: Resize(256) -> 341x256, CenterCrop(224): left = round(58.5) = 58, top = 16.
+    step = Image.fromarray(rgb).resize((341, 256), Image.Resampling.BILINEAR)
+    want = np.asarray(step)[16 : 16 + 224, 58 : 58 + 224]
+    got = ours(png, resize_shorter=256, crop=224)
+    assert got.shape == (224, 224, 3)
+    assert psnr(got, want) >= 50
+    flipped = ours(png, resize_shorter=256, crop=224, flip=True)
+    assert np.array_equal(flipped, got[:, ::-1])
+    # A crop larger than the image pads with zeros, centered.
+    small = ours(encode(Image.fromarray(rgb[:10, :6]), "PNG"), crop=(14, 8))
+    assert small.shape == (14, 8, 3)
+    assert np.array_equal(small[2:12, 1:7], rgb[:10, :6])
+    assert small[:2].max() == 0
+    assert small[:, 0].max() == 0
+
+
+def test_random_resized_crop_is_seeded():
+    png = encode(Image.fromarray(photo_like(120, 160, seed=7)), "PNG")
+    a = ours(png, crop="random", size=64, seed=11)
+    assert a.shape == (64, 64, 3)
+    assert np.array_equal(a, ours(png, crop="random", size=64, seed=11))
+    assert any(not np.array_equal(a, ours(png, crop="random", size=64, seed=s)) for s in range(5))
+    with pytest.raises(ValueError, match="size"):
+        fio.decode_image(png, crop="random")
+
+
+# --------------------------------------------------------------------------------------
+# sources and batches
+
+
+def test_sources_bytes_bytearray_memoryview_paths(tmp_path: Path):
+    data = encode(Image.fromarray(photo_like(30, 40)), "PNG")
+    p = tmp_path / "x.png"
+    p.write_bytes(data)
+    want = ours(data)
+    for src in (bytearray(data), memoryview(data), str(p), p):
+        assert np.array_equal(ours(src), want)
+    with pytest.raises(TypeError):
+        fio.decode_image(12)  # type: ignore[arg-type]
+
+
+def test_load_images_equals_per_image_decode(tmp_path: Path):
+    paths = []
+    for i, (fmt, kw) in enumerate(
+        [("JPEG", {"quality": 85}), ("PNG", {}), ("WEBP", {"lossless": True})] * 4
+    ):
+        p = tmp_path / f"img{i}.{fmt.lower()}"
+        Image.fromarray(photo_like(90 + 7 * i, 120 - 3 * i, seed=i)).save(p, fmt, **kw)
+        paths.append(p)
+    kw2: dict[str, object] = {"size": (48, 40), "resize_shorter": 64, "crop": 56}
+    batch = fio.load_images(paths, threads=3, **kw2)  # type: ignore[arg-type]
+    arr = np.from_dlpack(batch)
+    assert arr.shape == (12, 48, 40, 3)
+    for i, p in enumerate(paths):
+        assert np.array_equal(arr[i], ours(p, **kw2)), i
+    # Seeded random crops: reproducible batches.
+    r1 = np.from_dlpack(fio.load_images(paths, size=32, crop="random", seed=3)).copy()
+    r2 = np.from_dlpack(fio.load_images(paths, size=32, crop="random", seed=3))
+    assert np.array_equal(r1, r2)
+    gray = np.from_dlpack(fio.load_images([str(p) for p in paths[:2]], size=16, mode="L"))
+    assert gray.shape == (2, 16, 16, 1)
+    assert np.from_dlpack(fio.load_images([], size=8)).shape == (0, 8, 8, 3)
+
+
+def test_load_images_error_names_the_first_bad_item(tmp_path: Path):
+    good = tmp_path / "good.png"
+    Image.fromarray(photo_like(20, 20)).save(good)
+    bad = tmp_path / "bad.jpg"
+    bad.write_bytes(b"\xff\xd8\xff\xe0 definitely not a jpeg")
+    with pytest.raises(ferrofeed.ImageDecodeError, match=r"bad\.jpg"):
+        fio.load_images([good, bad, good], size=8)
+    with pytest.raises(ferrofeed.ImageDecodeError, match="item 1"):
+        fio.load_images([good.read_bytes(), b"junk"], size=8)
+    with pytest.raises(ferrofeed.ImageReadError) as info:
+        fio.load_images([good, tmp_path / "missing.png"], size=8)
+    assert isinstance(info.value, OSError)
+    assert info.value.filename == str(tmp_path / "missing.png")
+
+
+# --------------------------------------------------------------------------------------
+# corrupt input
+
+
+def corrupt_cases() -> list[tuple[str, bytes]]:
+    rgb = photo_like(64, 64, seed=9)
+    jpg = encode(Image.fromarray(rgb), "JPEG", quality=90)
+    pjpg = encode(Image.fromarray(rgb), "JPEG", quality=90, progressive=True)
+    png = encode(Image.fromarray(rgb), "PNG")
+    webp = encode(Image.fromarray(rgb), "WEBP", quality=80)
+    cases = [("empty", b""), ("garbage", bytes(range(256)) * 4), ("gif", b"GIF89a" + b"\0" * 64)]
+    for name, data in (("jpeg", jpg), ("progjpeg", pjpg), ("png", png), ("webp", webp)):
+        for frac in (0.0, 0.01, 0.1, 0.5, 0.9, 0.99):
+            cut = max(1, int(len(data) * frac)) if frac else 4
+            cases.append((f"{name}-cut{frac}", data[:cut]))
+        mangled = bytearray(data)
+        mangled[len(data) // 3 : len(data) // 3 + 64] = b"\xff" * 64
+        cases.append((f"{name}-mangled", bytes(mangled)))
+    return cases
+
+
+@pytest.mark.parametrize(
+    ("name", "data"), corrupt_cases(), ids=lambda v: v if isinstance(v, str) else ""
+)
+def test_corrupt_input_errors_cleanly(tmp_path: Path, name: str, data: bytes):
+    # Mangled data may still decode (a JPEG scan with flipped bits is often "valid"); it
+    # must never crash, and anything that fails raises ImageDecodeError naming the file.
+    p = tmp_path / f"{name}.png"  # wrong extension on purpose for most: sniffed, not named
+    p.write_bytes(data)
+    error: ferrofeed.ImageDecodeError | None = None
+    try:
+        fio.decode_image(p, size=16)
+    except ferrofeed.ImageDecodeError as e:
+        error = e
+    if error is None:
+        assert "mangled" in name, f"{name} decoded without an error"
+    else:
+        assert str(p) in str(error)
+        assert isinstance(error, ValueError)
+
+
+def test_wrong_extension_is_fine_and_unknown_format_is_named(tmp_path: Path):
+    p = tmp_path / "actually_png.jpg"
+    p.write_bytes(encode(Image.fromarray(photo_like(8, 8)), "PNG"))
+    assert ours(p).shape == (8, 8, 3)
+    with pytest.raises(ferrofeed.ImageDecodeError, match=r"not a JPEG, PNG or WebP"):
+        fio.decode_image(b"BM" + b"\0" * 100)
+
+
+def test_random_bytes_never_crash():
+    rng = np.random.default_rng(0)
+    heads = [b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"RIFF\0\0\0\0WEBPVP8 ", b""]
+    for i in range(300):
+        data = heads[i % 4] + rng.integers(0, 256, int(rng.integers(0, 300)), np.uint8).tobytes()
+        with pytest.raises(ferrofeed.ImageDecodeError):
+            fio.decode_image(data, size=8)
+
+
+# --------------------------------------------------------------------------------------
+# the GIL
+
+
+def test_decode_releases_the_gil():
+    rng = np.random.default_rng(1)
+    noise = rng.integers(0, 256, (1500, 2000, 3), np.uint8)  # incompressible: slow to inflate
+    data = encode(Image.fromarray(noise), "PNG", compress_level=1)
+    ticks = 0
+    stop = threading.Event()
+
+    def spin() -> None:
+        nonlocal ticks
+        while not stop.is_set():
+            ticks += 1
+            time.sleep(0)
+
+    t = threading.Thread(target=spin)
+    t.start()
+    try:
+        time.sleep(0.05)
+        start_ticks = ticks
+        t0 = time.perf_counter()
+        for _ in range(3):
+            fio.decode_image(data, size=(150, 200))
+        elapsed = time.perf_counter() - t0
+        during = ticks - start_ticks
+    finally:
+        stop.set()
+        t.join()
+    # With the GIL held for the whole decode, the thread would barely run (switch interval
+    # 5 ms, so at most a few ticks per decode); released, it spins freely.
+    assert elapsed > 0.02
+    assert during > 1000, (during, elapsed)
+
+
+def test_module_docstring_runs():
+    import doctest
+
+    res = doctest.testmod(fio)
+    assert res.failed == 0
+    assert res.attempted > 0
