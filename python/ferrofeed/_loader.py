@@ -32,6 +32,10 @@ class MapDataset(Protocol):
     def __getitem__(self, index: int, /) -> Any: ...
 
 
+# Stands for a batch whose every sample was skipped.
+_EMPTY = object()
+
+
 @dataclass(frozen=True)
 class _Skipped:
     """A sample that failed under ``on_error="skip"`` (dropped from its batch by collate)."""
@@ -43,15 +47,16 @@ class _Skipped:
 def _stack(arrays: Sequence[Any]) -> Any:
     import numpy as np
 
-    first = np.asarray(arrays[0])
-    shape = (len(arrays), *first.shape)
-    if first.dtype.name in _POOLED_DTYPES and first.size > 0:
+    parts = [np.asarray(a) for a in arrays]
+    dtype = np.result_type(*parts)  # promotes as np.stack would: [1, 2.5] -> float64
+    shape = (len(parts), *parts[0].shape)
+    if dtype.name in _POOLED_DTYPES and parts[0].size > 0:
         # Straight into a 64-byte aligned, pooled buffer: JAX and torch then take the
         # batch by DLPack without a copy, and the buffer is reused once freed.
-        out = np.from_dlpack(_core.empty(shape, first.dtype.name))
-        np.stack([np.asarray(a) for a in arrays], out=out)
+        out = np.from_dlpack(_core.empty(shape, dtype.name))
+        np.stack(parts, out=out)
         return out
-    return np.stack([np.asarray(a) for a in arrays])
+    return np.stack(parts).astype(dtype, copy=False)
 
 
 def default_collate(samples: Sequence[Any]) -> Any:
@@ -300,7 +305,9 @@ class DataLoader:
         return math.ceil(per_rank / self.batch_size)
 
     def __len__(self) -> int:
-        """Batches per epoch for this rank."""
+        """Batches per epoch for this rank (0 when its shard cannot fill one)."""
+        if self.batches_per_pass == 0:
+            return 0
         return self.batches_per_epoch or self.batches_per_pass
 
     # -- epochs and state -------------------------------------------------------------
@@ -409,6 +416,8 @@ class DataLoader:
 
     def _batch_sizes(self, epoch: int) -> Iterator[int]:
         per_pass = self.batches_per_pass
+        if per_pass == 0:
+            return
         first = (epoch * (self.batches_per_epoch or per_pass)) + self._resume_batches
         for g in range(first, first + len(self) - self._resume_batches):
             b = g % per_pass
@@ -429,18 +438,25 @@ class DataLoader:
             return _Skipped(index, reason)
 
     def _batches(self, epoch: int) -> Iterator[Any]:
-        sizes = self._batch_sizes(epoch)
+        """Yield the epoch's batches from the resume point.
+
+        A batch whose every sample was skipped comes out as `_EMPTY`: it still counts as
+        a position, so resuming stays exact.
+        """
         collate, output, device = self.collate, self.output, self.device
 
         def finish(samples: list[Any]) -> Any:
             kept = [s for s in samples if not isinstance(s, _Skipped)]
-            return _convert(collate(kept), output, device) if kept else None
+            return _convert(collate(kept), output, device) if kept else _EMPTY
 
-        builder = PipelineBuilder().add_source(self._positions(epoch))
-        builder.pipe(self._load, concurrency=self.num_threads, name="load")
+        # Grouping and collating in one stage: what waits between stages is samples, not
+        # batches, so the read-ahead stays a few samples plus `prefetch` batches.
+        grouper = _Grouper(self._batch_sizes(epoch), finish)
         pipeline = (
-            builder.pipe(_Grouper(sizes), name="batch")
-            .pipe(finish, name="collate")
+            PipelineBuilder()
+            .add_source(self._positions(epoch))
+            .pipe(self._load, concurrency=self.num_threads, name="load")
+            .pipe(grouper, name="collate")
             .add_sink(self.prefetch)
             .build(num_threads=1)
         )
@@ -453,49 +469,57 @@ class DataLoader:
         self._batches_done = self._resume_batches
         todo = len(self) - self._resume_batches
         bar = _Progress(todo, f"epoch {epoch}") if self.progress else None
+        finished = False
         try:
             for batch in self._batches(epoch):
                 self._batches_done += 1
                 if bar is not None:
                     bar.update()
-                yield batch
+                if batch is not _EMPTY:
+                    yield batch
+            finished = True
         finally:
             if bar is not None:
                 bar.close()
-        # A complete epoch: the next iteration starts the next one.
-        self._epoch = epoch + 1
-        self._resume_batches = 0
-        self._batches_done = 0
+            if finished:
+                # A complete epoch: the next iteration starts the next one.
+                self._epoch = epoch + 1
+                self._resume_batches = self._batches_done = 0
+            else:
+                # Left early (break, an error): the next iteration resumes here,
+                # as `state_dict` says.
+                self._resume_batches = self._batches_done
 
     def epoch_batches(self, epoch: int) -> Iterator[Any]:
         """The batches of ``epoch`` (from its start), without changing the loader's state."""
         saved = (self._epoch, self._resume_batches, self._batches_done)
         self._resume_batches = 0
         try:
-            yield from self._batches(epoch)
+            yield from (b for b in self._batches(epoch) if b is not _EMPTY)
         finally:
             self._epoch, self._resume_batches, self._batches_done = saved
 
 
 class _Grouper:
-    """Groups samples into batches of the sizes given (the last one may be short).
+    """Groups samples into batches of the sizes given and finishes each batch.
 
     A stage of concurrency 1 in an ordered pipeline sees samples in order, so counting
     them is enough; returning ``None`` until a batch is full drops nothing else.
     """
 
-    def __init__(self, sizes: Iterator[int]) -> None:
+    def __init__(self, sizes: Iterator[int], finish: Callable[[list[Any]], Any]) -> None:
         self._sizes = sizes
+        self._finish = finish
         self._want = next(sizes, 0)
         self._group: list[Any] = []
 
-    def __call__(self, sample: Any) -> list[Any] | None:
+    def __call__(self, sample: Any) -> Any:
         self._group.append(sample)
         if len(self._group) < self._want:
             return None
         group, self._group = self._group, []
         self._want = next(self._sizes, 0)
-        return group
+        return self._finish(group)
 
 
 def _check_device(output: Output, device: str) -> None:
