@@ -31,10 +31,16 @@ impl PyPermutation {
     /// The element at position `i` (negative counts from the end).
     fn __getitem__(&self, i: i64) -> PyResult<u64> {
         let n = self.inner.len();
-        let pos = if i < 0 { i128::from(n) + i128::from(i) } else { i128::from(i) };
+        let pos = if i < 0 {
+            i128::from(n) + i128::from(i)
+        } else {
+            i128::from(i)
+        };
         match u64::try_from(pos) {
             Ok(p) if p < n => Ok(self.get(p)),
-            _ => Err(PyIndexError::new_err(format!("position {i} out of range(0, {n})"))),
+            _ => Err(PyIndexError::new_err(format!(
+                "position {i} out of range(0, {n})"
+            ))),
         }
     }
 
