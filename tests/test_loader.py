@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import pytest
 from ferrofeed import DataLoader, PipelineError, default_collate
+from thread_counts import settle_threads, thread_counts
 
 RunPython = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -49,27 +50,6 @@ def epoch_order(n: int, *, shuffle: bool, seed: int, epoch: int = 0) -> list[int
     (batch,) = batches_of(loader.epoch_batches(epoch))
     assert sorted(batch) == list(range(n))
     return batch
-
-
-def os_threads() -> int:
-    with open("/proc/self/status", encoding="ascii") as f:
-        for line in f:
-            if line.startswith("Threads:"):
-                return int(line.split()[1])
-    raise AssertionError("no Threads: line in /proc/self/status")
-
-
-def thread_counts() -> tuple[int, int]:
-    return threading.active_count(), os_threads()
-
-
-def settle_threads(base: tuple[int, int], within: float = 1.0) -> tuple[int, int]:
-    deadline = time.monotonic() + within
-    while True:
-        now = thread_counts()
-        if now == base or time.monotonic() > deadline:
-            return now
-        time.sleep(0.005)
 
 
 def aligned(a: np.ndarray) -> bool:

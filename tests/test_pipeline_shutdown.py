@@ -22,31 +22,10 @@ from typing import Any
 import pytest
 from ferrofeed import Pipeline, PipelineBuilder, PipelineError, ops
 from ferrofeed.memory import process_memory
+from thread_counts import os_threads, settle_threads, thread_counts
 
 MB = 1 << 20
 RunPython = Callable[..., subprocess.CompletedProcess[str]]
-
-
-def os_threads() -> int:
-    with open("/proc/self/status", encoding="ascii") as f:
-        for line in f:
-            if line.startswith("Threads:"):
-                return int(line.split()[1])
-    raise AssertionError("no Threads: line in /proc/self/status")
-
-
-def thread_counts() -> tuple[int, int]:
-    return threading.active_count(), os_threads()
-
-
-def settle_threads(base: tuple[int, int], within: float = 1.0) -> tuple[int, int]:
-    """The thread counts once back to ``base``, or as they are after ``within`` seconds."""
-    deadline = time.monotonic() + within
-    while True:
-        now = thread_counts()
-        if now == base or time.monotonic() > deadline:
-            return now
-        time.sleep(0.005)
 
 
 @pytest.fixture
