@@ -67,9 +67,41 @@ class NativeOp:
     @property
     def name(self) -> str:
         """The op's name (the default stage name)."""
+    @property
+    def group_size(self) -> int | None:
+        """For a grouping op (`ferrofeed.ops.collate`), the items per group."""
 
 def _after_fork_in_child() -> None:
     """Mark pipelines built before a fork as the parent's (internal)."""
+
+def _op_read_file() -> NativeOp:
+    """Return a native op that reads each path's bytes."""
+
+def _op_decode_image(
+    *,
+    size: Any = None,
+    mode: str = "RGB",
+    resize_shorter: int | None = None,
+    crop: Any = None,
+    flip: bool = False,
+    scale: tuple[float, float] = ...,
+    ratio: tuple[float, float] = ...,
+    seed: int | None = None,
+    dct_scaling: bool = True,
+) -> NativeOp:
+    """Return a native op that decodes images."""
+
+def _op_collate(
+    batch_size: int,
+    /,
+    *,
+    drop_last: bool = False,
+    layout: str = "NHWC",
+    dtype: str = "uint8",
+    normalize: tuple[list[float], list[float]] | None = None,
+    max_batches: int = 16,
+) -> NativeOp:
+    """Return a native op that collates images into batch tensors."""
 
 def _op_identity() -> NativeOp:
     """Return a native op that passes items through."""
@@ -99,6 +131,7 @@ class Pipeline:
         num_threads: int | None = None,
         runner: Any = None,
         report_interval: float | None = None,
+        native_source: bool = False,
     ) -> Self: ...
     def start(self) -> None:
         """Start the pipeline's threads (iteration starts it too)."""

@@ -242,6 +242,11 @@ class PipelineBuilder:
                 raise ValueError("max_failures applies to on_error='skip'")
             if not isinstance(max_failures, int) or max_failures < 0:
                 raise ValueError(f"max_failures must be an int >= 0, not {max_failures!r}")
+        if isinstance(op, _core.NativeOp) and op.group_size is not None:
+            # A grouping op (ops.collate): an aggregate stage with a native combine.
+            stage_name = self._unique(name or op.name, explicit=name is not None)
+            self._stages.append(("aggregate_native", op, stage_name))
+            return self
         if isinstance(op, _core.NativeOp):
             kind = "native"
         elif callable(op):
@@ -290,7 +295,12 @@ class PipelineBuilder:
         source = self._source
         if not isinstance(source, range) and isinstance(source, AsyncIterable):
             source = _AsyncIterBridge(source)
-        runner = _AsyncRunner() if any(s[1] == "async" for s in self._stages) else None
+        runner = _AsyncRunner() if any(s[:2] == ("map", "async") for s in self._stages) else None
+        # A native first stage takes native items: the source converts paths and bytes.
+        first = self._stages[0] if self._stages else None
+        native_source = first is not None and (
+            first[0] == "aggregate_native" or first[:2] == ("map", "native")
+        )
         pipeline = _core.Pipeline(
             source,
             list(self._stages),
@@ -298,6 +308,7 @@ class PipelineBuilder:
             num_threads=num_threads,
             runner=runner,
             report_interval=report_stats_interval,
+            native_source=native_source,
         )
         _LIVE.add(pipeline)
         return pipeline

@@ -1,7 +1,10 @@
 """Native pipeline ops: stages that run in Rust, never taking the GIL.
 
-Pass them to `PipelineBuilder.pipe` like a function. A chain of native ops over a native
-source (a ``range``) runs without touching the GIL until items reach the consumer.
+Pass them to `PipelineBuilder.pipe` like a function. When the first stage is native, the
+source's paths (``str`` or ``os.PathLike``), ``bytes``, and ``(path, label)`` pairs become
+native items as they are pulled, so a chain ``read_file -> decode_image -> collate`` runs
+without touching the GIL until a batch reaches the consumer as a `ferrofeed.Tensor` (with
+its labels as an int64 Tensor beside it).
 
 Example:
     >>> from ferrofeed import PipelineBuilder, ops
@@ -14,7 +17,7 @@ from __future__ import annotations
 
 from . import _core
 
-__all__ = ["NativeOp", "identity"]
+__all__ = ["NativeOp", "collate", "decode_image", "identity", "read_file"]
 
 NativeOp = _core.NativeOp
 
@@ -27,3 +30,85 @@ def identity() -> NativeOp:
         'identity'
     """
     return _core._op_identity()
+
+
+def read_file() -> NativeOp:
+    """Read each path's bytes (a ``(path, label)`` pair keeps its label).
+
+    Errors are ``OSError`` naming the file.
+
+    Example:
+        >>> read_file().name
+        'read_file'
+    """
+    return _core._op_read_file()
+
+
+def decode_image(
+    *,
+    size: int | tuple[int, int] | None = None,
+    mode: str = "RGB",
+    resize_shorter: int | None = None,
+    crop: int | tuple[int, int] | str | None = None,
+    flip: bool = False,
+    scale: tuple[float, float] = (0.08, 1.0),
+    ratio: tuple[float, float] = (3 / 4, 4 / 3),
+    seed: int | None = None,
+    dct_scaling: bool = True,
+) -> NativeOp:
+    """Decode each item's bytes (or path) into an image, without the GIL.
+
+    The transforms are those of `ferrofeed.io.decode_image` (orientation, resize, crop,
+    flip).
+
+    With ``crop="random"`` each image's crop is drawn from ``seed`` and the image's name,
+    so it does not depend on thread timing. A corrupt image raises
+    `ferrofeed.ImageDecodeError` naming the file (or is skipped with ``on_error="skip"``).
+
+    Example:
+        >>> decode_image(resize_shorter=256, crop=224).name
+        'decode_image'
+    """
+    return _core._op_decode_image(
+        size=size,
+        mode=mode,
+        resize_shorter=resize_shorter,
+        crop=crop,
+        flip=flip,
+        scale=scale,
+        ratio=ratio,
+        seed=seed,
+        dct_scaling=dct_scaling,
+    )
+
+
+def collate(
+    batch_size: int,
+    /,
+    *,
+    drop_last: bool = False,
+    layout: str = "NHWC",
+    dtype: str = "uint8",
+    normalize: tuple[list[float], list[float]] | None = None,
+    max_batches: int = 16,
+) -> NativeOp:
+    """Group ``batch_size`` decoded images into one batch Tensor (natively).
+
+    ``layout`` is ``"NHWC"`` or ``"NCHW"``; ``dtype`` ``"uint8"`` or ``"float32"`` (values
+    in [0, 1], then ``(x - mean) / std`` per channel with ``normalize=(mean, std)``).
+    Images with labels give ``(images, labels)``, labels an int64 Tensor. Batches come
+    from a pool of at most ``2 * max_batches`` buffers, reused once the consumer frees
+    them.
+
+    Example:
+        >>> collate(32).group_size
+        32
+    """
+    return _core._op_collate(
+        batch_size,
+        drop_last=drop_last,
+        layout=layout,
+        dtype=dtype,
+        normalize=normalize,
+        max_batches=max_batches,
+    )

@@ -103,7 +103,13 @@ fn with_decompressor<T>(
         let d = slot
             .as_mut()
             .ok_or_else(|| corrupt(Format::Jpeg, "no decompressor"))?;
-        f(d)
+        let result = f(d);
+        if result.is_err() {
+            // libjpeg-turbo can leave a handle in a bad state after a corrupt
+            // input (the next, valid image then fails): start afresh.
+            *slot = None;
+        }
+        result
     })
 }
 

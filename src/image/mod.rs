@@ -505,11 +505,15 @@ fn decode_inner(
     // The plan is in full-size oriented coordinates; the decoded image may
     // be DCT-scaled.
     let (fx, fy) = (w as f64 / ow as f64, h as f64 / oh as f64);
+    // Scaled sizes are rounded up, so a rectangle that touched the far edge
+    // can overshoot it by a fraction of a pixel: keep it inside.
+    let left = (p.src.left * fx).min(w as f64);
+    let top = (p.src.top * fy).min(h as f64);
     let rect = plan::RectF {
-        left: p.src.left * fx,
-        top: p.src.top * fy,
-        width: (p.src.width * fx).min(w as f64),
-        height: (p.src.height * fy).min(h as f64),
+        left,
+        top,
+        width: (p.src.width * fx).min(w as f64 - left),
+        height: (p.src.height * fy).min(h as f64 - top),
     };
     ops::resample(&pixels, w, h, c, rect, slot, p.out_w, p.out_h, p.dst).map_err(|reason| {
         ImageError::Corrupt {

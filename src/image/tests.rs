@@ -248,3 +248,33 @@ proptest! {
         let _ = decode(&sig, "fuzz", &t);
     }
 }
+
+#[test]
+fn a_corrupt_jpeg_does_not_poison_the_next_decode_on_the_thread() {
+    let good = {
+        let mut c = turbojpeg::Compressor::new().unwrap();
+        let pixels = vec![128u8; 40 * 30 * 3];
+        let img = turbojpeg::Image {
+            pixels: pixels.as_slice(),
+            width: 40,
+            pitch: 40 * 3,
+            height: 30,
+            format: turbojpeg::PixelFormat::RGB,
+        };
+        c.compress_to_vec(img).unwrap()
+    };
+    // A small output lets libjpeg-turbo decode at a reduced scale, which the
+    // handle remembers.
+    let small = Transform {
+        size: Some((8, 8)),
+        ..Transform::default()
+    };
+    for cut in [20usize, 100, 200] {
+        let bad = &good[..cut.min(good.len() - 1)];
+        assert!(decode(bad, "bad.jpg", &small).is_err());
+        let ok = decode(&good, "good.jpg", &small).unwrap();
+        assert_eq!((ok.height, ok.width, ok.channels), (8, 8, 3));
+        let ok = decode(&good, "good.jpg", &Transform::default()).unwrap();
+        assert_eq!((ok.height, ok.width, ok.channels), (30, 40, 3));
+    }
+}

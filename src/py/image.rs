@@ -97,7 +97,7 @@ fn parse_size(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Option<(us
 }
 
 /// A random seed when none is given (the std hasher's per-process keys).
-fn fresh_seed() -> u64 {
+pub(crate) fn fresh_seed() -> u64 {
     RandomState::new().hash_one(std::time::Instant::now())
 }
 
@@ -110,7 +110,7 @@ fn item_seed(seed: u64, index: usize) -> u64 {
 
 /// The keyword arguments shared by `decode_image` and `load_images`.
 #[allow(clippy::too_many_arguments)]
-fn parse_transform(
+pub(crate) fn parse_transform(
     size: Option<&Bound<'_, PyAny>>,
     mode: &str,
     resize_shorter: Option<usize>,

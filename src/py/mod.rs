@@ -10,6 +10,7 @@ mod arena;
 mod dlpack;
 mod errors;
 mod image;
+mod ops;
 mod pipeline;
 mod sampler;
 mod staging;

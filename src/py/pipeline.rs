@@ -44,14 +44,117 @@ pub(crate) enum Item {
     Int(i64),
     /// A native group (from `aggregate` over native items).
     List(Vec<Item>),
+    /// A file path, with an optional label (from a source of paths).
+    Path {
+        path: std::path::PathBuf,
+        label: Option<i64>,
+    },
+    /// Encoded bytes (a file's content), named for errors.
+    Bytes {
+        data: Vec<u8>,
+        name: String,
+        label: Option<i64>,
+    },
+    /// A decoded image.
+    Image {
+        image: crate::image::DecodedImage,
+        name: String,
+        label: Option<i64>,
+    },
+    /// A collated batch of images, and their labels.
+    Batch {
+        images: crate::staging::Tensor,
+        labels: Option<crate::staging::Tensor>,
+    },
 }
 
 impl Item {
+    /// What kind of item this is, for error messages.
+    pub(crate) fn kind(&self) -> &'static str {
+        match self {
+            Item::Py(_) => "a Python object",
+            Item::Int(_) => "an int",
+            Item::List(_) => "a list",
+            Item::Path { .. } => "a path",
+            Item::Bytes { .. } => "bytes",
+            Item::Image { .. } => "a decoded image",
+            Item::Batch { .. } => "a batch",
+        }
+    }
+
+    /// A native item for a Python source object when there is one: a path
+    /// (`str` or `os.PathLike`), encoded `bytes`, or either paired with an
+    /// int label; else the object itself.
+    fn from_source(obj: Bound<'_, PyAny>) -> Item {
+        fn plain(obj: &Bound<'_, PyAny>, label: Option<i64>) -> Option<Item> {
+            if let Ok(b) = obj.cast::<pyo3::types::PyBytes>() {
+                return Some(Item::Bytes {
+                    data: b.as_bytes().to_vec(),
+                    name: "<bytes>".into(),
+                    label,
+                });
+            }
+            let is_path = obj.is_instance_of::<pyo3::types::PyString>()
+                || obj
+                    .hasattr(pyo3::intern!(obj.py(), "__fspath__"))
+                    .unwrap_or(false);
+            if !is_path {
+                return None;
+            }
+            let path: std::path::PathBuf = obj.extract().ok()?;
+            Some(Item::Path { path, label })
+        }
+        if let Ok(t) = obj.cast::<PyTuple>() {
+            if t.len() == 2 {
+                if let (Ok(first), Ok(label)) = (
+                    t.get_item(0),
+                    t.get_item(1).and_then(|l| l.extract::<i64>()),
+                ) {
+                    if let Some(item) = plain(&first, Some(label)) {
+                        return item;
+                    }
+                }
+            }
+        }
+        plain(&obj, None).unwrap_or_else(|| Item::Py(obj.unbind()))
+    }
+
     /// The item as a Python object (at the sink, or for a Python stage).
     pub(crate) fn into_py(self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let labelled = |obj: Bound<'_, PyAny>, label: Option<i64>| -> PyResult<Py<PyAny>> {
+            Ok(match label {
+                Some(l) => PyTuple::new(py, [obj, l.into_pyobject(py)?.into_any()])?
+                    .into_any()
+                    .unbind(),
+                None => obj.unbind(),
+            })
+        };
         Ok(match self {
             Item::Py(o) => o,
             Item::Int(i) => i.into_pyobject(py)?.into_any().unbind(),
+            Item::Path { path, label } => labelled(path.into_pyobject(py)?.into_any(), label)?,
+            Item::Bytes { data, label, .. } => {
+                labelled(pyo3::types::PyBytes::new(py, &data).into_any(), label)?
+            }
+            Item::Image { image, label, .. } => {
+                let tensor = image_tensor(py, &image)?;
+                labelled(Bound::new(py, tensor)?.into_any(), label)?
+            }
+            Item::Batch { images, labels } => {
+                let images = Bound::new(py, super::dlpack::PyTensor::new(images))?.into_any();
+                match labels {
+                    Some(l) => PyTuple::new(
+                        py,
+                        [
+                            images,
+                            Bound::new(py, super::dlpack::PyTensor::new(l))?.into_any(),
+                        ],
+                    )?
+                    .into_any()
+                    .unbind(),
+                    None => images.unbind(),
+                }
+            }
             Item::List(items) => {
                 let list = PyList::empty(py);
                 for it in items {
@@ -63,6 +166,23 @@ impl Item {
     }
 }
 
+/// A decoded image as a `(H, W, C)` uint8 tensor from the default pool.
+fn image_tensor(
+    py: Python<'_>,
+    image: &crate::image::DecodedImage,
+) -> PyResult<super::dlpack::PyTensor> {
+    let pool = super::staging::pool_or_default(py, None)?;
+    let mut t = crate::staging::Tensor::empty(
+        &pool,
+        &[image.height, image.width, image.channels],
+        crate::dlpack::DType::U8,
+    )?;
+    t.bytes_mut()
+        .expect("a new tensor has no other owner")
+        .copy_from_slice(&image.data);
+    Ok(super::dlpack::PyTensor::new(t))
+}
+
 /// A native stage: Rust code run on items without the GIL.
 #[pyclass(name = "NativeOp", module = "ferrofeed._core", frozen)]
 pub(crate) struct PyNativeOp {
@@ -70,6 +190,9 @@ pub(crate) struct PyNativeOp {
     /// Run on the blocking pool (CPU-heavy) rather than inline.
     blocking: bool,
     f: ItemFn<Item, PyErr>,
+    /// For a grouping op (`collate`): the group size, `drop_last`, and how
+    /// a group becomes one item.
+    group: Option<(usize, bool, CombineFn<Item, PyErr>)>,
 }
 
 #[pymethods]
@@ -78,6 +201,12 @@ impl PyNativeOp {
     #[getter]
     fn name(&self) -> &str {
         &self.name
+    }
+
+    /// For a grouping op (`ops.collate`), the number of items per group.
+    #[getter]
+    fn group_size(&self) -> Option<usize> {
+        self.group.as_ref().map(|g| g.0)
     }
 
     fn __repr__(&self) -> String {
@@ -91,6 +220,27 @@ impl PyNativeOp {
             name: name.to_owned(),
             blocking,
             f,
+            group: None,
+        }
+    }
+
+    /// A grouping op: `size` items (fewer at the end unless `drop_last`)
+    /// become one through `combine`.
+    pub(crate) fn aggregate(
+        name: &str,
+        size: usize,
+        drop_last: bool,
+        combine: CombineFn<Item, PyErr>,
+    ) -> Self {
+        Self {
+            name: name.to_owned(),
+            blocking: false,
+            f: Arc::new(|_| {
+                Err(pyo3::exceptions::PyTypeError::new_err(
+                    "a grouping op is used with PipelineBuilder.pipe(), which makes it an aggregate stage",
+                ))
+            }),
+            group: Some((size, drop_last, combine)),
         }
     }
 }
@@ -105,6 +255,8 @@ fn _op_identity() -> PyNativeOp {
 /// acquisition.
 struct PySource {
     iter: Py<PyIterator>,
+    /// Turn paths and bytes into native items (the first stage is native).
+    native: bool,
 }
 
 impl Source<Item, PyErr> for PySource {
@@ -113,6 +265,7 @@ impl Source<Item, PyErr> for PySource {
             let mut it = self.iter.bind(py).clone();
             for _ in 0..max {
                 match it.next() {
+                    Some(v) if self.native => out.push(Item::from_source(v?)),
                     Some(v) => out.push(Item::Py(v?.unbind())),
                     None => return Ok(false),
                 }
@@ -263,6 +416,22 @@ impl AsyncFeeder {
     }
 }
 
+/// An `("aggregate_native", op, name)` stage: a grouping native op.
+fn parse_native_aggregate(spec: &Bound<'_, PyTuple>) -> PyResult<Stage<Item, PyErr>> {
+    let (_, op, name): (String, Bound<'_, PyAny>, String) = spec.extract()?;
+    let op = op.cast::<PyNativeOp>()?.get();
+    let (size, drop_last, combine) = op
+        .group
+        .clone()
+        .ok_or_else(|| PyValueError::new_err(format!("{} is not a grouping op", op.name)))?;
+    Ok(Stage::Aggregate(AggregateStage {
+        name,
+        size,
+        drop_last,
+        combine,
+    }))
+}
+
 /// A stage specification from the Python builder.
 fn parse_stage(
     py: Python<'_>,
@@ -344,6 +513,7 @@ fn parse_stage(
                 on_error,
             }))
         }
+        "aggregate_native" => parse_native_aggregate(spec),
         "aggregate" => {
             let (_, size, drop_last, name): (String, usize, bool, String) = spec.extract()?;
             let combine: CombineFn<Item, PyErr> = Arc::new(|items: Vec<Item>| {
@@ -468,7 +638,8 @@ impl PyPipeline {
 #[pymethods]
 impl PyPipeline {
     #[new]
-    #[pyo3(signature = (source, stages, *, sink_buffer=3, num_threads=None, runner=None, report_interval=None))]
+    #[pyo3(signature = (source, stages, *, sink_buffer=3, num_threads=None, runner=None, report_interval=None, native_source=false))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         source: &Bound<'_, PyAny>,
@@ -477,6 +648,7 @@ impl PyPipeline {
         num_threads: Option<usize>,
         runner: Option<Py<PyAny>>,
         report_interval: Option<f64>,
+        native_source: bool,
     ) -> PyResult<Self> {
         let mut feeder = None;
         let stages = stages
@@ -519,7 +691,15 @@ impl PyPipeline {
             )
         } else {
             let iter = source.try_iter()?.unbind();
-            Pipeline::new(PySource { iter }, stages, config, Some(hook))
+            Pipeline::new(
+                PySource {
+                    iter,
+                    native: native_source,
+                },
+                stages,
+                config,
+                Some(hook),
+            )
         }
         .map_err(|e| PyValueError::new_err(e.to_string()))?;
         if let Some(secs) = report_interval {
@@ -699,6 +879,7 @@ impl Drop for PyPipeline {
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyPipeline>()?;
     m.add_class::<PyNativeOp>()?;
+    super::ops::register(m)?;
     m.add_function(wrap_pyfunction!(_op_identity, m)?)?;
     m.add_function(wrap_pyfunction!(_after_fork_in_child, m)?)?;
     Ok(())

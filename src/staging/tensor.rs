@@ -145,6 +145,13 @@ impl Tensor {
         Self::from_buffer(buffer, shape, dtype)
     }
 
+    /// The tensor's bytes, writable, when nothing else shares its buffer
+    /// (it was never exported or cloned); `None` otherwise.
+    pub fn bytes_mut(&mut self) -> Option<&mut [u8]> {
+        let n = self.desc.nbytes();
+        Arc::get_mut(&mut self.buffer).map(|b| &mut b[..n])
+    }
+
     /// The description (shape, strides in elements, dtype, device).
     pub fn desc(&self) -> &TensorDesc {
         &self.desc
