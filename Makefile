@@ -91,10 +91,11 @@ test: install-test test-rust test-python ## Install what the tests need, then ru
 
 .PHONY: bench
 bench: install-test ## Criterion benches and the Python comparisons (see BENCHMARKS.md)
-	cargo bench --bench arena --bench pipeline
+	cargo bench --bench arena --bench pipeline --bench image
 	$(PIP) install -q "spdl==0.8.0"
 	$(PY) benches/ram_study.py
 	$(PY) benches/pipeline_overhead.py --spdl-n 20000
+	$(PY) benches/decode_vs_pillow.py
 
 .PHONY: clean
 clean: ## Remove build outputs (keeps .venv)

@@ -1,0 +1,409 @@
+//! Criterion benches of the image kernels: JPEG decode (full size and
+//! DCT-scaled), the resize, PNG decode, and batch assembly (`decode_into` of
+//! 32 images into the slots of one pooled batch buffer).
+//!
+//! Run with `cargo bench --bench image`; results and method in BENCHMARKS.md.
+//!
+//! There are no photo files in the repository, so the inputs are generated
+//! here: photo-like content (gradients, soft-edged shapes, a multi-octave
+//! texture and sensor-like noise), encoded by libjpeg-turbo
+//! (through `turbojpeg`, 4:2:0 chroma subsampling as most camera and
+//! `ImageNet` JPEGs; one set in 4:4:4) and by the `png` crate. They compress better
+//! than most real photos (smaller files, so less entropy decoding): absolute
+//! decode times are on the optimistic side.
+
+#![allow(
+    clippy::cast_precision_loss,
+    clippy::cast_sign_loss,
+    clippy::many_single_char_names
+)]
+
+use std::hint::black_box;
+use std::sync::Mutex;
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use fast_image_resize::images::{Image, ImageRef};
+use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
+use ferrofeed::image::{decode_into, output_shape, Crop, Transform};
+use ferrofeed::staging::{BufferPool, Pinning, PoolConfig};
+
+/// `ImageNet`'s typical size.
+const W: usize = 500;
+const H: usize = 375;
+/// Different images decoded per iteration (so no single image is favoured).
+const SET: usize = 8;
+/// Images per batch in the batch-assembly bench.
+const BATCH: usize = 32;
+
+/// xorshift64*: deterministic, no dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Self {
+        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Uniform in `[0, 1)`.
+    fn unit(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
+    }
+
+    fn range(&mut self, lo: f32, hi: f32) -> f32 {
+        lo + (hi - lo) * self.unit()
+    }
+
+    /// Standard normal (Box-Muller).
+    fn gauss(&mut self) -> f32 {
+        let u = self.unit().max(f32::MIN_POSITIVE);
+        let v = self.unit();
+        (-2.0 * u.ln()).sqrt() * (std::f32::consts::TAU * v).cos()
+    }
+}
+
+/// One octave of value noise: Gaussian values on a grid of `cell` pixels,
+/// bilinearly interpolated, `w * h` values.
+fn value_noise(rng: &mut Rng, w: usize, h: usize, cell: usize) -> Vec<f32> {
+    let (gw, gh) = (w / cell + 2, h / cell + 2);
+    let grid: Vec<f32> = (0..gw * gh).map(|_| rng.gauss()).collect();
+    let mut out = Vec::with_capacity(w * h);
+    for y in 0..h {
+        let (y0, fy) = (y / cell, (y % cell) as f32 / cell as f32);
+        for x in 0..w {
+            let (x0, fx) = (x / cell, (x % cell) as f32 / cell as f32);
+            let g = |yy: usize, xx: usize| grid[yy * gw + xx];
+            let top = g(y0, x0) * (1.0 - fx) + g(y0, x0 + 1) * fx;
+            let bottom = g(y0 + 1, x0) * (1.0 - fx) + g(y0 + 1, x0 + 1) * fx;
+            out.push(top * (1.0 - fy) + bottom * fy);
+        }
+    }
+    out
+}
+
+/// Photo-like RGB pixels, `w * h * 3` bytes: a two-colour gradient, 60
+/// soft-edged ellipses and rectangles (8 large, 52 small) with some shading,
+/// a multi-octave (1/f-like) texture that is strong in some regions and
+/// absent in others, a little chroma texture, and sensor-like noise. The
+/// same recipe as `benches/decode_vs_pillow.py`.
+fn photo(w: usize, h: usize, seed: u64) -> Vec<u8> {
+    let mut rng = Rng::new(seed);
+    let (wf, hf) = (w as f32, h as f32);
+    let color = |rng: &mut Rng| [rng.unit() * 255.0, rng.unit() * 255.0, rng.unit() * 255.0];
+    let (top, bottom, side) = (color(&mut rng), color(&mut rng), color(&mut rng));
+    let mut img = vec![0f32; w * h * 3];
+    for y in 0..h {
+        let t = y as f32 / hf;
+        for x in 0..w {
+            let s = x as f32 / wf * 0.4;
+            for k in 0..3 {
+                img[(y * w + x) * 3 + k] =
+                    (top[k] * (1.0 - t) + bottom[k] * t) * (1.0 - s) + side[k] * s;
+            }
+        }
+    }
+    for k in 0..60 {
+        let (lo, hi) = if k < 8 { (0.08, 0.3) } else { (0.01, 0.08) };
+        let (cx, cy) = (rng.range(0.0, wf), rng.range(0.0, hf));
+        let (rx, ry) = (rng.range(lo, hi) * wf, rng.range(lo, hi) * hf);
+        let ellipse = rng.unit() < 0.6;
+        let edge = rng.range(0.7, 3.0);
+        let alpha = rng.range(0.5, 1.0);
+        let c = color(&mut rng);
+        // Only the shape's bounding box (plus the soft edge) is touched.
+        let y1 = (cy - ry - 4.0).max(0.0) as usize;
+        let y2 = ((cy + ry + 5.0) as usize).min(h);
+        let x1 = (cx - rx - 4.0).max(0.0) as usize;
+        let x2 = ((cx + rx + 5.0) as usize).min(w);
+        for y in y1..y2 {
+            for x in x1..x2 {
+                let (dx, dy) = ((x as f32 - cx) / rx, (y as f32 - cy) / ry);
+                let d = if ellipse {
+                    ((dx * dx + dy * dy).sqrt() - 1.0) * rx.min(ry)
+                } else {
+                    (dx.abs().max(dy.abs()) - 1.0) * rx.min(ry)
+                };
+                let cover = (0.5 - d / edge).clamp(0.0, 1.0) * alpha;
+                let shade = 1.0 - 0.25 * (dy * 0.5 + 0.5).clamp(0.0, 1.0);
+                for (k, &ck) in c.iter().enumerate() {
+                    let p = &mut img[(y * w + x) * 3 + k];
+                    *p = *p * (1.0 - cover) + ck * shade * cover;
+                }
+            }
+        }
+    }
+    let mask: Vec<f32> = value_noise(&mut rng, w, h, 96)
+        .into_iter()
+        .map(|v| (v * 0.8 + 0.5).clamp(0.0, 1.0))
+        .collect();
+    let mut lum = vec![0f32; w * h];
+    for (cell, amp) in [(32, 12.0), (16, 10.0), (8, 9.0), (4, 8.0), (2, 7.0)] {
+        for (l, v) in lum.iter_mut().zip(value_noise(&mut rng, w, h, cell)) {
+            *l += amp * v;
+        }
+    }
+    for k in 0..3 {
+        let mut chroma = vec![0f32; w * h];
+        for cell in [8, 4, 2] {
+            for (l, v) in chroma.iter_mut().zip(value_noise(&mut rng, w, h, cell)) {
+                *l += v;
+            }
+        }
+        for (i, ch) in chroma.iter().enumerate() {
+            img[i * 3 + k] += 3.0 * mask[i] * lum[i] + 8.0 * mask[i] * ch;
+        }
+    }
+    img.iter()
+        .map(|&p| {
+            // Noise of standard deviation 3 (a sum of three uniforms).
+            let noise = 3.0 * (rng.range(-1.0, 1.0) + rng.range(-1.0, 1.0) + rng.range(-1.0, 1.0));
+            (p + noise).clamp(0.0, 255.0) as u8
+        })
+        .collect()
+}
+
+fn jpeg(px: &[u8], w: usize, h: usize, quality: i32) -> Vec<u8> {
+    jpeg_subsamp(px, w, h, quality, turbojpeg::Subsamp::Sub2x2)
+}
+
+fn jpeg_subsamp(
+    px: &[u8],
+    w: usize,
+    h: usize,
+    quality: i32,
+    subsamp: turbojpeg::Subsamp,
+) -> Vec<u8> {
+    let mut c = turbojpeg::Compressor::new().unwrap();
+    c.set_quality(quality).unwrap();
+    c.set_subsamp(subsamp).unwrap();
+    let img = turbojpeg::Image {
+        pixels: px,
+        width: w,
+        pitch: w * 3,
+        height: h,
+        format: turbojpeg::PixelFormat::RGB,
+    };
+    c.compress_to_vec(img).unwrap()
+}
+
+fn png_rgb(px: &[u8], w: usize, h: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    {
+        let mut e = png::Encoder::new(&mut out, w as u32, h as u32);
+        e.set_color(png::ColorType::Rgb);
+        e.set_depth(png::BitDepth::Eight);
+        e.set_compression(png::Compression::Balanced);
+        let mut wr = e.write_header().unwrap();
+        wr.write_image_data(px).unwrap();
+    }
+    out
+}
+
+/// torchvision's eval transform: `Resize(256)` then `CenterCrop(224)`.
+fn resize256_crop224(dct_scaling: bool) -> Transform {
+    Transform {
+        resize_shorter: Some(256),
+        crop: Some(Crop::Center {
+            height: 224,
+            width: 224,
+        }),
+        dct_scaling,
+        ..Transform::default()
+    }
+}
+
+/// Asking for exactly the `n/8`-scaled size makes libjpeg-turbo decode at
+/// `n/8` and the resample a plain copy: the cost of the scaled decode alone.
+fn decode_at(n: usize, w: usize, h: usize) -> Transform {
+    Transform {
+        size: Some(((h * n).div_ceil(8), (w * n).div_ceil(8))),
+        ..Transform::default()
+    }
+}
+
+/// The transforms benched on each JPEG set, with their names.
+fn jpeg_transforms(w: usize, h: usize) -> Vec<(&'static str, Transform)> {
+    vec![
+        ("full_decode", Transform::default()),
+        ("decode_at_6_8_only", decode_at(6, w, h)),
+        ("decode_at_4_8_only", decode_at(4, w, h)),
+        ("resize256_crop224_no_dct", resize256_crop224(false)),
+        ("resize256_crop224_dct", resize256_crop224(true)),
+    ]
+}
+
+/// Encoded images, and a slot of the right size for each under `t`.
+fn slots(images: &[Vec<u8>], t: &Transform) -> Vec<Vec<u8>> {
+    images
+        .iter()
+        .map(|img| {
+            let (_, (h, w, c)) = output_shape(img, "bench", t).unwrap();
+            vec![0u8; h * w * c]
+        })
+        .collect()
+}
+
+fn bench_set(c: &mut Criterion, group: &str, images: &[Vec<u8>], transforms: &[(&str, Transform)]) {
+    let bytes: u64 = images.iter().map(|v| v.len() as u64).sum();
+    let mut g = c.benchmark_group(group);
+    g.throughput(Throughput::ElementsAndBytes {
+        elements: images.len() as u64,
+        bytes,
+    });
+    for (name, t) in transforms {
+        let mut out = slots(images, t);
+        g.bench_function(*name, |b| {
+            b.iter(|| {
+                for (img, slot) in images.iter().zip(out.iter_mut()) {
+                    black_box(decode_into(black_box(img), "bench", t, slot).unwrap());
+                }
+            });
+        });
+    }
+    g.finish();
+}
+
+fn bench_jpeg(c: &mut Criterion) {
+    for quality in [75, 90, 95] {
+        let images: Vec<Vec<u8>> = (0..SET)
+            .map(|i| jpeg(&photo(W, H, i as u64), W, H, quality))
+            .collect();
+        bench_set(
+            c,
+            &format!("jpeg_{W}x{H}_q{quality}"),
+            &images,
+            &jpeg_transforms(W, H),
+        );
+    }
+    // 4:4:4 (no chroma subsampling), where the chroma planes need no
+    // upsampling at any scale.
+    let images: Vec<Vec<u8>> = (0..SET)
+        .map(|i| {
+            let px = photo(W, H, i as u64);
+            jpeg_subsamp(&px, W, H, 90, turbojpeg::Subsamp::None)
+        })
+        .collect();
+    bench_set(
+        c,
+        &format!("jpeg_{W}x{H}_q90_444"),
+        &images,
+        &jpeg_transforms(W, H),
+    );
+    // A large photo, where DCT scaling picks 2/8.
+    let (w, h) = (2048, 1536);
+    let images: Vec<Vec<u8>> = (0..2)
+        .map(|i| jpeg(&photo(w, h, 100 + i), w, h, 90))
+        .collect();
+    let transforms = [
+        ("full_decode", Transform::default()),
+        ("resize256_crop224_no_dct", resize256_crop224(false)),
+        ("resize256_crop224_dct", resize256_crop224(true)),
+    ];
+    bench_set(c, &format!("jpeg_{w}x{h}_q90"), &images, &transforms);
+}
+
+/// The resample alone: the `fast_image_resize` call that the kernel makes
+/// (antialiased bilinear convolution of the source rectangle into the
+/// 224x224 output), from the full-size and from the 6/8-scaled decode.
+fn bench_resize(c: &mut Criterion) {
+    let mut g = c.benchmark_group("resize_to_224x224");
+    g.throughput(Throughput::Elements(1));
+    for (name, sw, sh) in [
+        ("from_500x375", W, H),
+        (
+            "from_375x282_dct_6_8",
+            (W * 6).div_ceil(8),
+            (H * 6).div_ceil(8),
+        ),
+    ] {
+        let px = photo(sw, sh, 7);
+        // Resize(256) + CenterCrop(224) mapped back to the source: the crop
+        // is 224/256 of the shorter side, centred.
+        let side = sh.min(sw) as f64 * 224.0 / 256.0;
+        let (left, top) = ((sw as f64 - side) / 2.0, (sh as f64 - side) / 2.0);
+        let src = ImageRef::new(sw as u32, sh as u32, &px, PixelType::U8x3).unwrap();
+        let options = ResizeOptions::new()
+            .resize_alg(ResizeAlg::Convolution(FilterType::Bilinear))
+            .crop(left, top, side, side);
+        let mut dst = Image::new(224, 224, PixelType::U8x3);
+        let mut resizer = Resizer::new();
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                resizer.resize(black_box(&src), &mut dst, &options).unwrap();
+                black_box(dst.buffer()[0]);
+            });
+        });
+    }
+    g.finish();
+}
+
+fn bench_png(c: &mut Criterion) {
+    let images: Vec<Vec<u8>> = (0..SET)
+        .map(|i| png_rgb(&photo(W, H, i as u64), W, H))
+        .collect();
+    let transforms = [
+        ("full_decode", Transform::default()),
+        ("resize256_crop224", resize256_crop224(true)),
+    ];
+    bench_set(c, &format!("png_{W}x{H}_rgb8"), &images, &transforms);
+}
+
+/// One batch as `load_images` builds it: a buffer from the pool, each image
+/// decoded (DCT-scaled, resized, cropped) straight into its slot, by
+/// `threads` threads taking the next slot from a shared iterator.
+fn assemble(pool: &BufferPool, images: &[Vec<u8>], t: &Transform, slot_len: usize, threads: usize) {
+    let nbytes = slot_len * images.len();
+    let mut buffer = pool.acquire(nbytes).unwrap();
+    let slots = Mutex::new(buffer[..nbytes].chunks_exact_mut(slot_len).enumerate());
+    let work = || loop {
+        let next = slots.lock().unwrap().next();
+        let Some((i, slot)) = next else { return };
+        decode_into(&images[i], "bench", t, slot).unwrap();
+    };
+    std::thread::scope(|s| {
+        for _ in 1..threads {
+            s.spawn(work);
+        }
+        work();
+    });
+    black_box(buffer[nbytes - 1]);
+    // Dropping the buffer returns it to the pool.
+}
+
+fn bench_batch(c: &mut Criterion) {
+    // 32 different images, quality 75 to 95.
+    let images: Vec<Vec<u8>> = (0..BATCH)
+        .map(|i| {
+            let quality = 75 + i32::try_from(i * 20 / (BATCH - 1)).unwrap();
+            jpeg(&photo(W, H, 1000 + i as u64), W, H, quality)
+        })
+        .collect();
+    let bytes: u64 = images.iter().map(|v| v.len() as u64).sum();
+    let t = resize256_crop224(true);
+    let slot_len = 224 * 224 * 3;
+    let pool = BufferPool::new(PoolConfig {
+        pinning: Pinning::Off,
+        ..PoolConfig::default()
+    })
+    .unwrap();
+    let mut g = c.benchmark_group("batch_32_jpeg_500x375_to_224x224");
+    g.throughput(Throughput::ElementsAndBytes {
+        elements: BATCH as u64,
+        bytes,
+    });
+    g.sample_size(50);
+    for threads in [1, 2] {
+        g.bench_function(format!("decode_into_pooled_batch_{threads}_threads"), |b| {
+            b.iter(|| assemble(&pool, &images, &t, slot_len, threads));
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench_jpeg, bench_resize, bench_png, bench_batch);
+criterion_main!(benches);
