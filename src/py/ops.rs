@@ -26,15 +26,8 @@ fn _op_read_file() -> PyNativeOp {
         true,
         Arc::new(|item| match item {
             Item::Path { path, label } => {
-                let name = path.display().to_string();
-                match std::fs::read(&path) {
-                    Ok(data) => Ok(Some(Item::Bytes { data, name, label })),
-                    Err(e) => Err(PyOSError::new_err((
-                        e.raw_os_error().unwrap_or(0),
-                        format!("cannot read {name:?}: {e}"),
-                        name,
-                    ))),
-                }
+                let (data, name) = read_path(&path)?;
+                Ok(Some(Item::Bytes { data, name, label }))
             }
             other => Err(wrong_item(
                 "read_file",
@@ -43,6 +36,19 @@ fn _op_read_file() -> PyNativeOp {
             )),
         }),
     )
+}
+
+/// A file's bytes and its name, or an `OSError` naming the file.
+fn read_path(path: &std::path::Path) -> PyResult<(Vec<u8>, String)> {
+    let name = path.display().to_string();
+    match std::fs::read(path) {
+        Ok(data) => Ok((data, name)),
+        Err(e) => Err(PyOSError::new_err((
+            e.raw_os_error().unwrap_or(0),
+            format!("cannot read {name:?}: {e}"),
+            name,
+        ))),
+    }
 }
 
 #[cold]
@@ -110,14 +116,7 @@ fn _op_decode_image(
             let (data, name, label) = match item {
                 Item::Bytes { data, name, label } => (data, name, label),
                 Item::Path { path, label } => {
-                    let name = path.display().to_string();
-                    let data = std::fs::read(&path).map_err(|e| {
-                        PyOSError::new_err((
-                            e.raw_os_error().unwrap_or(0),
-                            format!("cannot read {name:?}: {e}"),
-                            name.clone(),
-                        ))
-                    })?;
+                    let (data, name) = read_path(&path)?;
                     (data, name, label)
                 }
                 other => return Err(wrong_item("decode_image", "encoded bytes or paths", &other)),
