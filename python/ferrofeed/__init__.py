@@ -40,6 +40,7 @@ from ._errors import (
     PoolExhaustedError,
     StagingError,
 )
+from ._images import IMAGE_EXTENSIONS, ImageFiles, ImageFolder
 from ._loader import DataLoader, default_collate
 from ._pipeline import Pipeline, PipelineBuilder
 from ._shared_list import SharedList, default_arena_dir
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
 __version__: str = _core.__version__
 
 __all__ = [
+    "IMAGE_EXTENSIONS",
     "ArenaBuilderError",
     "ArenaClosedError",
     "ArenaCorruptError",
@@ -68,6 +70,8 @@ __all__ = [
     "FerrofeedError",
     "ImageDecodeError",
     "ImageError",
+    "ImageFiles",
+    "ImageFolder",
     "ImageReadError",
     "PinnedMemoryError",
     "Pipeline",

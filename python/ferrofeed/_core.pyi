@@ -103,6 +103,21 @@ def _op_collate(
 ) -> NativeOp:
     """Return a native op that collates images into batch tensors."""
 
+def _op_load_batch(
+    decode: NativeOp,
+    collate: NativeOp | None = None,
+    *,
+    seed: int,
+    epoch: int,
+    threads: int,
+    skip: bool,
+    pool: BufferPool,
+) -> NativeOp:
+    """Return DataLoader's batch op: a list of image files becomes one batch.
+
+    Each item is ``(images, labels, skipped)``: ``skipped`` lists ``(position, reason)``.
+    """
+
 def _op_identity() -> NativeOp:
     """Return a native op that passes items through."""
 

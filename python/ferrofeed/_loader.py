@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+import itertools
 import logging
 import math
 import os
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from . import _core
+from ._images import ImageFiles, ImageFolder
 from ._pipeline import PipelineBuilder
 
 __all__ = ["DataLoader", "default_collate"]
@@ -193,15 +196,28 @@ class DataLoader:
     number of batches (the shards are padded by wrapping around to the start, or with
     ``drop_last=True`` cut to equal length, which also drops a last, partial batch).
 
+    Images: a folder laid out one subfolder per class (a path, or an `ImageFolder`), image
+    files (`ImageFiles`), or a sequence of paths or ``(path, label)`` pairs with
+    ``transform=ops.decode_image(...)`` go through the native image chain: each batch's
+    files are read, decoded, resized and cropped in Rust on ``num_threads`` threads without
+    the GIL, straight into one pooled batch buffer, handed out as ``(images, labels)``
+    (``images`` alone when there are no labels), uint8 NHWC unless ``collate`` is an
+    `ops.collate` that says otherwise. Random crops are drawn from ``seed``, the epoch and
+    each file's name: the same in every run and with any number of threads.
+
     Args:
         source: a map-style dataset: ``len(ds)`` and ``ds[i]`` (a ``torch.utils.data.Dataset``
-            works unchanged, and so does a `SharedList` or a list).
+            works unchanged, and so does a `SharedList` or a list); or images, as above.
         batch_size: samples per batch.
         shuffle: shuffle the order every epoch.
-        seed: the shuffle's seed.
+        seed: the shuffle's seed (and the random crops').
         drop_last: drop the uneven tail, so shards and batches are all full.
-        transform: a function applied to each sample after ``ds[i]``.
-        collate: combines a list of samples into a batch (default: `default_collate`).
+        transform: a function applied to each sample after ``ds[i]``, or for images an
+            `ops.decode_image` op (default: ``ops.decode_image(resize_shorter=256,
+            crop=224)``).
+        collate: combines a list of samples into a batch (default: `default_collate`); for
+            images, an `ops.collate` op with the same batch size (layout, dtype and
+            normalization).
         num_threads: samples read at once (default: the number of CPUs, at most 8).
         prefetch: finished batches kept ready ahead of the training loop.
         rank: this process's rank (default: torch.distributed or JAX when initialised,
@@ -226,14 +242,14 @@ class DataLoader:
 
     def __init__(
         self,
-        source: MapDataset,
+        source: MapDataset | str | os.PathLike[str],
         *,
         batch_size: int = 1,
         shuffle: bool = False,
         seed: int = 0,
         drop_last: bool = False,
-        transform: Callable[[Any], Any] | None = None,
-        collate: Callable[[list[Any]], Any] | None = None,
+        transform: Callable[[Any], Any] | _core.NativeOp | None = None,
+        collate: Callable[[list[Any]], Any] | _core.NativeOp | None = None,
         num_threads: int | None = None,
         prefetch: int = 2,
         rank: int | None = None,
@@ -244,10 +260,12 @@ class DataLoader:
         on_error: Literal["raise", "skip"] = "raise",
         progress: bool = False,
     ) -> None:
+        if isinstance(source, str | os.PathLike):
+            source = ImageFolder(source)
         if not (hasattr(source, "__len__") and hasattr(source, "__getitem__")):
             raise TypeError(
-                "source must be a map-style dataset (len(ds) and ds[i]), "
-                f"not {type(source).__name__}"
+                "source must be a map-style dataset (len(ds) and ds[i]), a sequence of "
+                f"image paths, or a folder of class subfolders, not {type(source).__name__}"
             )
         for name, value, low in (("batch_size", batch_size, 1), ("prefetch", prefetch, 1)):
             if not isinstance(value, int) or value < low:
@@ -272,8 +290,6 @@ class DataLoader:
         self.shuffle = shuffle
         self.seed = seed
         self.drop_last = drop_last
-        self.transform = transform
-        self.collate = collate or default_collate
         self.num_threads = num_threads or min(os.cpu_count() or 2, 8)
         self.prefetch = prefetch
         self.batches_per_epoch = batches_per_epoch
@@ -287,6 +303,73 @@ class DataLoader:
         self._skipped: list[tuple[int, str]] = []
         self._skipped_lock = threading.Lock()
         self._pipeline: _core.Pipeline | None = None
+        self._pool: _core.BufferPool | None = None
+        # The native image chain: image files with a native (or the default) transform.
+        self.native = isinstance(transform, _core.NativeOp) or (
+            transform is None and isinstance(source, ImageFiles)
+        )
+        self.transform: Callable[[Any], Any] | _core.NativeOp | None
+        self.collate: Callable[[list[Any]], Any] | _core.NativeOp | None
+        if self.native:
+            self.transform = transform if transform is not None else _default_image_transform()
+            self.collate = collate
+            self._check_native(source, batch_size)
+        else:
+            if isinstance(collate, _core.NativeOp):
+                raise TypeError(
+                    "collate=ops.collate(...) needs the native image chain: image files "
+                    "as the source, and transform=ops.decode_image(...) (or None)"
+                )
+            self.transform = transform
+            self.collate = collate or default_collate
+
+    def _check_native(self, source: Any, batch_size: int) -> None:
+        """Refuse, at construction, what the native image chain cannot run."""
+        if isinstance(self.collate, _core.NativeOp):
+            if self.collate.group_size is None:
+                raise TypeError("collate must be ops.collate(...) or None with image files")
+            if self.collate.group_size != batch_size:
+                raise ValueError(
+                    f"collate=ops.collate({self.collate.group_size}, ...) but "
+                    f"batch_size={batch_size}: give both the same batch size"
+                )
+        elif self.collate is not None:
+            raise TypeError(
+                "with the native image chain, collate is ops.collate(...) or None "
+                "(a Python collate needs a Python transform)"
+            )
+        if len(source) > 0:
+            first = source[0]
+            path = first[0] if isinstance(first, tuple) and len(first) == 2 else first
+            if not isinstance(path, str | os.PathLike):
+                raise TypeError(
+                    "with a native transform, the source's items are image paths or "
+                    f"(path, label) pairs, not {type(first).__name__}"
+                )
+        # Builds the batch op once, so a transform that is not ops.decode_image(...), or
+        # one without a fixed output size, fails here rather than at the first batch.
+        self._batch_op(0)
+
+    def _batch_op(self, epoch: int) -> _core.NativeOp:
+        """The native op that turns a list of files into a batch, for ``epoch``."""
+        assert isinstance(self.transform, _core.NativeOp)
+        if self._pool is None:
+            pinned = None if self.device is not None and "cuda" in self.device else False
+            # No bound on buffers (the pipeline's queues bound the read-ahead, and a
+            # consumer may keep batches), a few kept for reuse from batch to batch.
+            self._pool = _core.BufferPool(
+                None, max_idle=2 * (self.prefetch + 4), pinned=pinned, timeout=None
+            )
+        collate = self.collate if isinstance(self.collate, _core.NativeOp) else None
+        return _core._op_load_batch(
+            self.transform,
+            collate,
+            seed=self.seed,
+            epoch=epoch,
+            threads=min(self.num_threads, self.batch_size),
+            skip=self.on_error == "skip",
+            pool=self._pool,
+        )
 
     # -- sizes ---------------------------------------------------------------------
 
@@ -424,9 +507,11 @@ class DataLoader:
             yield min(self.batch_size, self.samples_per_rank - b * self.batch_size)
 
     def _load(self, index: int) -> Any:
+        transform = self.transform
+        assert not isinstance(transform, _core.NativeOp)  # the native chain has no _load
         try:
             sample = self.dataset[index]
-            return self.transform(sample) if self.transform is not None else sample
+            return transform(sample) if transform is not None else sample
         except Exception as e:
             if self.on_error == "raise":
                 e.add_note(f"while loading sample {index} of the dataset")
@@ -443,7 +528,12 @@ class DataLoader:
         A batch whose every sample was skipped comes out as `_EMPTY`: it still counts as
         a position, so resuming stays exact.
         """
+        if self.native:
+            yield from self._native_batches(epoch)
+            return
         collate, output, device = self.collate, self.output, self.device
+        assert callable(collate)
+        assert not isinstance(collate, _core.NativeOp)
 
         def finish(samples: list[Any]) -> Any:
             kept = [s for s in samples if not isinstance(s, _Skipped)]
@@ -463,6 +553,53 @@ class DataLoader:
         self._pipeline = pipeline
         with pipeline.auto_stop():
             yield from pipeline
+
+    def _native_batches(self, epoch: int) -> Iterator[Any]:
+        """`_batches` for image files, through the native batch op.
+
+        Each batch's files go to it as one list; it decodes them in parallel into one
+        pooled buffer.
+        """
+        dataset = self.dataset
+        # The dataset indices of the batches sent and not yet received (source order is
+        # kept, so they come back in the order they went out).
+        pending: collections.deque[list[int]] = collections.deque()
+
+        def groups() -> Iterator[list[Any]]:
+            positions = self._positions(epoch)
+            for size in self._batch_sizes(epoch):
+                indices = list(itertools.islice(positions, size))
+                pending.append(indices)
+                yield [dataset[i] for i in indices]
+
+        # Each batch decodes on up to `num_threads` threads; with batches smaller than
+        # that, several batches decode at once.
+        per_batch = min(self.num_threads, self.batch_size)
+        pipeline = (
+            PipelineBuilder()
+            .add_source(groups())
+            .pipe(
+                self._batch_op(epoch),
+                concurrency=max(1, self.num_threads // per_batch),
+                name="decode_batch",
+            )
+            .add_sink(self.prefetch)
+            .build(num_threads=1)
+        )
+        self._pipeline = pipeline
+        output, device = self.output, self.device
+        with pipeline.auto_stop():
+            for images, labels, skipped in pipeline:
+                indices = pending.popleft()
+                for position, reason in skipped:
+                    _log.warning("skipped sample %d: %s", indices[position], reason)
+                    with self._skipped_lock:
+                        self._skipped.append((indices[position], reason))
+                if images is None:
+                    yield _EMPTY
+                    continue
+                batch = _from_tensor(images, output, device)
+                yield batch if labels is None else (batch, _from_tensor(labels, output, device))
 
     def __iter__(self) -> Iterator[Any]:
         epoch = self._epoch
@@ -520,6 +657,34 @@ class _Grouper:
         group, self._group = self._group, []
         self._want = next(self._sizes, 0)
         return self._finish(group)
+
+
+def _default_image_transform() -> _core.NativeOp:
+    """Return the native transform of image files when none is given.
+
+    ImageNet's evaluation preprocessing: the shorter side to 256, a center crop of 224.
+    """
+    from . import ops
+
+    return ops.decode_image(resize_shorter=256, crop=224)
+
+
+def _from_tensor(tensor: _core.Tensor, output: Output, device: str | None) -> Any:
+    """A batch tensor of the native chain as ``output`` wants it, without a copy."""
+    if output == "numpy":
+        return tensor.numpy()
+    if output == "torch":
+        from .torch import to_torch
+
+        return to_torch(tensor, device=device)
+    from .jax import to_jax
+
+    array = to_jax(tensor)
+    if device is None:
+        return array
+    import jax
+
+    return jax.device_put(array, jax.devices(device)[0])
 
 
 def _check_device(output: Output, device: str) -> None:

@@ -6,15 +6,17 @@
 //! becomes a `ferrofeed.Tensor` (and its labels another).
 
 use std::hash::{Hash, Hasher};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use pyo3::exceptions::{PyOSError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
 use super::image::parse_transform;
 use super::pipeline::{Item, PyNativeOp};
+use super::staging::PyBufferPool;
 use crate::dlpack::DType;
-use crate::image::{decode, Crop, Transform};
+use crate::image::{decode, Crop, ImageError, Transform};
 use crate::pipeline::CombineFn;
 use crate::staging::{BufferPool, Pinning, PoolConfig, Tensor};
 
@@ -109,6 +111,7 @@ fn _op_decode_image(
         }
         t
     };
+    let config = OpConfig::Decode { transform, seed };
     Ok(PyNativeOp::new(
         "decode_image",
         true,
@@ -124,12 +127,26 @@ fn _op_decode_image(
             let image = decode(&data, &name, &for_item(&name))?;
             Ok(Some(Item::Image { image, name, label }))
         }),
-    ))
+    )
+    .with_config(config))
+}
+
+/// What `decode_image` and `collate` were made with: `DataLoader` builds
+/// its batch op (see [`_op_load_batch`]) from them.
+#[derive(Clone, Copy)]
+pub(crate) enum OpConfig {
+    /// `decode_image`: the transform, and the seed the user gave (if any).
+    Decode {
+        transform: Transform,
+        seed: Option<u64>,
+    },
+    /// `collate`: the layout and dtype of the batch.
+    Collate(Layout),
 }
 
 /// How `collate` lays out and converts a batch.
 #[derive(Clone, Copy)]
-struct Layout {
+pub(crate) struct Layout {
     chw: bool,
     float: bool,
     /// Per-channel (mean, std) on the 0..1 scale, for float output.
@@ -209,9 +226,10 @@ fn _op_collate(
     };
     let combine: CombineFn<Item, PyErr> =
         Arc::new(move |items: Vec<Item>| collate(&pool, layout, items));
-    Ok(PyNativeOp::aggregate(
-        "collate", batch_size, drop_last, combine,
-    ))
+    Ok(
+        PyNativeOp::aggregate("collate", batch_size, drop_last, combine)
+            .with_config(OpConfig::Collate(layout)),
+    )
 }
 
 #[allow(clippy::many_single_char_names)] // n, h, w, c: the batch's dimensions
@@ -286,6 +304,294 @@ fn collate(pool: &BufferPool, layout: Layout, items: Vec<Item>) -> PyResult<Item
     })
 }
 
+/// What `_op_load_batch` decodes: a file, or bytes already read.
+enum Encoded {
+    File(std::path::PathBuf),
+    Bytes(Vec<u8>, String),
+}
+
+impl Encoded {
+    fn name(&self) -> String {
+        match self {
+            Encoded::File(p) => p.display().to_string(),
+            Encoded::Bytes(_, name) => name.clone(),
+        }
+    }
+
+    /// The encoded bytes (a file is read here, on the decoding thread).
+    fn read(&self, name: &str) -> Result<std::borrow::Cow<'_, [u8]>, ImageError> {
+        match self {
+            Encoded::File(p) => std::fs::read(p)
+                .map(std::borrow::Cow::Owned)
+                .map_err(|source| ImageError::Io {
+                    name: name.to_owned(),
+                    source,
+                }),
+            Encoded::Bytes(data, _) => Ok(std::borrow::Cow::Borrowed(data)),
+        }
+    }
+}
+
+/// The reason an item was skipped, as `DataLoader.stats()` lists it:
+/// the Python exception's class name and message.
+fn skip_reason(e: &ImageError) -> String {
+    let class = match e {
+        ImageError::Io { .. } => "ImageReadError",
+        ImageError::InvalidTransform { .. } => "ValueError",
+        _ => "ImageDecodeError",
+    };
+    format!("{class}: {e}")
+}
+
+/// The fixed `(height, width)` a transform gives every image, if it has one.
+fn fixed_size(t: &Transform) -> Option<(usize, usize)> {
+    match (t.size, t.crop) {
+        (Some(size), _) => Some(size),
+        (None, Some(Crop::Center { height, width })) => Some((height, width)),
+        _ => None,
+    }
+}
+
+/// `DataLoader`'s batch op: a group of files decodes, in parallel, straight
+/// into the slots of one pooled batch tensor.
+struct LoadBatch {
+    transform: Transform,
+    /// Seeds random crops, with each file's name.
+    seed: u64,
+    /// `(height, width, channels)` of every image.
+    shape: (usize, usize, usize),
+    layout: Layout,
+    threads: usize,
+    /// Leave failing images out (and report them) rather than fail the batch.
+    skip: bool,
+    pool: BufferPool,
+}
+
+impl LoadBatch {
+    /// Decodes `sources[i]` into slot `i` of `out` on up to `threads`
+    /// threads; returns the failures, by index. Without `skip`, the first
+    /// failure stops the others.
+    #[allow(clippy::many_single_char_names)] // h, w, c: the image's dimensions
+    fn decode_all(
+        &self,
+        sources: &[Encoded],
+        out: &mut [u8],
+        slot_len: usize,
+    ) -> Vec<(usize, ImageError)> {
+        let (h, w, c) = self.shape;
+        // Straight into the slot when the batch is uint8 HWC; through a
+        // per-thread scratch image, then converted into the slot, otherwise.
+        let direct = !self.layout.float && !self.layout.chw;
+        let failures: Mutex<Vec<(usize, ImageError)>> = Mutex::new(Vec::new());
+        let stop = AtomicBool::new(false);
+        {
+            let slots = Mutex::new(out.chunks_exact_mut(slot_len).enumerate());
+            let work = || {
+                let mut scratch = if direct {
+                    Vec::new()
+                } else {
+                    vec![0u8; h * w * c]
+                };
+                while !stop.load(Ordering::Relaxed) {
+                    let next = slots.lock().unwrap_or_else(PoisonError::into_inner).next();
+                    let Some((i, slot)) = next else { return };
+                    let source = &sources[i];
+                    let name = source.name();
+                    let mut t = self.transform;
+                    if let Some(Crop::RandomResized { seed, .. }) = &mut t.crop {
+                        *seed = seed_for(self.seed, &name);
+                    }
+                    let out: &mut [u8] = if direct { slot } else { &mut scratch };
+                    let r = source
+                        .read(&name)
+                        .and_then(|data| crate::image::decode_into(&data, &name, &t, out));
+                    match r {
+                        Ok(_) if !direct => write_image(&scratch, (h, w, c), self.layout, slot),
+                        Ok(_) => {}
+                        Err(e) => {
+                            if !self.skip {
+                                stop.store(true, Ordering::Relaxed);
+                            }
+                            failures
+                                .lock()
+                                .unwrap_or_else(PoisonError::into_inner)
+                                .push((i, e));
+                        }
+                    }
+                }
+            };
+            let threads = self.threads.clamp(1, sources.len());
+            // Scoped threads, joined before the batch is handed on: nothing
+            // outlives the call, so a fork never inherits a half-dead pool of
+            // ours (the cost, a few spawns per batch, is small next to the
+            // decodes).
+            std::thread::scope(|s| {
+                for _ in 1..threads {
+                    s.spawn(work);
+                }
+                work();
+            });
+        }
+        failures
+            .into_inner()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    #[allow(clippy::many_single_char_names)] // n, h, w, c: the batch's dimensions
+    fn run(&self, items: Vec<Item>) -> PyResult<Item> {
+        let mut sources = Vec::with_capacity(items.len());
+        let mut labels = Vec::with_capacity(items.len());
+        for item in items {
+            let (source, label) = match item {
+                Item::Path { path, label } => (Encoded::File(path), label),
+                Item::Bytes { data, name, label } => (Encoded::Bytes(data, name), label),
+                other => return Err(wrong_item("decode_batch", "paths or bytes", &other)),
+            };
+            sources.push(source);
+            labels.push(label);
+        }
+        let with_labels = labels.iter().filter(|l| l.is_some()).count();
+        if with_labels != 0 && with_labels != labels.len() {
+            return Err(PyValueError::new_err(
+                "some items of the batch have a label and some do not",
+            ));
+        }
+        let n = sources.len();
+        if n == 0 {
+            return Ok(Item::Loaded {
+                images: None,
+                labels: None,
+                skipped: Vec::new(),
+            });
+        }
+        let (h, w, c) = self.shape;
+        let dtype = if self.layout.float {
+            DType::F32
+        } else {
+            DType::U8
+        };
+        let slot_len = h * w * c * dtype.itemsize();
+        let mut buffer = self.pool.acquire(n * slot_len).map_err(PyErr::from)?;
+        let mut failures = self.decode_all(&sources, &mut buffer[..n * slot_len], slot_len);
+        failures.sort_by_key(|(i, _)| *i);
+        if !self.skip {
+            if let Some((_, e)) = failures.into_iter().next() {
+                return Err(e.into());
+            }
+            failures = Vec::new();
+        }
+        // Close the gaps the failed images left, keeping the order.
+        let mut kept = 0;
+        let mut next_failure = failures.iter().map(|(i, _)| *i).peekable();
+        let mut kept_labels = Vec::with_capacity(n);
+        for (i, label) in labels.iter().enumerate() {
+            if next_failure.peek() == Some(&i) {
+                next_failure.next();
+                continue;
+            }
+            if kept != i {
+                buffer.copy_within(i * slot_len..(i + 1) * slot_len, kept * slot_len);
+            }
+            kept_labels.push(*label);
+            kept += 1;
+        }
+        let skipped = failures.iter().map(|(i, e)| (*i, skip_reason(e))).collect();
+        if kept == 0 {
+            return Ok(Item::Loaded {
+                images: None,
+                labels: None,
+                skipped,
+            });
+        }
+        let shape = if self.layout.chw {
+            [kept, c, h, w]
+        } else {
+            [kept, h, w, c]
+        };
+        let images = Tensor::from_buffer(buffer, &shape, dtype)?;
+        let labels = if with_labels == 0 {
+            None
+        } else {
+            let mut t = Tensor::empty(&self.pool, &[kept], DType::I64)?;
+            let out = tensor_bytes(&mut t);
+            for (k, l) in kept_labels.iter().enumerate() {
+                out[k * 8..k * 8 + 8].copy_from_slice(&l.unwrap_or(0).to_ne_bytes());
+            }
+            Some(t)
+        };
+        Ok(Item::Loaded {
+            images: Some(images),
+            labels,
+            skipped,
+        })
+    }
+}
+
+/// `DataLoader`'s batch op, made from its `decode_image` op and (optional)
+/// `collate` op: each item is a group of files (a list of paths, with
+/// labels) that becomes one batch, `(images, labels, skipped)`.
+#[pyfunction]
+#[pyo3(signature = (decode, collate=None, *, seed, epoch, threads, skip, pool))]
+#[allow(clippy::too_many_arguments)]
+fn _op_load_batch(
+    decode: &PyNativeOp,
+    collate: Option<&PyNativeOp>,
+    seed: u64,
+    epoch: u64,
+    threads: usize,
+    skip: bool,
+    pool: &Bound<'_, PyBufferPool>,
+) -> PyResult<PyNativeOp> {
+    let Some(OpConfig::Decode {
+        transform,
+        seed: op_seed,
+    }) = decode.config()
+    else {
+        return Err(PyTypeError::new_err(
+            "the image transform is ops.decode_image(...)",
+        ));
+    };
+    let layout = match collate.map(PyNativeOp::config) {
+        None => Layout {
+            chw: false,
+            float: false,
+            normalize: None,
+        },
+        Some(Some(OpConfig::Collate(layout))) => layout,
+        Some(_) => {
+            return Err(PyTypeError::new_err(
+                "the image collate is ops.collate(...)",
+            ))
+        }
+    };
+    let (h, w) = fixed_size(&transform).ok_or_else(|| {
+        PyValueError::new_err(
+            "images of a batch need one shape: give ops.decode_image() a size= or crop=",
+        )
+    })?;
+    // Random crops differ from epoch to epoch, and are the same for a given
+    // (seed, epoch) in every process and with any number of threads.
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    (op_seed.unwrap_or(seed), epoch).hash(&mut hasher);
+    let op = LoadBatch {
+        transform,
+        seed: hasher.finish(),
+        shape: (h, w, transform.mode.channels()),
+        layout,
+        threads: threads.max(1),
+        skip,
+        pool: super::staging::pool_or_default(pool.py(), Some(pool))?,
+    };
+    Ok(PyNativeOp::new(
+        "decode_batch",
+        true,
+        Arc::new(move |item| match item {
+            Item::List(items) => op.run(items).map(Some),
+            other => Err(wrong_item("decode_batch", "lists of paths", &other)),
+        }),
+    ))
+}
+
 /// The tensor's bytes, writable: the collate op just made it and holds its
 /// only reference.
 fn tensor_bytes(t: &mut Tensor) -> &mut [u8] {
@@ -330,5 +636,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_op_read_file, m)?)?;
     m.add_function(wrap_pyfunction!(_op_decode_image, m)?)?;
     m.add_function(wrap_pyfunction!(_op_collate, m)?)?;
+    m.add_function(wrap_pyfunction!(_op_load_batch, m)?)?;
     Ok(())
 }

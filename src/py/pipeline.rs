@@ -66,6 +66,14 @@ pub(crate) enum Item {
         images: crate::staging::Tensor,
         labels: Option<crate::staging::Tensor>,
     },
+    /// A batch made by `DataLoader`'s batch op: the images that decoded (none
+    /// when every one failed), their labels, and the items left out under
+    /// `on_error="skip"` as (position in the group, reason).
+    Loaded {
+        images: Option<crate::staging::Tensor>,
+        labels: Option<crate::staging::Tensor>,
+        skipped: Vec<(usize, String)>,
+    },
 }
 
 impl Item {
@@ -78,7 +86,7 @@ impl Item {
             Item::Path { .. } => "a path",
             Item::Bytes { .. } => "bytes",
             Item::Image { .. } => "a decoded image",
-            Item::Batch { .. } => "a batch",
+            Item::Batch { .. } | Item::Loaded { .. } => "a batch",
         }
     }
 
@@ -113,6 +121,20 @@ impl Item {
                     if let Some(item) = plain(&first, Some(label)) {
                         return item;
                     }
+                }
+            }
+        }
+        // A list of paths or bytes (with labels): a native group, as
+        // `DataLoader` hands its batches of files to the batch op.
+        if let Ok(list) = obj.cast::<PyList>() {
+            if !list.is_empty() {
+                let items: Vec<Item> = list
+                    .iter()
+                    .map(Item::from_source)
+                    .take_while(|i| !matches!(i, Item::Py(_)))
+                    .collect();
+                if items.len() == list.len() {
+                    return Item::List(items);
                 }
             }
         }
@@ -155,6 +177,22 @@ impl Item {
                     None => images.unbind(),
                 }
             }
+            Item::Loaded {
+                images,
+                labels,
+                skipped,
+            } => {
+                let tensor = |t: Option<crate::staging::Tensor>| -> PyResult<Bound<'_, PyAny>> {
+                    Ok(match t {
+                        Some(t) => Bound::new(py, super::dlpack::PyTensor::new(t))?.into_any(),
+                        None => py.None().into_bound(py),
+                    })
+                };
+                let skipped = PyList::new(py, skipped)?.into_any();
+                PyTuple::new(py, [tensor(images)?, tensor(labels)?, skipped])?
+                    .into_any()
+                    .unbind()
+            }
             Item::List(items) => {
                 let list = PyList::empty(py);
                 for it in items {
@@ -193,6 +231,9 @@ pub(crate) struct PyNativeOp {
     /// For a grouping op (`collate`): the group size, `drop_last`, and how
     /// a group becomes one item.
     group: Option<(usize, bool, CombineFn<Item, PyErr>)>,
+    /// What the op was made with, when another op is built from it
+    /// (`DataLoader`'s batch op takes `decode_image`'s and `collate`'s).
+    config: Option<super::ops::OpConfig>,
 }
 
 #[pymethods]
@@ -221,7 +262,19 @@ impl PyNativeOp {
             blocking,
             f,
             group: None,
+            config: None,
         }
+    }
+
+    /// The op, remembering what it was made with.
+    pub(crate) fn with_config(mut self, config: super::ops::OpConfig) -> Self {
+        self.config = Some(config);
+        self
+    }
+
+    /// What the op was made with (see [`PyNativeOp::with_config`]).
+    pub(crate) fn config(&self) -> Option<super::ops::OpConfig> {
+        self.config
     }
 
     /// A grouping op: `size` items (fewer at the end unless `drop_last`)
@@ -241,6 +294,7 @@ impl PyNativeOp {
                 ))
             }),
             group: Some((size, drop_last, combine)),
+            config: None,
         }
     }
 }
