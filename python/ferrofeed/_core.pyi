@@ -118,6 +118,9 @@ def _op_load_batch(
     Each item is ``(images, labels, skipped)``: ``skipped`` lists ``(position, reason)``.
     """
 
+def _synthetic_jpeg(width: int, height: int, *, seed: int, quality: int = 85) -> bytes:
+    """Return a synthetic photo-like JPEG (see `ferrofeed.samples.synthetic_jpeg`)."""
+
 def _op_identity() -> NativeOp:
     """Return a native op that passes items through."""
 

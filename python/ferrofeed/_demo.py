@@ -1,9 +1,15 @@
-"""``ferrofeed demo``: the shared arena against a plain list, measured.
+"""``ferrofeed demo``: the main job, end to end, measured.
 
-Builds COCO-like annotation metadata (a few hundred thousand small dicts), lets several
-worker processes read every item, and prints each process's USS and PSS, first with the
-metadata in a plain Python list, then in a `SharedList`. Each variant runs in a fresh
-interpreter so that neither inherits the other's heap.
+1. Images: a folder of ImageNet-like JPEGs, one subfolder per class (made at run time in
+   a temporary folder, or the user's own with ``--images DIR``), and their metadata
+   (file, label, size, COCO-like boxes) in a `SharedList`.
+2. Loading: `DataLoader` over that metadata through the native image chain (read, decode,
+   resize, crop, collate in Rust, no GIL): time to first batch, images/s (per core too),
+   and the pipeline's per-stage figures.
+3. Memory: this process and the batch buffer pool; then COCO-like annotation metadata
+   read by several worker processes, first from a plain Python list, then from a
+   `SharedList`, with each process's USS and PSS. Each variant runs in a fresh
+   interpreter so that neither inherits the other's heap.
 """
 
 from __future__ import annotations
@@ -13,14 +19,16 @@ import json
 import multiprocessing as mp
 import os
 import pickle
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from .memory import format_bytes, process_memory
-from .samples import coco_like_annotations
+from .samples import coco_like_annotations, image_folder
 
 __all__ = ["main", "run_variant"]
 
@@ -109,34 +117,114 @@ def _print_variant(title: str, r: dict[str, Any]) -> None:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``ferrofeed demo``."""
-    parser = argparse.ArgumentParser(prog="ferrofeed demo", description=__doc__)
-    parser.add_argument("--n", type=int, default=250_000, help="annotations (default 250000)")
-    parser.add_argument("--workers", type=int, default=4, help="worker processes (default 4)")
-    parser.add_argument("--passes", type=int, default=1, help="passes per worker (default 1)")
-    parser.add_argument(
-        "--start-method",
-        choices=["fork", "spawn", "forkserver"],
-        default="fork",
-        help="how workers start (default fork, as PyTorch's DataLoader on Linux)",
-    )
-    parser.add_argument("--variant", choices=["list", "shared"], help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.variant:
-        result = run_variant(args.variant, args.n, args.workers, args.passes, args.start_method)
-        print(json.dumps(result))
-        return 0
+class _Records:
+    """The image records of a `SharedList` as ``(path, label)`` pairs, for `DataLoader`."""
+
+    def __init__(self, records: Sequence[dict[str, Any]]) -> None:
+        self.records = records
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, index: int) -> tuple[str, int]:
+        r = self.records[index]
+        return r["file_name"], r["label"]
+
+
+def _image_records(files: list[tuple[str, int]], seed: int) -> list[dict[str, Any]]:
+    """COCO-like metadata for each image: its file, label and a few annotations."""
+    boxes = coco_like_annotations(4 * len(files), seed=seed)
+    return [
+        {
+            "id": i,
+            "file_name": path,
+            "label": label,
+            "annotations": [next(boxes) for _ in range(4)],
+        }
+        for i, (path, label) in enumerate(files)
+    ]
+
+
+def _folder_size(paths: Sequence[str]) -> int:
+    return sum(os.path.getsize(p) for p in paths)
+
+
+def _load(args: argparse.Namespace, files: list[tuple[str, int]]) -> None:
+    """Part 2: load the images with the DataLoader and print what it measured."""
+    from . import DataLoader, SharedList, ops
+
+    t0 = time.perf_counter()
+    meta = SharedList(_image_records(files, args.seed))
     print(
-        f"ferrofeed demo: {args.n:,} COCO-like annotations read by {args.workers} "
-        f"{args.start_method} workers, {args.passes} pass(es) each"
+        f"  metadata: {len(meta):,} image records (file, label, COCO-like boxes) in a "
+        f"SharedList, {format_bytes(meta.nbytes)} arena, built in "
+        f"{time.perf_counter() - t0:.2f} s"
+    )
+    threads = args.threads or min(os.cpu_count() or 1, 8)
+    transform = ops.decode_image(resize_shorter=round(args.size * 256 / 224), crop=args.size)
+    loader = DataLoader(
+        _Records(meta),
+        batch_size=args.batch_size,
+        shuffle=True,
+        seed=args.seed,
+        transform=transform,
+        num_threads=threads,
+        on_error="skip",
+    )
+    print(
+        f"\nloading: DataLoader(batch_size={args.batch_size}, shuffle=True, "
+        f"num_threads={threads}), decode_image(resize_shorter="
+        f"{round(args.size * 256 / 224)}, crop={args.size}) in Rust, uint8 NHWC batches"
+    )
+    last_images = 0
+    with meta:
+        for epoch in range(args.epochs):
+            start = time.perf_counter()
+            first = None
+            images = 0
+            for batch in loader:
+                if first is None:
+                    first = time.perf_counter() - start
+                images += len(batch[0])
+            took = time.perf_counter() - start
+            rate = images / took if took > 0 else float("inf")
+            print(
+                f"  epoch {epoch}: {images} images in {took:.2f} s = {rate:,.0f} images/s "
+                f"({rate / threads:,.0f} per thread); first batch after "
+                f"{(first or 0) * 1e3:.0f} ms"
+            )
+            last_images = images
+        skipped = loader.stats()["skipped"]
+        if skipped:
+            print(f"  skipped {len(skipped)} unreadable image(s), e.g. {skipped[0][1]}")
+        print("\nper-stage figures of the last epoch (decode_batch: one item per batch):")
+        for line in loader.stats_table().splitlines():
+            print(f"  {line}")
+    if last_images == 0:
+        raise SystemExit("ferrofeed demo: no image could be loaded")
+    me = process_memory()
+    pool = loader.stats()["buffers"]
+    print(
+        f"\nmemory: this process RSS {format_bytes(me.rss)}, USS {format_bytes(me.uss)}; "
+        f"batch buffers: {pool['allocated']} allocated ({format_bytes(pool['bytes'])}), "
+        f"reused {pool['reuses']} times for {pool['allocations'] + pool['reuses']} batches "
+        f"and label vectors"
+    )
+
+
+def _memory_study(args: argparse.Namespace) -> None:
+    """Part 3: annotation metadata in worker processes, plain list against SharedList."""
+    print(
+        f"\nmetadata in worker processes: {args.annotations:,} COCO-like annotations read by "
+        f"{args.workers} {args.start_method} workers"
     )
     results = {}
     for variant in ("list", "shared"):
         out = subprocess.run(
             [
                 *(sys.executable, "-m", "ferrofeed", "demo", "--variant", variant),
-                *(f"--n={args.n}", f"--workers={args.workers}", f"--passes={args.passes}"),
+                *(f"--annotations={args.annotations}", f"--workers={args.workers}"),
+                f"--passes={args.passes}",
                 f"--start-method={args.start_method}",
             ],
             check=True,
@@ -159,4 +247,87 @@ def main(argv: list[str] | None = None) -> int:
         f"({total(lst) / total(sh):.1f}x less); "
         f"largest worker USS: {format_bytes(worst_uss(lst))} -> {format_bytes(worst_uss(sh))}"
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``ferrofeed demo``."""
+    parser = argparse.ArgumentParser(
+        prog="ferrofeed demo",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--images",
+        metavar="DIR",
+        help="your own images, one subfolder per class (default: generate a sample)",
+    )
+    parser.add_argument(
+        "--n-images", type=int, default=256, help="images to generate (default 256)"
+    )
+    parser.add_argument("--batch-size", type=int, default=32, help="default 32")
+    parser.add_argument("--epochs", type=int, default=2, help="default 2")
+    parser.add_argument(
+        "--threads", type=int, help="decoding threads (default: the CPUs, at most 8)"
+    )
+    parser.add_argument("--size", type=int, default=224, help="output side (default 224)")
+    parser.add_argument("--seed", type=int, default=0, help="default 0")
+    parser.add_argument(
+        "--annotations",
+        type=int,
+        default=100_000,
+        help="annotations in the memory study (default 100000; 0 skips the study)",
+    )
+    parser.add_argument(
+        "--workers", type=int, default=2, help="worker processes in the memory study (2)"
+    )
+    parser.add_argument("--passes", type=int, default=1, help="passes per worker (default 1)")
+    parser.add_argument(
+        "--start-method",
+        choices=["fork", "spawn", "forkserver"],
+        default="fork",
+        help="how workers start (default fork, as PyTorch's DataLoader on Linux)",
+    )
+    parser.add_argument("--variant", choices=["list", "shared"], help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.variant:
+        result = run_variant(
+            args.variant, args.annotations, args.workers, args.passes, args.start_method
+        )
+        print(json.dumps(result))
+        return 0
+    for name in ("n_images", "batch_size", "epochs", "size"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+
+    tmp = None
+    try:
+        if args.images:
+            from ._images import ImageFolder
+
+            try:
+                folder = ImageFolder(args.images)
+            except FileNotFoundError as e:
+                print(f"ferrofeed demo: {e}", file=sys.stderr)
+                return 2
+            files = [(str(p), int(label)) for p, label in folder]
+            print(
+                f"ferrofeed demo: {len(files):,} images in {len(folder.classes)} classes "
+                f"from {args.images} ({format_bytes(_folder_size([p for p, _ in files]))})"
+            )
+        else:
+            tmp = tempfile.mkdtemp(prefix="ferrofeed-demo-")
+            t0 = time.perf_counter()
+            files = image_folder(tmp, args.n_images, seed=args.seed)
+            print(
+                f"ferrofeed demo: {len(files):,} generated ImageNet-like JPEGs (about "
+                f"500x375, quality 75-95, 4 classes) in {tmp} "
+                f"({format_bytes(_folder_size([p for p, _ in files]))}, made in "
+                f"{time.perf_counter() - t0:.1f} s)"
+            )
+        _load(args, files)
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    if args.annotations > 0:
+        _memory_study(args)
     return 0

@@ -466,12 +466,24 @@ class DataLoader:
         """Return the pipeline's figures and the samples skipped so far.
 
         ``pipeline``: the current (or last) pass's per-stage figures; ``skipped``: the
-        samples left out under ``on_error="skip"``, as (index, reason).
+        samples left out under ``on_error="skip"``, as (index, reason); ``buffers``: the
+        batch buffer pool's counters with the native image chain (see
+        `BufferPool.stats`), else empty.
         """
         with self._skipped_lock:
             skipped = list(self._skipped)
         pipeline = self._pipeline.stats() if self._pipeline is not None else {}
-        return {"pipeline": pipeline, "skipped": skipped, "skipped_count": len(skipped)}
+        buffers = self._pool.stats() if self._pool is not None else {}
+        return {
+            "pipeline": pipeline,
+            "skipped": skipped,
+            "skipped_count": len(skipped),
+            "buffers": buffers,
+        }
+
+    def stats_table(self) -> str:
+        """Return the current (or last) pass's per-stage figures as a text table."""
+        return self._pipeline.stats_table() if self._pipeline is not None else ""
 
     # -- iteration ----------------------------------------------------------------------
 

@@ -49,6 +49,7 @@
 mod codecs;
 mod ops;
 mod plan;
+pub mod synth;
 #[cfg(test)]
 mod tests;
 
@@ -229,6 +230,12 @@ pub enum ImageError {
         #[source]
         source: std::io::Error,
     },
+    /// Encoding an image failed (see [`synth::encode_jpeg`]).
+    #[error("cannot encode the image: {reason}")]
+    Encode {
+        /// The encoder's message.
+        reason: String,
+    },
     /// The transform is invalid (zero sizes, a random crop without a size).
     #[error("invalid image transform: {reason}")]
     InvalidTransform {
@@ -280,7 +287,7 @@ impl ImageError {
                     source.clone_into(name);
                 }
             }
-            ImageError::InvalidTransform { .. } => {}
+            ImageError::InvalidTransform { .. } | ImageError::Encode { .. } => {}
         }
         self
     }
@@ -296,7 +303,7 @@ impl ImageError {
             | ImageError::Io { name, .. }
             | ImageError::SlotSize { name, .. }
             | ImageError::DecoderPanic { name, .. } => Some(name),
-            ImageError::InvalidTransform { .. } => None,
+            ImageError::InvalidTransform { .. } | ImageError::Encode { .. } => None,
         }
     }
 }

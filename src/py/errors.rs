@@ -144,7 +144,9 @@ impl From<ImageError> for PyErr {
                     source.raw_os_error(),
                     Some(name.clone()),
                 ),
-                ImageError::InvalidTransform { .. } => PyValueError::new_err(msg),
+                ImageError::InvalidTransform { .. } | ImageError::Encode { .. } => {
+                    PyValueError::new_err(msg)
+                }
                 _ => make(image_decode(py), &msg, None, None),
             }
         })

@@ -337,7 +337,32 @@ fn load_images(
     )?))
 }
 
+/// A synthetic photo-like JPEG (see [`crate::image::synth`]), made without
+/// the GIL.
+#[pyfunction]
+#[pyo3(signature = (width, height, *, seed, quality=85))]
+fn _synthetic_jpeg(
+    py: Python<'_>,
+    width: usize,
+    height: usize,
+    seed: u64,
+    quality: u8,
+) -> PyResult<Py<pyo3::types::PyBytes>> {
+    if width == 0 || height == 0 || width * height > image::MAX_PIXELS {
+        return Err(PyValueError::new_err(format!(
+            "a synthetic image is 1 to {} pixels, not {width}x{height}",
+            image::MAX_PIXELS
+        )));
+    }
+    let jpeg = py.detach(|| {
+        let pixels = image::synth::photo(width, height, seed);
+        image::synth::encode_jpeg(&pixels, width, height, quality)
+    })?;
+    Ok(pyo3::types::PyBytes::new(py, &jpeg).unbind())
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(_synthetic_jpeg, m)?)?;
     m.add_function(wrap_pyfunction!(decode_image, m)?)?;
     m.add_function(wrap_pyfunction!(load_images, m)?)?;
     Ok(())

@@ -337,7 +337,7 @@ impl Encoded {
 fn skip_reason(e: &ImageError) -> String {
     let class = match e {
         ImageError::Io { .. } => "ImageReadError",
-        ImageError::InvalidTransform { .. } => "ValueError",
+        ImageError::InvalidTransform { .. } | ImageError::Encode { .. } => "ValueError",
         _ => "ImageDecodeError",
     };
     format!("{class}: {e}")
