@@ -1,0 +1,84 @@
+"""`ferrofeed demo`, the README's main job, runs end to end (in a small configuration)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from ferrofeed.samples import image_folder
+
+SMALL = ["--n-images", "24", "--batch-size", "8", "--epochs", "2"]
+
+
+def demo(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ferrofeed", "demo", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.mark.timeout(180)
+def test_demo_on_generated_images_prints_its_figures() -> None:
+    proc = demo(*SMALL, "--annotations", "3000", "--workers", "1")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    made = re.search(r"24 generated ImageNet-like JPEGs .* in (\S+) \(", out)
+    assert made, out
+    # The generated sample lives in a temporary folder that is gone afterwards.
+    assert not os.path.exists(made.group(1))
+    assert "24 image records" in out
+    epochs = re.findall(
+        r"epoch (\d): (\d+) images in [\d.]+ s = [\d,]+ images/s .*first batch after \d+ ms", out
+    )
+    assert epochs == [("0", "24"), ("1", "24")], out
+    # Per-stage figures: the native batch op saw 3 batches of 8.
+    row = next(line for line in out.splitlines() if line.strip().startswith("decode_batch"))
+    assert row.split()[2:4] == ["3", "3"], row
+    assert re.search(r"batch buffers: \d+ allocated", out), out
+    # The memory picture: a plain list against a SharedList in worker processes.
+    assert "plain Python list" in out
+    assert "ferrofeed.SharedList" in out
+    assert re.search(r"total PSS: .* \([\d.]+x less\)", out), out
+
+
+@pytest.mark.timeout(120)
+def test_demo_on_a_users_folder_reports_unreadable_images(tmp_path: Path) -> None:
+    image_folder(tmp_path, 10, classes=2, size=(96, 64))
+    (tmp_path / "class_1" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    proc = demo(
+        "--images", str(tmp_path), "--batch-size", "4", "--epochs", "1", "--annotations", "0"
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert f"11 images in 2 classes from {tmp_path}" in out
+    assert "epoch 0: 10 images" in out, out
+    assert "skipped 1 unreadable image(s)" in out, out
+    assert "broken.jpg" in out, out
+    assert "plain Python list" not in out  # --annotations 0 skips the memory study
+    # The user's folder is left as it was.
+    assert len(list(tmp_path.rglob("*.jpg"))) == 11
+
+
+def test_demo_refuses_a_folder_without_images(tmp_path: Path) -> None:
+    proc = demo("--images", str(tmp_path / "missing"), "--annotations", "0")
+    assert proc.returncode == 2
+    assert "is not a folder" in proc.stderr
+    (tmp_path / "empty_class").mkdir()
+    proc = demo("--images", str(tmp_path), "--annotations", "0")
+    assert proc.returncode == 2
+    assert "no images" in proc.stderr
+
+
+def test_demo_help_and_bad_arguments() -> None:
+    proc = demo("--help")
+    assert proc.returncode == 0
+    assert "--images DIR" in proc.stdout
+    proc = demo("--batch-size", "0")
+    assert proc.returncode == 2
+    assert "--batch-size must be at least 1" in proc.stderr
