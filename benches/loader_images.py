@@ -1,0 +1,160 @@
+"""An image folder through ferrofeed's DataLoader and through PyTorch's, side by side.
+
+Both load the same generated ImageNet-like JPEG folder (about 500x375, quality 75-95, one
+subfolder per class) with the ImageNet evaluation preprocessing (shorter side to 256,
+bilinear; center crop 224) into uint8 batches, shuffled, with the same number of CPU
+workers:
+
+- ferrofeed: ``DataLoader(folder, batch_size=B, num_threads=W)``, the native chain (read,
+  decode with libjpeg-turbo's DCT scaling, resize, crop in Rust, straight into a pooled
+  batch buffer);
+- PyTorch: ``torch.utils.data.DataLoader(dataset, batch_size=B, num_workers=W)`` over a
+  map-style dataset doing what torchvision's PIL transforms do (``Image.open``,
+  ``convert("RGB")``, ``resize`` with ``BILINEAR`` so the shorter side is 256, ``crop`` to
+  the center 224, ``np.asarray``), collated by PyTorch's default collate.
+
+Time to first batch is measured on a fresh loader (worker start-up included); throughput
+over whole epochs after one warm-up epoch (files in the page cache), the two loaders
+taking turns so that both see the same machine state. Run:
+``python benches/loader_images.py [--n 512] [--workers 2] [--json out.json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import ferrofeed
+import numpy as np
+import torch
+from ferrofeed.samples import image_folder
+from PIL import Image
+
+
+class PillowFolder(torch.utils.data.Dataset[tuple[np.ndarray, int]]):
+    """torchvision's ``Resize(256)`` + ``CenterCrop(224)`` on PIL images, written out."""
+
+    def __init__(self, files: list[tuple[str, int]], short: int = 256, crop: int = 224) -> None:
+        self.files, self.short, self.crop = files, short, crop
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
+        path, label = self.files[i]
+        with Image.open(path) as im:
+            im = im.convert("RGB")
+            w, h = im.size
+            # torchvision's Resize(int): the shorter side to `short`, the other truncated.
+            if w <= h:
+                size = (self.short, int(self.short * h / w))
+            else:
+                size = (int(self.short * w / h), self.short)
+            im = im.resize(size, Image.BILINEAR)
+            w, h = im.size
+            left = round((w - self.crop) / 2)
+            top = round((h - self.crop) / 2)
+            im = im.crop((left, top, left + self.crop, top + self.crop))
+            return np.array(im), label  # a writable copy, as torchvision's PILToTensor
+
+
+def time_epochs(make: Callable[[], Iterable[Any]], epochs: int) -> tuple[float, list[float]]:
+    """Time to first batch of a fresh loader, and the seconds of each epoch after it."""
+    start = time.perf_counter()
+    loader = make()
+    it = iter(loader)
+    first = next(it)
+    ttfb = time.perf_counter() - start
+    del first
+    for _ in it:  # finish the warm-up epoch
+        pass
+    times = []
+    for _ in range(epochs):
+        t = time.perf_counter()
+        for _batch in loader:
+            pass
+        times.append(time.perf_counter() - t)
+    return ttfb, times
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--n", type=int, default=512, help="images (default 512)")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--workers", type=int, default=2, help="threads / worker processes")
+    parser.add_argument("--epochs", type=int, default=3, help="timed epochs per round")
+    parser.add_argument("--rounds", type=int, default=2, help="turns each loader takes")
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    results: dict[str, Any] = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "pillow": Image.__version__,
+        "ferrofeed": ferrofeed.__version__,
+        "n": args.n,
+        "batch_size": args.batch_size,
+        "workers": args.workers,
+    }
+    with tempfile.TemporaryDirectory(prefix="ferrofeed-bench-") as root:
+        files = image_folder(root, args.n, seed=0)
+        size = sum(os.path.getsize(p) for p, _ in files)
+        print(f"{args.n} JPEGs, {size / args.n / 1024:.0f} KiB each on average, in {root}")
+
+        def ferro() -> Iterable[Any]:
+            return ferrofeed.DataLoader(
+                root, batch_size=args.batch_size, shuffle=True, num_threads=args.workers
+            )
+
+        def pytorch() -> Iterable[Any]:
+            return torch.utils.data.DataLoader(
+                PillowFolder(files),
+                batch_size=args.batch_size,
+                shuffle=True,
+                num_workers=args.workers,
+                persistent_workers=True,
+            )
+
+        runs: dict[str, dict[str, list[float]]] = {
+            "ferrofeed": {"ttfb": [], "epoch": []},
+            "pytorch": {"ttfb": [], "epoch": []},
+        }
+        for _ in range(args.rounds):
+            for name, make in (("ferrofeed", ferro), ("pytorch", pytorch)):
+                ttfb, times = time_epochs(make, args.epochs)
+                runs[name]["ttfb"].append(ttfb)
+                runs[name]["epoch"].extend(times)
+    for name, r in runs.items():
+        best = min(r["epoch"])
+        results[name] = {
+            "ttfb_s": statistics.median(r["ttfb"]),
+            "epoch_s": r["epoch"],
+            "images_per_s": args.n / statistics.median(r["epoch"]),
+            "images_per_s_best": args.n / best,
+        }
+        print(
+            f"{name:>10}: first batch {results[name]['ttfb_s'] * 1e3:7.0f} ms; "
+            f"{results[name]['images_per_s']:7.0f} images/s (median epoch), "
+            f"{results[name]['images_per_s'] / args.workers:6.0f} per worker"
+        )
+    ratio = results["ferrofeed"]["images_per_s"] / results["pytorch"]["images_per_s"]
+    ttfb_ratio = results["pytorch"]["ttfb_s"] / results["ferrofeed"]["ttfb_s"]
+    results["throughput_ratio"], results["ttfb_ratio"] = ratio, ttfb_ratio
+    print(f"ferrofeed / PyTorch: {ratio:.2f}x images/s, first batch {ttfb_ratio:.1f}x sooner")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
