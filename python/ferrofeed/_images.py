@@ -7,7 +7,7 @@ and cropped in Rust, in parallel, straight into the slots of a pooled batch buff
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, overload
 
 __all__ = ["IMAGE_EXTENSIONS", "ImageFiles", "ImageFolder"]
@@ -62,6 +62,10 @@ class ImageFiles:
         if self.labels is None:
             return path
         return (path, int(self.labels[index]))
+
+    def __iter__(self) -> Iterator[Any]:
+        for i in range(len(self)):
+            yield self[i]
 
     def __repr__(self) -> str:
         labelled = "with" if self.labels is not None else "without"

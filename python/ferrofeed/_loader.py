@@ -6,6 +6,7 @@ import collections
 import itertools
 import logging
 import math
+import operator
 import os
 import sys
 import threading
@@ -274,6 +275,12 @@ class DataLoader:
             not isinstance(batches_per_epoch, int) or batches_per_epoch < 1
         ):
             raise ValueError(f"batches_per_epoch must be an int >= 1, not {batches_per_epoch!r}")
+        try:
+            seed = operator.index(seed)  # an int, or a NumPy integer
+        except TypeError:
+            raise TypeError(f"seed must be an int, not {type(seed).__name__}") from None
+        if not 0 <= seed < 2**64:
+            raise ValueError(f"seed must be in [0, 2**64), not {seed}")
         if output not in ("numpy", "torch", "jax"):
             raise ValueError(f"output must be 'numpy', 'torch' or 'jax', not {output!r}")
         if on_error not in ("raise", "skip"):
@@ -340,7 +347,8 @@ class DataLoader:
             )
         if len(source) > 0:
             first = source[0]
-            path = first[0] if isinstance(first, tuple) and len(first) == 2 else first
+            pair = isinstance(first, tuple | list) and len(first) == 2
+            path = first[0] if pair else first
             if not isinstance(path, str | os.PathLike):
                 raise TypeError(
                     "with a native transform, the source's items are image paths or "
@@ -582,7 +590,8 @@ class DataLoader:
             for size in self._batch_sizes(epoch):
                 indices = list(itertools.islice(positions, size))
                 pending.append(indices)
-                yield [dataset[i] for i in indices]
+                # A [path, label] list (as JSON gives pairs) as the pair it stands for.
+                yield [_as_pair(dataset[i]) for i in indices]
 
         # Each batch decodes on up to `num_threads` threads; with batches smaller than
         # that, several batches decode at once.
@@ -669,6 +678,10 @@ class _Grouper:
         group, self._group = self._group, []
         self._want = next(self._sizes, 0)
         return self._finish(group)
+
+
+def _as_pair(sample: Any) -> Any:
+    return tuple(sample) if isinstance(sample, list) else sample
 
 
 def _default_image_transform() -> _core.NativeOp:
