@@ -25,7 +25,7 @@ use crate::image::{self, ColorMode, Crop, ImageError, Transform};
 use crate::staging::Tensor;
 
 /// An image to decode: a file, or encoded bytes.
-enum Source<'a> {
+pub(crate) enum Source<'a> {
     Path(PathBuf),
     Owned(Vec<u8>),
     Borrowed(&'a [u8]),
@@ -42,7 +42,7 @@ impl Source<'_> {
     }
 
     /// The encoded bytes (reads the file; call without the GIL).
-    fn bytes(&self, name: &str) -> Result<std::borrow::Cow<'_, [u8]>, ImageError> {
+    pub(crate) fn bytes(&self, name: &str) -> Result<std::borrow::Cow<'_, [u8]>, ImageError> {
         match self {
             Source::Path(p) => std::fs::read(p)
                 .map(std::borrow::Cow::Owned)

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use pyo3::exceptions::{PyOSError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
-use super::image::parse_transform;
+use super::image::{parse_transform, Source};
 use super::pipeline::{Item, PyNativeOp};
 use super::staging::PyBufferPool;
 use crate::dlpack::DType;
@@ -304,34 +304,6 @@ fn collate(pool: &BufferPool, layout: Layout, items: Vec<Item>) -> PyResult<Item
     })
 }
 
-/// What `_op_load_batch` decodes: a file, or bytes already read.
-enum Encoded {
-    File(std::path::PathBuf),
-    Bytes(Vec<u8>, String),
-}
-
-impl Encoded {
-    fn name(&self) -> String {
-        match self {
-            Encoded::File(p) => p.display().to_string(),
-            Encoded::Bytes(_, name) => name.clone(),
-        }
-    }
-
-    /// The encoded bytes (a file is read here, on the decoding thread).
-    fn read(&self, name: &str) -> Result<std::borrow::Cow<'_, [u8]>, ImageError> {
-        match self {
-            Encoded::File(p) => std::fs::read(p)
-                .map(std::borrow::Cow::Owned)
-                .map_err(|source| ImageError::Io {
-                    name: name.to_owned(),
-                    source,
-                }),
-            Encoded::Bytes(data, _) => Ok(std::borrow::Cow::Borrowed(data)),
-        }
-    }
-}
-
 /// The reason an item was skipped, as `DataLoader.stats()` lists it:
 /// the Python exception's class name and message.
 fn skip_reason(e: &ImageError) -> String {
@@ -374,7 +346,7 @@ impl LoadBatch {
     #[allow(clippy::many_single_char_names)] // h, w, c: the image's dimensions
     fn decode_all(
         &self,
-        sources: &[Encoded],
+        sources: &[(Source<'static>, String)],
         out: &mut [u8],
         slot_len: usize,
     ) -> Vec<(usize, ImageError)> {
@@ -395,16 +367,15 @@ impl LoadBatch {
                 while !stop.load(Ordering::Relaxed) {
                     let next = slots.lock().unwrap_or_else(PoisonError::into_inner).next();
                     let Some((i, slot)) = next else { return };
-                    let source = &sources[i];
-                    let name = source.name();
+                    let (source, name) = &sources[i];
                     let mut t = self.transform;
                     if let Some(Crop::RandomResized { seed, .. }) = &mut t.crop {
-                        *seed = seed_for(self.seed, &name);
+                        *seed = seed_for(self.seed, name);
                     }
                     let out: &mut [u8] = if direct { slot } else { &mut scratch };
                     let r = source
-                        .read(&name)
-                        .and_then(|data| crate::image::decode_into(&data, &name, &t, out));
+                        .bytes(name)
+                        .and_then(|data| crate::image::decode_into(&data, name, &t, out));
                     match r {
                         Ok(_) if !direct => write_image(&scratch, (h, w, c), self.layout, slot),
                         Ok(_) => {}
@@ -443,8 +414,11 @@ impl LoadBatch {
         let mut labels = Vec::with_capacity(items.len());
         for item in items {
             let (source, label) = match item {
-                Item::Path { path, label } => (Encoded::File(path), label),
-                Item::Bytes { data, name, label } => (Encoded::Bytes(data, name), label),
+                Item::Path { path, label } => {
+                    let name = path.display().to_string();
+                    ((Source::Path(path), name), label)
+                }
+                Item::Bytes { data, name, label } => ((Source::Owned(data), name), label),
                 other => return Err(wrong_item("decode_batch", "paths or bytes", &other)),
             };
             sources.push(source);
