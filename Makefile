@@ -79,8 +79,9 @@ lint-python: ## ruff, ruff format --check, mypy and stubtest (needs install-test
 lint: lint-rust lint-python ## All lints
 
 .PHONY: test-rust
-test-rust: build-deps ## Rust unit, property and doc tests
+test-rust: build-deps ## Rust unit, property and doc tests (and the image tests on the pure-Rust JPEG decoder)
 	cargo test
+	cargo test --lib --no-default-features image
 
 .PHONY: test-python
 test-python: ## pytest against the installed wheel
