@@ -90,9 +90,19 @@ test-python: ## pytest against the installed wheel
 .PHONY: test
 test: install-test test-rust test-python ## Install what the tests need, then run every test
 
+.PHONY: bench-deps
+bench-deps: ## Install FFmpeg 5's shared libraries (SPDL's image decoding) with apt-get, when missing
+	@if ! ldconfig -p | grep 'libavcodec\.so\.59' >/dev/null; then \
+		SUDO=""; if [ "$$(id -u)" != 0 ]; then SUDO=sudo; fi; \
+		echo "installing FFmpeg 5 libraries (for SPDL in benches/decode_vs_pillow.py)"; \
+		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq \
+			libavutil57 libavcodec59 libavformat59 libavdevice59 libavfilter8; \
+	fi
+
 .PHONY: bench
-bench: install-test ## Criterion benches and the Python comparisons (see BENCHMARKS.md)
+bench: install-test bench-deps ## Criterion benches and the Python comparisons (see BENCHMARKS.md)
 	cargo bench --bench arena --bench pipeline --bench image
+	cargo bench --bench image --no-default-features
 	$(PIP) install -q "spdl==0.8.0"
 	$(PY) benches/ram_study.py
 	$(PY) benches/pipeline_overhead.py --spdl-n 20000
