@@ -5,7 +5,8 @@ Thresholds (mean absolute difference per channel value, 0-255):
   0.0 on every variant here, CMYK included; gray output of a color JPEG: 0.005).
 - PNG (every variant) and lossless WebP: exact.
 - Lossy WebP vs Pillow (libwebp): MAE < 1.0 (measured 0.0).
-- BMP (24 and 32 bit, 8 bit palette and gray, 1 bit, top-down, RLE8): exact.
+- BMP (1, 8, 16, 24 and 32 bit, palette, gray, bit fields, RLE4 and RLE8, OS/2 header,
+  top-down): exact.
 - Resize vs Pillow BILINEAR: PSNR >= 50 dB without DCT scaling (measured 55-57 dB, max
   difference 1: rounding in the two-pass convolution); >= 35 dB with DCT scaling (measured
   39-49 dB: libjpeg-turbo's scaled IDCT is a different, also antialiased, downscale).
@@ -214,6 +215,71 @@ def bmp_rle8(index: np.ndarray, palette: np.ndarray) -> bytes:
     return head + info + pal + bytes(body)
 
 
+def bmp_raw(
+    rows: list[bytes], width: int, bpp: int, info: bytes, extra: bytes = b"", top_down: bool = False
+) -> bytes:
+    """A BMP of ``rows`` (top first, unpadded) after the info header ``info`` and ``extra``
+    (bit masks, palette); rows are padded to 4 bytes and stored bottom-up unless asked."""
+    stride = (width * bpp + 31) // 32 * 4
+    order = rows if top_down else rows[::-1]
+    body = b"".join(r + b"\0" * (stride - len(r)) for r in order)
+    offset = 14 + len(info) + len(extra)
+    return b"BM" + struct.pack("<IHHI", offset + len(body), 0, 0, offset) + info + extra + body
+
+
+def bmp_info(w: int, h: int, bpp: int, compression: int = 0, colors: int = 0) -> bytes:
+    """A BITMAPINFOHEADER (40 bytes)."""
+    return struct.pack("<IiiHHIIiiII", 40, w, h, 1, bpp, compression, 0, 0, 0, colors, 0)
+
+
+def more_bmp_variants(rgb: np.ndarray) -> dict[str, bytes]:
+    """BMP variants Pillow cannot write: 16 bit (5-5-5, and 5-6-5 bit fields), 32-bit bit
+    fields, an OS/2 header, RLE4."""
+    h, w = rgb.shape[:2]
+    r, g, b = (rgb[..., i].astype(np.uint32) for i in range(3))
+    v555 = (r >> 3) << 10 | (g >> 3) << 5 | b >> 3
+    v565 = (r >> 3) << 11 | (g >> 2) << 5 | b >> 3
+    v888 = r << 16 | g << 8 | b
+    masks565 = struct.pack("<III", 0xF800, 0x07E0, 0x001F)
+    masks888 = struct.pack("<III", 0xFF0000, 0xFF00, 0xFF)
+    core = struct.pack("<IHHHH", 12, w, h, 1, 24)
+    quantized = Image.fromarray(rgb).quantize(8)
+    index = np.asarray(quantized)
+    palette = bytes(
+        v for i in range(8) for v in (*quantized.getpalette()[3 * i : 3 * i + 3][::-1], 0)
+    )
+    rle4 = bytearray()
+    for row in index[::-1]:
+        x = 0
+        while x < w:
+            run = 1
+            while x + run < w and run < 255 and row[x + run] == row[x]:
+                run += 1
+            rle4 += bytes([run, int(row[x]) << 4 | int(row[x])])
+            x += run
+        rle4 += b"\0\0"
+    rle4[-2:] = b"\0\1"
+    rle_info = bmp_info(w, h, 4, compression=2, colors=8)
+    rle_info = rle_info[:20] + struct.pack("<I", len(rle4)) + rle_info[24:]
+    return {
+        "16-bit 5-5-5": bmp_raw(
+            [x.astype("<u2").tobytes() for x in v555], w, 16, bmp_info(w, h, 16)
+        ),
+        "16-bit 5-6-5 bit fields": bmp_raw(
+            [x.astype("<u2").tobytes() for x in v565], w, 16, bmp_info(w, h, 16, 3), masks565
+        ),
+        "32-bit bit fields": bmp_raw(
+            [x.astype("<u4").tobytes() for x in v888], w, 32, bmp_info(w, h, 32, 3), masks888
+        ),
+        "OS/2 24-bit": bmp_raw([x[:, ::-1].tobytes() for x in rgb], w, 24, core),
+        "RLE4": b"BM"
+        + struct.pack("<IHHI", 14 + 40 + 32 + len(rle4), 0, 0, 14 + 40 + 32)
+        + rle_info
+        + palette
+        + bytes(rle4),
+    }
+
+
 def test_bmp_variants_match_pillow():
     rgb = photo_like(37, 53, seed=12)  # 53 * 3 = 159-byte rows: padded to 160
     rgba = np.dstack([rgb, np.arange(37 * 53, dtype=np.uint8).reshape(37, 53)])
@@ -232,6 +298,7 @@ def test_bmp_variants_match_pillow():
     index = np.asarray(quantized)
     palette = np.array(quantized.getpalette()[: 16 * 3], np.uint8).reshape(16, 3)
     cases["8-bit RLE"] = bmp_rle8(index, palette)
+    cases.update(more_bmp_variants(rgb))
     for name, data in cases.items():
         assert data[:2] == b"BM"
         want = pil_rgb(data)

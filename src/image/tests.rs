@@ -253,7 +253,7 @@ proptest! {
     /// corruptions of valid files: an error or an image, never a panic.
     #[test]
     fn garbage_never_panics(
-        kind in 0usize..5,
+        kind in 0usize..6,
         garbage in proptest::collection::vec(any::<u8>(), 0..400),
         cut in 0.0f64..1.0,
         flips in proptest::collection::vec((0.0f64..1.0, any::<u8>()), 0..4),
@@ -264,6 +264,7 @@ proptest! {
             1 => png_rgb(24, 16).0,
             2 => bmp_rgb24(&gradient(24, 16), 24, 16, false),
             3 => bmp_pal8(24, 16, false),
+            4 => bmp_16(&gradient(24, 16), 24, 16, cut > 0.5, false),
             _ => {
                 let mut v = b"RIFF\x20\0\0\0WEBPVP8 ".to_vec();
                 v.extend_from_slice(&garbage);
@@ -470,6 +471,64 @@ fn bmp_low_bit_depths_are_exact() {
             }
             let cut = &data[..data.len() - 2];
             assert!(decode(cut, "low.bmp", &Transform::default()).is_err());
+        }
+    }
+}
+
+/// A 16-bit BMP: 5-5-5 (`BI_RGB`) or 5-6-5 (`BI_BITFIELDS`), odd width so
+/// the rows are padded.
+fn bmp_16(px: &[u8], w: usize, h: usize, rgb565: bool, top_down: bool) -> Vec<u8> {
+    let rows: Vec<Vec<u8>> = px
+        .chunks_exact(w * 3)
+        .map(|row| {
+            row.chunks_exact(3)
+                .flat_map(|p| {
+                    let [red, green, blue] = [p[0], p[1], p[2]].map(u16::from);
+                    let value = if rgb565 {
+                        (red >> 3) << 11 | (green >> 2) << 5 | blue >> 3
+                    } else {
+                        (red >> 3) << 10 | (green >> 3) << 5 | blue >> 3
+                    };
+                    value.to_le_bytes()
+                })
+                .collect()
+        })
+        .collect();
+    let mut data = bmp_file(w, h, 16, &[], &rows, top_down);
+    if rgb565 {
+        // BI_BITFIELDS, and the three masks between the header and the pixels.
+        data[30..34].copy_from_slice(&3u32.to_le_bytes());
+        let masks: Vec<u8> = [0xF800u32, 0x07E0, 0x001F]
+            .iter()
+            .flat_map(|m| m.to_le_bytes())
+            .collect();
+        data.splice(54..54, masks);
+        let offset = u32::from_le_bytes(data[10..14].try_into().unwrap()) + 12;
+        data[10..14].copy_from_slice(&offset.to_le_bytes());
+    }
+    data
+}
+
+#[test]
+fn bmp_16_bit_scales_like_pillow() {
+    let (w, h) = (13, 6);
+    let px = gradient(w, h);
+    for rgb565 in [false, true] {
+        for top_down in [false, true] {
+            let data = bmp_16(&px, w, h, rgb565, top_down);
+            let img = decode(&data, "16.bmp", &Transform::default()).unwrap();
+            let want: Vec<u8> = px
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| {
+                    let bits = if rgb565 && i % 3 == 1 { 6 } else { 5 };
+                    let max = (1u32 << bits) - 1;
+                    ((u32::from(v) >> (8 - bits)) * 255 / max) as u8
+                })
+                .collect();
+            assert_eq!(img.data, want, "565 {rgb565} top_down {top_down}");
+            let cut = &data[..data.len() - 3];
+            assert!(decode(cut, "16.bmp", &Transform::default()).is_err());
         }
     }
 }

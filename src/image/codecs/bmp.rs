@@ -1,7 +1,8 @@
-//! BMP through zune-bmp (1, 4, 8 bit palette, 8 bit gray, 16, 24 and 32 bit,
-//! bit fields, RLE4 and RLE8, bottom-up and top-down), plus a check of our
-//! own that the pixel data is all there: zune-bmp fills missing pixels with
-//! zeros, and a truncated file must be an error (as it is for Pillow).
+//! BMP through zune-bmp (8 bit palette and gray, 24 and 32 bit, bit fields,
+//! RLE4 and RLE8, OS/2 headers, bottom-up and top-down), 1/2/4 and 16-bit
+//! images decoded here (zune-bmp 0.5 gets their row lengths wrong), and a
+//! check of our own that the pixel data is all there: zune-bmp fills missing
+//! pixels with zeros, and a truncated file must be an error (as for Pillow).
 
 use zune_bmp::zune_core::bytestream::ZCursor;
 use zune_bmp::zune_core::colorspace::ColorSpace;
@@ -169,6 +170,58 @@ fn decode_low_depth(data: &[u8], h: &Header) -> Result<Pixels, ImageError> {
     })
 }
 
+/// 16-bit images (`BI_RGB`: 5-5-5; `BI_BITFIELDS`: the masks of the header),
+/// decoded here: zune-bmp 0.5 reads their rows with the wrong length (the
+/// top rows came out black in the tests). Each channel is scaled as Pillow
+/// scales it, `value * 255 / max` rounded down.
+fn decode_16_bit(data: &[u8], h: &Header) -> Result<Pixels, ImageError> {
+    let masks = match h.compression {
+        0 => [0x7C00, 0x03E0, 0x001F],
+        3 if h.info_size >= 40 => {
+            // Right after the 40-byte header (or inside a larger one): the
+            // same file offsets either way.
+            let m = |at| u32_at(data, at).ok_or_else(|| corrupt(FMT, "truncated bit masks"));
+            [m(54)?, m(58)?, m(62)?]
+        }
+        _ => {
+            return Err(ImageError::Unsupported {
+                name: String::new(),
+                format: FMT,
+                reason: format!("16-bit image with compression {}", h.compression),
+            })
+        }
+    };
+    let channels = masks.map(|mask| {
+        let shift = mask.trailing_zeros().min(31);
+        (mask, shift, mask >> shift)
+    });
+    let stride = h.stride().ok_or_else(|| corrupt(FMT, "image too large"))?;
+    let mut out = vec![0u8; h.width * h.height * 3];
+    for (y, row) in out.chunks_exact_mut(h.width * 3).enumerate() {
+        let stored = if h.top_down { y } else { h.height - 1 - y };
+        let at = h.offset + stored * stride;
+        let src = data
+            .get(at..at + 2 * h.width)
+            .ok_or_else(|| corrupt(FMT, "truncated pixel data"))?;
+        for (px, v) in row.chunks_exact_mut(3).zip(src.chunks_exact(2)) {
+            let v = u32::from(u16::from_le_bytes([v[0], v[1]]));
+            for (out, &(mask, shift, max)) in px.iter_mut().zip(&channels) {
+                *out = if max == 0 {
+                    0
+                } else {
+                    u64::from((v & mask) >> shift) * 255 / u64::from(max)
+                } as u8;
+            }
+        }
+    }
+    Ok(Pixels {
+        data: out,
+        width: h.width,
+        height: h.height,
+        channels: 3,
+    })
+}
+
 /// Decodes to 8-bit gray, RGB or RGBA.
 pub(crate) fn decode(data: &[u8]) -> Result<Pixels, ImageError> {
     let mut d = decoder(data);
@@ -184,6 +237,9 @@ pub(crate) fn decode(data: &[u8]) -> Result<Pixels, ImageError> {
     }
     if header.compression == 0 && matches!(header.bpp, 1 | 2 | 4) {
         return decode_low_depth(data, &header);
+    }
+    if header.bpp == 16 {
+        return decode_16_bit(data, &header);
     }
     let (width, height) = d
         .dimensions()
