@@ -79,8 +79,9 @@ lint-python: ## ruff, ruff format --check, mypy and stubtest (needs install-test
 lint: lint-rust lint-python ## All lints
 
 .PHONY: test-rust
-test-rust: build-deps ## Rust unit, property and doc tests
+test-rust: build-deps ## Rust unit, property and doc tests (and the image tests on the pure-Rust JPEG decoder)
 	cargo test
+	cargo test --lib --no-default-features image
 
 .PHONY: test-python
 test-python: ## pytest against the installed wheel
@@ -89,9 +90,19 @@ test-python: ## pytest against the installed wheel
 .PHONY: test
 test: install-test test-rust test-python ## Install what the tests need, then run every test
 
+.PHONY: bench-deps
+bench-deps: ## Install FFmpeg 5's shared libraries (SPDL's image decoding) with apt-get, when missing
+	@if ! ldconfig -p | grep 'libavcodec\.so\.59' >/dev/null; then \
+		SUDO=""; if [ "$$(id -u)" != 0 ]; then SUDO=sudo; fi; \
+		echo "installing FFmpeg 5 libraries (for SPDL in benches/decode_vs_pillow.py)"; \
+		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq \
+			libavutil57 libavcodec59 libavformat59 libavdevice59 libavfilter8; \
+	fi
+
 .PHONY: bench
-bench: install-test ## Criterion benches and the Python comparisons (see BENCHMARKS.md)
+bench: install-test bench-deps ## Criterion benches and the Python comparisons (see BENCHMARKS.md)
 	cargo bench --bench arena --bench pipeline --bench image
+	cargo bench --bench image --no-default-features
 	$(PIP) install -q "spdl==0.8.0"
 	$(PY) benches/ram_study.py
 	$(PY) benches/pipeline_overhead.py --spdl-n 20000

@@ -1,4 +1,4 @@
-"""JPEG decode + Resize(256) + CenterCrop(224): ferrofeed vs Pillow (and SPDL when it loads).
+"""JPEG decode + Resize(256) + CenterCrop(224): ferrofeed vs Pillow and SPDL (when it loads).
 
 Run: python benches/decode_vs_pillow.py [--n 200] [--repeats 5] [--batch 32] [--quick]
 
@@ -6,9 +6,11 @@ Side by side in one run, on the same machine and the same files:
 
 * Data: ``--n`` JPEGs written by Pillow (quality 75 to 95, its default 4:2:0 subsampling),
   about 500x375 like ImageNet (70% 500x375, 15% 375x500, 15% 500x333), into a temporary
-  directory on ``/dev/shm`` when there is one. There are no photo files here, so the content
-  is generated and photo-like (a gradient, soft-edged shapes, a multi-octave texture, sensor
-  noise); it compresses better than most real photos (the mean file size is printed).
+  directory on ``/dev/shm`` when there is one. ``--source generated`` (the default): photo-like
+  content made here (a gradient, soft-edged shapes, a multi-octave texture, sensor noise); it
+  compresses better than most real photos (the mean file size is printed). ``--source
+  skimage``: random crops of the six sample photos bundled with scikit-image, resized to the
+  target size.
 * Per core (one thread), every path ends in a ``(224, 224, 3)`` uint8 NumPy array per image,
   as torchvision's ``Resize(256)`` + ``CenterCrop(224)`` would produce:
 
@@ -19,10 +21,13 @@ Side by side in one run, on the same machine and the same files:
   - ferrofeed: ``np.from_dlpack(ferrofeed.io.decode_image(path, resize_shorter=256,
     crop=(224, 224)))``, with DCT scaling (the default) and without; and ``load_images``
     with ``threads=1`` on batches of ``--batch`` paths;
-  - SPDL's ``spdl.io.load_image_batch(paths, width=224, height=224)`` on the same batches,
-    when it works (it needs FFmpeg's shared libraries; 0.8 decodes a batch serially on the
-    calling thread; its resize squashes to 224x224 rather than resize + crop). When it does
+  - SPDL's ``spdl.io.load_image_batch`` on the same batches, with FFmpeg filters doing the
+    same Resize(256) + CenterCrop(224) (bilinear ``scale`` of the shorter side to 256, centre
+    crops), when it works: it needs FFmpeg's shared libraries (``make bench-deps``); 0.8
+    decodes a batch serially on the calling thread, with FFmpeg's JPEG decoder. When it does
     not work, the reason is printed and saved.
+  - For every per-core path, the process CPU time over the wall time is printed: about 1.0
+    when the path keeps to one core.
 
 * Batch path (``--threads``, default 2), batches of ``--batch`` paths, each batch ending in one
   ``(B, 224, 224, 3)`` array: ferrofeed's ``load_images(paths, size=224, resize_shorter=256,
@@ -55,6 +60,7 @@ import ferrofeed
 import ferrofeed.io
 import numpy as np
 import PIL
+from bench_machine import cpu_model
 from PIL import Image, features
 
 RESIZE = 256
@@ -121,7 +127,29 @@ def photo(rng: np.random.Generator, w: int, h: int) -> np.ndarray:
     return np.clip(img, 0, 255).astype(np.uint8)
 
 
-def make_jpegs(directory: Path, n: int, seed: int = 0) -> tuple[list[str], dict[str, Any]]:
+REAL_PHOTOS = ["astronaut", "coffee", "chelsea", "rocket", "hubble_deep_field", "retina"]
+
+
+def real_photo(rng: np.random.Generator, index: int, w: int, h: int) -> np.ndarray:
+    """A ``w`` x ``h`` view of one of scikit-image's bundled photos, in turn.
+
+    A random crop of the photo's aspect ``w:h`` (60 to 100% of the largest that fits),
+    resized with Lanczos, as an image dataset's preprocessing might have done.
+    """
+    import skimage.data
+
+    src = Image.fromarray(getattr(skimage.data, REAL_PHOTOS[index % len(REAL_PHOTOS)])())
+    sw, sh = src.size
+    scale = min(sw / w, sh / h) * rng.uniform(0.6, 1.0)
+    cw, ch = round(w * scale), round(h * scale)
+    left, top = int(rng.integers(0, sw - cw + 1)), int(rng.integers(0, sh - ch + 1))
+    box = (left, top, left + cw, top + ch)
+    return np.asarray(src.convert("RGB").resize((w, h), Image.Resampling.LANCZOS, box=box))
+
+
+def make_jpegs(
+    directory: Path, n: int, source: str = "generated", seed: int = 0
+) -> tuple[list[str], dict[str, Any]]:
     rng = np.random.default_rng(seed)
     paths = []
     sizes: dict[str, int] = {}
@@ -131,7 +159,8 @@ def make_jpegs(directory: Path, n: int, seed: int = 0) -> tuple[list[str], dict[
         w, h = (500, 375) if r < 0.7 else (375, 500) if r < 0.85 else (500, 333)
         quality = int(rng.integers(75, 96))
         path = directory / f"img{i:04d}_q{quality}.jpg"
-        Image.fromarray(photo(rng, w, h)).save(path, quality=quality)
+        pixels = photo(rng, w, h) if source == "generated" else real_photo(rng, i, w, h)
+        Image.fromarray(pixels).save(path, quality=quality)
         paths.append(str(path))
         sizes[f"{w}x{h}"] = sizes.get(f"{w}x{h}", 0) + 1
         total += path.stat().st_size
@@ -188,10 +217,32 @@ def pillow_batch(pool: ThreadPoolExecutor, paths: Sequence[str]) -> np.ndarray:
     return np.stack(list(pool.map(lambda p: pillow_one(p, False), paths)))
 
 
+def spdl_filter() -> str:
+    """FFmpeg filters for torchvision's Resize(256) + CenterCrop(224), bilinear.
+
+    SPDL's own default for ``width``/``height`` is a letterbox (bicubic fit, black padding);
+    ``scale_mode="crop"`` scales the shorter side to 256 and crops the centre, then a 224 crop.
+    """
+    import spdl.io
+
+    desc = spdl.io.get_video_filter_desc(
+        scale_width=RESIZE,
+        scale_height=RESIZE,
+        scale_algo="bilinear",
+        scale_mode="crop",
+        crop_width=CROP,
+        crop_height=CROP,
+        pix_fmt="rgb24",
+    )
+    assert desc is not None
+    return desc
+
+
 def spdl_batch(paths: Sequence[str]) -> np.ndarray:
     import spdl.io
 
-    return np.asarray(spdl.io.to_numpy(spdl.io.load_image_batch(paths, width=CROP, height=CROP)))
+    buf = spdl.io.load_image_batch(paths, width=None, height=None, filter_desc=spdl_filter())
+    return np.asarray(spdl.io.to_numpy(buf))
 
 
 def spdl_status(path: str) -> tuple[bool, str]:
@@ -231,22 +282,34 @@ def rotated(items: Sequence[Any], k: int) -> list[Any]:
 
 
 def measure(
-    methods: dict[str, tuple[Callable[[list[Any]], int], Sequence[Any]]], repeats: int
+    methods: dict[str, tuple[Callable[[list[Any]], int], Sequence[Any]]],
+    repeats: int,
+    cores: dict[str, float] | None = None,
 ) -> dict[str, list[float]]:
     """Images/s of each method, per pass; the methods take turns within every pass.
 
     ``methods`` maps a name to the function and the items (paths or batches) it runs over.
+    ``cores``, when given, receives each method's process CPU time over wall time across
+    its passes: about 1.0 for a path that keeps to one core.
     """
     for fn, items in methods.values():  # warm-up: page cache, pools, allocator
         fn(list(items))
     rates: dict[str, list[float]] = {name: [] for name in methods}
+    cpu = dict.fromkeys(methods, 0.0)
+    wall = dict.fromkeys(methods, 0.0)
     for r in range(repeats):
         for name in rotated(list(methods), r):
             fn, items = methods[name]
             work = rotated(items, r * 7)
+            c = time.process_time()
             t = time.perf_counter()
             count = fn(work)
-            rates[name].append(count / (time.perf_counter() - t))
+            dt = time.perf_counter() - t
+            cpu[name] += time.process_time() - c
+            wall[name] += dt
+            rates[name].append(count / dt)
+    if cores is not None:
+        cores.update({name: cpu[name] / wall[name] for name in methods})
     return rates
 
 
@@ -277,17 +340,6 @@ def mean_abs_diff(paths: Sequence[str], a: Callable[[str], np.ndarray], b: Any) 
     return float(np.mean(diffs))
 
 
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def summary(rates: list[float]) -> dict[str, float]:
     return {"median": statistics.median(rates), "best": max(rates), "worst": min(rates)}
 
@@ -298,6 +350,12 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--batch", type=int, default=32, help="images per batch")
     parser.add_argument("--threads", type=int, default=2, help="threads of the batch path")
+    parser.add_argument(
+        "--source",
+        choices=["generated", "skimage"],
+        default="generated",
+        help="image content: generated photo-like, or views of scikit-image's sample photos",
+    )
     parser.add_argument("--quick", action="store_true", help="small smoke run")
     parser.add_argument("--out", default="bench-results/decode_vs_pillow.json")
     args = parser.parse_args()
@@ -308,7 +366,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(
         prefix="ferrofeed-bench-", dir=shm if shm.is_dir() else None
     ) as tmp:
-        paths, data_info = make_jpegs(Path(tmp), args.n)
+        paths, data_info = make_jpegs(Path(tmp), args.n, args.source)
         spdl_ok, spdl_note = spdl_status(paths[0])
 
         groups = batches(paths, args.batch)
@@ -330,12 +388,10 @@ def main() -> int:
         }
         if spdl_ok:
             # SPDL 0.8's load_image_batch decodes the batch one image after the other on
-            # the calling thread: a per-core path.
-            single_methods["SPDL load_image_batch (224x224 squash)"] = (
-                per_batch(spdl_batch),
-                groups,
-            )
-        single = measure(single_methods, args.repeats)
+            # the calling thread: a per-core path (the CPU/wall column checks it).
+            single_methods["SPDL load_image_batch"] = (per_batch(spdl_batch), groups)
+        cores: dict[str, float] = {}
+        single = measure(single_methods, args.repeats, cores)
         with ThreadPoolExecutor(args.threads) as pool:
             multi_methods: dict[str, tuple[Callable[[list[Any]], int], Sequence[Any]]] = {
                 f"ferrofeed load_images, {args.threads} threads": (
@@ -351,6 +407,15 @@ def main() -> int:
 
         sample = paths[: min(20, len(paths))]
         mad = {
+            **(
+                {
+                    "SPDL vs Pillow (no draft)": mean_abs_diff(
+                        sample, lambda p: spdl_batch([p])[0], lambda p: pillow_one(p, False)
+                    )
+                }
+                if spdl_ok
+                else {}
+            ),
             "ferrofeed DCT vs Pillow (no draft)": mean_abs_diff(
                 sample, lambda p: ferrofeed_one(p, True), lambda p: pillow_one(p, False)
             ),
@@ -360,6 +425,11 @@ def main() -> int:
         }
         draft_scaled = sum(1 for p in paths if draft_reduces(p))
 
+    content = (
+        "generated, photo-like"
+        if args.source == "generated"
+        else "views of scikit-image's sample photos: " + ", ".join(REAL_PHOTOS)
+    )
     pil = statistics.median(single["Pillow (no draft)"])
     pil_draft = statistics.median(single["Pillow + draft()"])
     pil_best = max(pil, pil_draft)
@@ -369,15 +439,15 @@ def main() -> int:
         f"{platform.python_version()}, {cpu_model()}, {os.cpu_count()} CPUs"
     )
     print(
-        f"{args.n} generated photo-like JPEGs {data_info['sizes']}, quality 75-95, mean "
+        f"{args.n} JPEGs ({content}) {data_info['sizes']}, quality 75-95, mean "
         f"{data_info['mean_file_bytes'] / 1024:.1f} KiB; decode + Resize({RESIZE}) + "
         f"CenterCrop({CROP}) to a uint8 array; median (best) of {args.repeats} passes"
     )
     why = " (its scales are 1/2, 1/4, 1/8: too small here)" if draft_scaled == 0 else ""
     print(f"Pillow draft() reduced {draft_scaled} of {args.n} images{why}")
     print()
-    header = f"{'per core (1 thread)':<42}{'images/s':>10}{'(best)':>9}{'ms/image':>10}"
-    print(f"{header}{'vs Pillow':>11}")
+    header = f"{'per core (1 thread)':<50}{'images/s':>10}{'(best)':>9}{'ms/image':>10}"
+    print(f"{header}{'vs Pillow':>11}{'CPU/wall':>10}")
     results: dict[str, Any] = {"per_core": {}, "batch": {}}
     for name, rates in single.items():
         s = summary(rates)
@@ -386,13 +456,14 @@ def main() -> int:
             **s,
             "vs_pillow": ratio,
             "vs_best_pillow": s["median"] / pil_best,
+            "cpu_over_wall": cores[name],
         }
         print(
-            f"{name:<42}{s['median']:>10.0f}{s['best']:>9.0f}{1e3 / s['median']:>10.2f}"
-            f"{ratio:>10.2f}x"
+            f"{name:<50}{s['median']:>10.0f}{s['best']:>9.0f}{1e3 / s['median']:>10.2f}"
+            f"{ratio:>10.2f}x{cores[name]:>10.2f}"
         )
     print()
-    header = f"{f'batch of {args.batch}, {args.threads} threads':<42}{'images/s':>10}{'(best)':>9}"
+    header = f"{f'batch of {args.batch}, {args.threads} threads':<50}{'images/s':>10}{'(best)':>9}"
     print(f"{header}{'per core':>10}{'vs Pillow':>11}")
     pil_multi = statistics.median(multi_rates[f"Pillow, {args.threads} threads + np.stack"])
     for name, rates in multi_rates.items():
@@ -400,10 +471,14 @@ def main() -> int:
         ratio = s["median"] / pil_multi
         results["batch"][name] = {**s, "per_core": s["median"] / args.threads, "vs_pillow": ratio}
         print(
-            f"{name:<42}{s['median']:>10.0f}{s['best']:>9.0f}"
+            f"{name:<50}{s['median']:>10.0f}{s['best']:>9.0f}"
             f"{s['median'] / args.threads:>10.0f}{ratio:>10.2f}x"
         )
-    if not spdl_ok:
+    if spdl_ok:
+        spdl = statistics.median(single["SPDL load_image_batch"])
+        same = statistics.median(single["ferrofeed load_images, 1 thread"])
+        print(f"SPDL ({spdl_note}): ferrofeed load_images is {same / spdl:.2f}x SPDL per core")
+    else:
         print(f"SPDL not measured: {spdl_note}")
     print()
     for name, v in mad.items():
@@ -427,7 +502,7 @@ def main() -> int:
                 "batch": args.batch,
                 "threads": args.threads,
                 "transform": f"Resize({RESIZE}) + CenterCrop({CROP})",
-                "data": {**data_info, "quality": "75-95", "content": "generated, photo-like"},
+                "data": {**data_info, "quality": "75-95", "content": content},
                 "images_per_s": results,
                 "pillow_draft_reduced_images": draft_scaled,
                 "mean_abs_diff_vs_pillow": mad,

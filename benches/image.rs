@@ -2,15 +2,20 @@
 //! DCT-scaled), the resize, PNG decode, and batch assembly (`decode_into` of
 //! 32 images into the slots of one pooled batch buffer).
 //!
-//! Run with `cargo bench --bench image`; results and method in BENCHMARKS.md.
+//! Run with `cargo bench --bench image` (JPEG by libjpeg-turbo, the default
+//! build) and `cargo bench --bench image --no-default-features` (JPEG by
+//! zune-jpeg, the pure-Rust fallback): the JPEG benchmark ids name the
+//! decoder, and both builds decode the same files. Results and method in
+//! BENCHMARKS.md.
 //!
 //! There are no photo files in the repository, so the inputs are generated
 //! here: photo-like content (gradients, soft-edged shapes, a multi-octave
-//! texture and sensor-like noise), encoded by libjpeg-turbo
-//! (through `turbojpeg`, 4:2:0 chroma subsampling as most camera and
-//! `ImageNet` JPEGs; one set in 4:4:4) and by the `png` crate. They compress better
-//! than most real photos (smaller files, so less entropy decoding): absolute
-//! decode times are on the optimistic side.
+//! texture and sensor-like noise), encoded by jpeg-encoder (pure Rust, so
+//! both builds get the same bytes; libjpeg's quantization tables and quality
+//! scaling, standard Huffman tables; 4:2:0 chroma subsampling as most camera
+//! and `ImageNet` JPEGs, one set in 4:4:4) and by the `png` crate. They
+//! compress better than most real photos (smaller files, so less entropy
+//! decoding): absolute decode times are on the optimistic side.
 
 #![allow(
     clippy::cast_precision_loss,
@@ -20,6 +25,7 @@
 
 use std::hint::black_box;
 use std::sync::Mutex;
+use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use fast_image_resize::images::{Image, ImageRef};
@@ -34,6 +40,12 @@ const H: usize = 375;
 const SET: usize = 8;
 /// Images per batch in the batch-assembly bench.
 const BATCH: usize = 32;
+/// The JPEG decoder of this build, in the benchmark ids.
+const DECODER: &str = if cfg!(feature = "turbojpeg") {
+    "libjpeg-turbo"
+} else {
+    "zune-jpeg"
+};
 
 /// xorshift64*: deterministic, no dependency.
 struct Rng(u64);
@@ -167,28 +179,25 @@ fn photo(w: usize, h: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
-fn jpeg(px: &[u8], w: usize, h: usize, quality: i32) -> Vec<u8> {
-    jpeg_subsamp(px, w, h, quality, turbojpeg::Subsamp::Sub2x2)
+fn jpeg(px: &[u8], w: usize, h: usize, quality: u8) -> Vec<u8> {
+    jpeg_subsamp(px, w, h, quality, jpeg_encoder::SamplingFactor::R_4_2_0)
 }
 
 fn jpeg_subsamp(
     px: &[u8],
     w: usize,
     h: usize,
-    quality: i32,
-    subsamp: turbojpeg::Subsamp,
+    quality: u8,
+    sampling: jpeg_encoder::SamplingFactor,
 ) -> Vec<u8> {
-    let mut c = turbojpeg::Compressor::new().unwrap();
-    c.set_quality(quality).unwrap();
-    c.set_subsamp(subsamp).unwrap();
-    let img = turbojpeg::Image {
-        pixels: px,
-        width: w,
-        pitch: w * 3,
-        height: h,
-        format: turbojpeg::PixelFormat::RGB,
-    };
-    c.compress_to_vec(img).unwrap()
+    let mut out = Vec::new();
+    let mut e = jpeg_encoder::Encoder::new(&mut out, quality);
+    e.set_sampling_factor(sampling);
+    // Box-filtered chroma, as libjpeg downsamples.
+    e.set_chroma_subsampling_method(jpeg_encoder::ChromaSubsamplingMethod::Average);
+    let (w, h) = (u16::try_from(w).unwrap(), u16::try_from(h).unwrap());
+    e.encode(px, w, h, jpeg_encoder::ColorType::Rgb).unwrap();
+    out
 }
 
 fn png_rgb(px: &[u8], w: usize, h: usize) -> Vec<u8> {
@@ -226,15 +235,24 @@ fn decode_at(n: usize, w: usize, h: usize) -> Transform {
     }
 }
 
-/// The transforms benched on each JPEG set, with their names.
-fn jpeg_transforms(w: usize, h: usize) -> Vec<(&'static str, Transform)> {
-    vec![
+/// The transforms benched on each JPEG set, with their names (the scaled
+/// decodes only where the decoder can scale: zune-jpeg always decodes at
+/// full size, so there `_dct` would repeat `_no_dct`).
+fn jpeg_transforms(w: usize, h: usize) -> Vec<(String, Transform)> {
+    let mut v = vec![
         ("full_decode", Transform::default()),
-        ("decode_at_6_8_only", decode_at(6, w, h)),
-        ("decode_at_4_8_only", decode_at(4, w, h)),
         ("resize256_crop224_no_dct", resize256_crop224(false)),
-        ("resize256_crop224_dct", resize256_crop224(true)),
-    ]
+    ];
+    if cfg!(feature = "turbojpeg") {
+        v.extend([
+            ("decode_at_6_8_only", decode_at(6, w, h)),
+            ("decode_at_4_8_only", decode_at(4, w, h)),
+            ("resize256_crop224_dct", resize256_crop224(true)),
+        ]);
+    }
+    v.into_iter()
+        .map(|(name, t)| (format!("{DECODER}/{name}"), t))
+        .collect()
 }
 
 /// Encoded images, and a slot of the right size for each under `t`.
@@ -248,7 +266,12 @@ fn slots(images: &[Vec<u8>], t: &Transform) -> Vec<Vec<u8>> {
         .collect()
 }
 
-fn bench_set(c: &mut Criterion, group: &str, images: &[Vec<u8>], transforms: &[(&str, Transform)]) {
+fn bench_set(
+    c: &mut Criterion,
+    group: &str,
+    images: &[Vec<u8>],
+    transforms: &[(String, Transform)],
+) {
     let bytes: u64 = images.iter().map(|v| v.len() as u64).sum();
     let mut g = c.benchmark_group(group);
     g.throughput(Throughput::ElementsAndBytes {
@@ -257,7 +280,7 @@ fn bench_set(c: &mut Criterion, group: &str, images: &[Vec<u8>], transforms: &[(
     });
     for (name, t) in transforms {
         let mut out = slots(images, t);
-        g.bench_function(*name, |b| {
+        g.bench_function(name, |b| {
             b.iter(|| {
                 for (img, slot) in images.iter().zip(out.iter_mut()) {
                     black_box(decode_into(black_box(img), "bench", t, slot).unwrap());
@@ -285,7 +308,7 @@ fn bench_jpeg(c: &mut Criterion) {
     let images: Vec<Vec<u8>> = (0..SET)
         .map(|i| {
             let px = photo(W, H, i as u64);
-            jpeg_subsamp(&px, W, H, 90, turbojpeg::Subsamp::None)
+            jpeg_subsamp(&px, W, H, 90, jpeg_encoder::SamplingFactor::R_4_4_4)
         })
         .collect();
     bench_set(
@@ -299,11 +322,10 @@ fn bench_jpeg(c: &mut Criterion) {
     let images: Vec<Vec<u8>> = (0..2)
         .map(|i| jpeg(&photo(w, h, 100 + i), w, h, 90))
         .collect();
-    let transforms = [
-        ("full_decode", Transform::default()),
-        ("resize256_crop224_no_dct", resize256_crop224(false)),
-        ("resize256_crop224_dct", resize256_crop224(true)),
-    ];
+    let transforms: Vec<(String, Transform)> = jpeg_transforms(w, h)
+        .into_iter()
+        .filter(|(name, _)| !name.contains("decode_at"))
+        .collect();
     bench_set(c, &format!("jpeg_{w}x{h}_q90"), &images, &transforms);
 }
 
@@ -347,8 +369,8 @@ fn bench_png(c: &mut Criterion) {
         .map(|i| png_rgb(&photo(W, H, i as u64), W, H))
         .collect();
     let transforms = [
-        ("full_decode", Transform::default()),
-        ("resize256_crop224", resize256_crop224(true)),
+        ("full_decode".to_string(), Transform::default()),
+        ("resize256_crop224".to_string(), resize256_crop224(true)),
     ];
     bench_set(c, &format!("png_{W}x{H}_rgb8"), &images, &transforms);
 }
@@ -379,7 +401,7 @@ fn bench_batch(c: &mut Criterion) {
     // 32 different images, quality 75 to 95.
     let images: Vec<Vec<u8>> = (0..BATCH)
         .map(|i| {
-            let quality = 75 + i32::try_from(i * 20 / (BATCH - 1)).unwrap();
+            let quality = 75 + u8::try_from(i * 20 / (BATCH - 1)).unwrap();
             jpeg(&photo(W, H, 1000 + i as u64), W, H, quality)
         })
         .collect();
@@ -396,14 +418,27 @@ fn bench_batch(c: &mut Criterion) {
         elements: BATCH as u64,
         bytes,
     });
-    g.sample_size(50);
     for threads in [1, 2] {
-        g.bench_function(format!("decode_into_pooled_batch_{threads}_threads"), |b| {
+        let name = format!("{DECODER}/decode_into_pooled_batch_{threads}_threads");
+        g.bench_function(name, |b| {
             b.iter(|| assemble(&pool, &images, &t, slot_len, threads));
         });
     }
     g.finish();
 }
 
-criterion_group!(benches, bench_jpeg, bench_resize, bench_png, bench_batch);
+/// Small samples: `make bench` runs this twice (both JPEG decoders) on a
+/// 2-core machine. 20 samples of at least 2 s, after 1 s of warm-up.
+fn config() -> Criterion {
+    Criterion::default()
+        .sample_size(20)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(2))
+}
+
+criterion_group! {
+    name = benches;
+    config = config();
+    targets = bench_jpeg, bench_resize, bench_png, bench_batch
+}
 criterion_main!(benches);

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import ferrofeed
+from bench_machine import cpu_model
 from ferrofeed import PipelineBuilder, ops
 
 
@@ -82,17 +83,6 @@ def time_spdl(n: int, buffer_size: int, threads: int) -> float:
 
 def median_time(fn: Callable[[], float], repeats: int) -> float:
     return statistics.median(fn() for _ in range(repeats))
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def main() -> int:

@@ -55,6 +55,7 @@ from typing import Any
 import ferrofeed
 import numpy as np
 import numpy.typing as npt
+from bench_machine import cpu_model
 from ferrofeed.memory import process_memory
 
 MIB = 1 << 20
@@ -664,19 +665,13 @@ def run_latency(n: int, seed: int, iters: int, repeats: int, arena_dir: str) -> 
 
 
 def machine_info() -> Json:
-    cpu = "unknown"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.partition(":")[2].strip()
-                break
     mem_total = 0
     with contextlib.suppress(OSError):
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemTotal:"):
                 mem_total = int(line.split()[1]) * 1024
     return {
-        "cpu_model": cpu,
+        "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
         "cpu_affinity": len(os.sched_getaffinity(0)),
         "mem_total_bytes": mem_total,

@@ -306,7 +306,7 @@ def decode_image(
     dct_scaling: bool = True,
     pool: BufferPool | None = None,
 ) -> Tensor:
-    """Decode one JPEG, PNG or WebP image into a ``(H, W, C)`` uint8 tensor.
+    """Decode one JPEG, PNG, WebP or BMP image into a ``(H, W, C)`` uint8 tensor.
 
     The file is read and the image decoded with the GIL released. The format is recognized
     from the bytes, never from the file name. Steps, in order: JPEG EXIF orientation,

@@ -137,7 +137,7 @@ class ImageError(FerrofeedError):
 
 
 class ImageDecodeError(ImageError, ValueError):
-    """The bytes are not a decodable image: empty, truncated, corrupt, or not JPEG/PNG/WebP."""
+    """The bytes are not a decodable image: empty, truncated, corrupt, or not JPEG/PNG/WebP/BMP."""
 
 
 class ImageReadError(ImageError, OSError):

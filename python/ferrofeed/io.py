@@ -1,4 +1,4 @@
-"""Decode images (JPEG, PNG, WebP) straight into pooled tensors, with the GIL released.
+"""Decode images (JPEG, PNG, WebP, BMP) straight into pooled tensors, with the GIL released.
 
 `decode_image` decodes one image to a ``(H, W, C)`` uint8 `ferrofeed.Tensor`;
 `load_images` decodes many, in parallel, into one ``(N, H, W, C)`` batch. Both honour JPEG

@@ -1,22 +1,27 @@
-//! The decoders: libjpeg-turbo (through `turbojpeg`), `png`, `image-webp`,
-//! and the EXIF orientation of JPEGs (through `kamadak-exif`).
+//! The decoders: JPEG (libjpeg-turbo with the `turbojpeg` feature,
+//! zune-jpeg without it), `png`, `image-webp`, zune-bmp, and the EXIF
+//! orientation of JPEGs (through `kamadak-exif`).
 
-use std::cell::RefCell;
+mod bmp;
+#[cfg(feature = "turbojpeg")]
+pub(crate) mod jpeg_turbo;
+// Without the feature, the JPEG decoder; with it, compared against
+// libjpeg-turbo by the unit tests.
+#[cfg_attr(all(feature = "turbojpeg", not(test)), allow(dead_code))]
+pub(crate) mod jpeg_zune;
+
 use std::io::Cursor;
 
-use turbojpeg::{Colorspace, Decompressor, PixelFormat, ScalingFactor};
-
 use super::{ColorMode, Format, ImageError, MAX_PIXELS};
-
-thread_local! {
-    /// One libjpeg-turbo handle per thread (`tj3Init` allocates).
-    static DECOMPRESSOR: RefCell<Option<Decompressor>> = const { RefCell::new(None) };
-}
 
 /// At most this many progressive scans: a crafted progressive JPEG with
 /// thousands of tiny scans would otherwise take minutes to decode
 /// (libjpeg-turbo's own advice for untrusted input).
-const MAX_JPEG_SCANS: u32 = 500;
+const MAX_JPEG_SCANS: usize = 500;
+
+/// Whether this build's JPEG decoder can decode at a reduced `n/8` scale
+/// (libjpeg-turbo can; zune-jpeg always decodes at full size).
+pub(crate) const JPEG_DCT_SCALING: bool = cfg!(feature = "turbojpeg");
 
 /// The header of an image: enough to plan the work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,7 +32,7 @@ pub struct ImageInfo {
     pub width: usize,
     /// Height as stored (before EXIF orientation).
     pub height: usize,
-    /// EXIF orientation, 1 (none) to 8; always 1 for PNG and WebP.
+    /// EXIF orientation, 1 (none) to 8; always 1 for PNG, WebP and BMP.
     pub orientation: u16,
 }
 
@@ -59,6 +64,9 @@ pub(crate) fn sniff(data: &[u8]) -> Option<Format> {
         Some(Format::Png)
     } else if data.len() >= 12 && &data[..4] == b"RIFF" && &data[8..12] == b"WEBP" {
         Some(Format::Webp)
+    } else if zune_bmp::probe_bmp(data) {
+        // "BM" and a known info-header size.
+        Some(Format::Bmp)
     } else {
         None
     }
@@ -82,6 +90,7 @@ fn check_size(width: usize, height: usize, format: Format) -> Result<(), ImageEr
     Ok(())
 }
 
+#[cold]
 #[allow(clippy::needless_pass_by_value)] // takes both errors and &str
 fn corrupt(format: Format, reason: impl ToString) -> ImageError {
     ImageError::Corrupt {
@@ -89,28 +98,6 @@ fn corrupt(format: Format, reason: impl ToString) -> ImageError {
         format,
         reason: reason.to_string(),
     }
-}
-
-fn with_decompressor<T>(
-    f: impl FnOnce(&mut Decompressor) -> Result<T, ImageError>,
-) -> Result<T, ImageError> {
-    DECOMPRESSOR.with(|cell| {
-        let mut slot = cell.borrow_mut();
-        if slot.is_none() {
-            *slot = Some(Decompressor::new().map_err(|e| corrupt(Format::Jpeg, e))?);
-        }
-        // The handle was just made if it was missing.
-        let d = slot
-            .as_mut()
-            .ok_or_else(|| corrupt(Format::Jpeg, "no decompressor"))?;
-        let result = f(d);
-        if result.is_err() {
-            // libjpeg-turbo can leave a handle in a bad state after a corrupt
-            // input (the next, valid image then fails): start afresh.
-            *slot = None;
-        }
-        result
-    })
 }
 
 /// The EXIF orientation of a JPEG (1 when absent, unreadable or out of
@@ -131,9 +118,11 @@ fn jpeg_orientation(data: &[u8]) -> u16 {
 pub(crate) fn probe(data: &[u8], format: Format) -> Result<ImageInfo, ImageError> {
     let (width, height, orientation) = match format {
         Format::Jpeg => {
-            let header =
-                with_decompressor(|d| d.read_header(data).map_err(|e| corrupt(format, e)))?;
-            (header.width, header.height, jpeg_orientation(data))
+            #[cfg(feature = "turbojpeg")]
+            let (w, h) = jpeg_turbo::header(data)?;
+            #[cfg(not(feature = "turbojpeg"))]
+            let (w, h) = jpeg_zune::header(data)?;
+            (w, h, jpeg_orientation(data))
         }
         Format::Png => {
             let mut decoder = png::Decoder::new(Cursor::new(data));
@@ -146,6 +135,10 @@ pub(crate) fn probe(data: &[u8], format: Format) -> Result<ImageInfo, ImageError
             let (w, h) = decoder.dimensions();
             (w as usize, h as usize, 1)
         }
+        Format::Bmp => {
+            let (w, h) = bmp::header(data)?;
+            (w, h, 1)
+        }
     };
     check_size(width, height, format)?;
     Ok(ImageInfo {
@@ -156,14 +149,21 @@ pub(crate) fn probe(data: &[u8], format: Format) -> Result<ImageInfo, ImageError
     })
 }
 
-/// The scaled size libjpeg-turbo produces for `num/8`.
+/// The size a JPEG decodes to at `num/8` scale (`num` is 8 in builds
+/// without DCT scaling).
 pub(crate) fn jpeg_scaled_size(info: &ImageInfo, num: usize) -> (usize, usize) {
-    let f = ScalingFactor::new(num, 8);
-    (f.scale(info.width), f.scale(info.height))
+    #[cfg(feature = "turbojpeg")]
+    return jpeg_turbo::scaled_size(info.width, info.height, num);
+    #[cfg(not(feature = "turbojpeg"))]
+    {
+        debug_assert_eq!(num, 8, "zune-jpeg has no DCT scaling");
+        (info.width, info.height)
+    }
 }
 
-/// Decodes a JPEG at `num/8` scale in `mode` into `out`, rows `pitch`
-/// bytes apart (`out` holds at least `pitch * scaled height` bytes).
+/// Decodes a JPEG at `num/8` scale (`num` is 8 in builds without DCT
+/// scaling) in `mode` into `out`, rows `pitch` bytes apart (`out` holds at
+/// least `pitch * scaled height` bytes). Returns the decoded size.
 pub(crate) fn decode_jpeg_into(
     data: &[u8],
     num: usize,
@@ -171,57 +171,26 @@ pub(crate) fn decode_jpeg_into(
     out: &mut [u8],
     pitch: usize,
 ) -> Result<(usize, usize), ImageError> {
-    let fmt = Format::Jpeg;
-    with_decompressor(|d| {
-        let header = d.read_header(data).map_err(|e| corrupt(fmt, e))?;
-        // Lossless JPEGs cannot be scaled while decoding.
-        let num = if header.is_lossless { 8 } else { num };
-        d.set_scaling_factor(ScalingFactor::new(num, 8))
-            .map_err(|e| corrupt(fmt, e))?;
-        d.set_scan_limit(MAX_JPEG_SCANS)
-            .map_err(|e| corrupt(fmt, e))?;
-        let header = header.scaled(ScalingFactor::new(num, 8));
-        let (w, h) = (header.width, header.height);
-        let cmyk = matches!(header.colorspace, Colorspace::CMYK | Colorspace::YCCK);
-        if cmyk {
-            // libjpeg converts neither CMYK nor YCCK to RGB: take the
-            // (Adobe-inverted) CMYK and convert it as Pillow does.
-            let mut buf = vec![0u8; w * h * 4];
-            let image = turbojpeg::Image {
-                pixels: buf.as_mut_slice(),
-                width: w,
-                pitch: w * 4,
-                height: h,
-                format: PixelFormat::CMYK,
-            };
-            d.decompress(data, image).map_err(|e| corrupt(fmt, e))?;
-            let mut rgb = vec![0u8; w * h * 3];
-            super::ops::inverted_cmyk_to_rgb(&buf, &mut rgb);
-            let c = mode.channels();
-            for (y, line) in rgb.chunks_exact(w * 3).enumerate() {
-                let row = &mut out[y * pitch..y * pitch + w * c];
-                super::ops::convert_channels(line, 3, row, c);
-            }
-            return Ok((w, h));
-        }
-        let format = match mode {
-            ColorMode::Rgb => PixelFormat::RGB,
-            ColorMode::Gray => PixelFormat::GRAY,
-        };
-        let needed = pitch * h.saturating_sub(1) + w * format.size();
-        if out.len() < needed || pitch < w * format.size() {
-            return Err(corrupt(fmt, "output buffer too small (a bug)"));
-        }
-        let image = turbojpeg::Image {
-            pixels: &mut out[..needed],
-            width: w,
-            pitch,
-            height: h,
-            format,
-        };
-        d.decompress(data, image).map_err(|e| corrupt(fmt, e))?;
-        Ok((w, h))
-    })
+    #[cfg(feature = "turbojpeg")]
+    return jpeg_turbo::decode_into(data, num, mode, out, pitch);
+    #[cfg(not(feature = "turbojpeg"))]
+    {
+        debug_assert_eq!(num, 8, "zune-jpeg has no DCT scaling");
+        jpeg_zune::decode_into(data, mode, out, pitch)
+    }
+}
+
+/// Converts `w`-wide Adobe-inverted CMYK (what libjpeg-turbo and zune-jpeg
+/// give for CMYK and YCCK JPEGs) to `mode` as Pillow does, into `out`, rows
+/// `pitch` bytes apart.
+fn write_inverted_cmyk(cmyk: &[u8], w: usize, mode: ColorMode, out: &mut [u8], pitch: usize) {
+    let c = mode.channels();
+    let mut rgb = vec![0u8; w * 3];
+    for (y, line) in cmyk.chunks_exact(w * 4).enumerate() {
+        super::ops::inverted_cmyk_to_rgb(line, &mut rgb);
+        let row = &mut out[y * pitch..y * pitch + w * c];
+        super::ops::convert_channels(&rgb, 3, row, c);
+    }
 }
 
 /// Decodes a PNG (any bit depth, palette, alpha, gray) to 8-bit pixels:
@@ -267,6 +236,11 @@ pub(crate) fn decode_png(data: &[u8]) -> Result<Pixels, ImageError> {
         height,
         channels,
     })
+}
+
+/// Decodes a BMP to 8-bit gray, RGB or RGBA.
+pub(crate) fn decode_bmp(data: &[u8]) -> Result<Pixels, ImageError> {
+    bmp::decode(data)
 }
 
 /// Decodes a WebP (lossy or lossless, still; the first frame of an

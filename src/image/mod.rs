@@ -1,4 +1,4 @@
-//! Image kernels: decode JPEG, PNG and WebP to 8-bit RGB or grayscale,
+//! Image kernels: decode JPEG, PNG, WebP and BMP to 8-bit RGB or grayscale,
 //! apply EXIF orientation, resize, crop and flip, writing straight into a
 //! caller-given slot of a batch buffer. Pure Rust API, no GIL anywhere.
 //!
@@ -12,6 +12,14 @@
 //! JPEG much larger than its output, libjpeg-turbo decodes at the smallest
 //! `n/8` scale that still covers the output (DCT-domain scaling), so a
 //! 4000 x 3000 photo bound for 224 x 224 is decoded at 1/8 size.
+//!
+//! # JPEG decoders
+//!
+//! With the `turbojpeg` feature (on by default, and in the wheel), JPEGs
+//! are decoded by libjpeg-turbo, built from source (cmake and nasm). Without
+//! it, by zune-jpeg, pure Rust: the same output within IDCT rounding, but no
+//! DCT-domain scaling (every JPEG is decoded at full size, then resampled),
+//! no lossless or arithmetic-coded JPEGs, and slower (see BENCHMARKS.md).
 //!
 //! # Errors, never panics
 //!
@@ -71,6 +79,9 @@ pub enum Format {
     Png,
     /// WebP (lossy or lossless; the first frame of an animation).
     Webp,
+    /// BMP (1, 4 and 8 bit palette, 8 bit gray, 16, 24 and 32 bit, bit
+    /// fields, RLE; bottom-up or top-down).
+    Bmp,
 }
 
 impl std::fmt::Display for Format {
@@ -79,6 +90,7 @@ impl std::fmt::Display for Format {
             Format::Jpeg => "JPEG",
             Format::Png => "PNG",
             Format::Webp => "WebP",
+            Format::Bmp => "BMP",
         })
     }
 }
@@ -156,7 +168,8 @@ pub struct Transform {
     pub flip: bool,
     /// Let libjpeg-turbo decode at a reduced `n/8` scale when the output is
     /// much smaller (faster; slightly different from a full decode and
-    /// resize). On by default.
+    /// resize). On by default; ignored by builds without the `turbojpeg`
+    /// feature, which always decode at full size.
     pub dct_scaling: bool,
 }
 
@@ -184,7 +197,7 @@ pub enum ImageError {
         name: String,
     },
     /// The first bytes are none of the supported formats' signatures.
-    #[error("{name}: not a JPEG, PNG or WebP image (starts with {magic})")]
+    #[error("{name}: not a JPEG, PNG, WebP or BMP image (starts with {magic})")]
     UnknownFormat {
         /// The source.
         name: String,
@@ -470,7 +483,7 @@ fn decode_inner(
                 finish(slot, &p, c, transform.flip);
                 return Ok((p.out_h, p.out_w, c));
             }
-            let num = if transform.dct_scaling {
+            let num = if transform.dct_scaling && codecs::JPEG_DCT_SCALING {
                 plan::jpeg_scale_num(&p, ow, oh)
             } else {
                 8
@@ -481,11 +494,11 @@ fn decode_inner(
             buf.truncate(w * h * c);
             (buf, w, h)
         }
-        Format::Png | Format::Webp => {
-            let px = if info.format == Format::Png {
-                codecs::decode_png(data)?
-            } else {
-                codecs::decode_webp(data)?
+        Format::Png | Format::Webp | Format::Bmp => {
+            let px = match info.format {
+                Format::Png => codecs::decode_png(data)?,
+                Format::Webp => codecs::decode_webp(data)?,
+                _ => codecs::decode_bmp(data)?,
             };
             if (px.width, px.height) != (info.width, info.height) {
                 return Err(ImageError::Corrupt {
