@@ -5,11 +5,11 @@
 //! # Example
 //!
 //! ```
-//! use ferrofeed::image::synth::{encode_jpeg, photo};
+//! use ferrofeed::image::synth::{encode_jpeg, photo, Chroma};
 //! use ferrofeed::image::{decode, Transform};
 //!
 //! let pixels = photo(64, 48, 7);
-//! let jpeg = encode_jpeg(&pixels, 64, 48, 90)?;
+//! let jpeg = encode_jpeg(&pixels, 64, 48, 90, Chroma::Subsampled)?;
 //! let img = decode(&jpeg, "synthetic", &Transform::default())?;
 //! assert_eq!((img.width, img.height), (64, 48));
 //! # Ok::<(), ferrofeed::image::ImageError>(())
@@ -159,39 +159,57 @@ pub fn photo(w: usize, h: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
-/// Encodes RGB pixels (`w * h * 3` bytes) as a baseline JPEG with 4:2:0
-/// chroma subsampling (as most camera and `ImageNet` JPEGs), at `quality`
-/// (1 to 100), with libjpeg-turbo.
+/// How a JPEG stores its chroma.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Chroma {
+    /// Halved both ways (4:2:0), as most camera and `ImageNet` JPEGs.
+    #[default]
+    Subsampled,
+    /// Full resolution (4:4:4).
+    Full,
+}
+
+/// Encodes RGB pixels (`w * h * 3` bytes) as a baseline JPEG at `quality`
+/// (1 to 100) with jpeg-encoder (pure Rust, so the bytes are the same in
+/// every build): libjpeg's quantization tables and quality scaling,
+/// standard Huffman tables, box-filtered chroma as libjpeg downsamples.
 ///
 /// # Errors
 ///
-/// [`ImageError::Encode`] for a pixel buffer of the wrong size, a quality
-/// out of range, or a failure of the encoder.
-pub fn encode_jpeg(pixels: &[u8], w: usize, h: usize, quality: u8) -> Result<Vec<u8>, ImageError> {
+/// [`ImageError::Encode`] for a pixel buffer of the wrong size, a side over
+/// 65,535, a quality out of range, or a failure of the encoder.
+pub fn encode_jpeg(
+    pixels: &[u8],
+    w: usize,
+    h: usize,
+    quality: u8,
+    chroma: Chroma,
+) -> Result<Vec<u8>, ImageError> {
+    let encode = |reason: String| ImageError::Encode { reason };
     if pixels.len() != w * h * 3 || w == 0 || h == 0 {
-        return Err(ImageError::Encode {
-            reason: format!("{} bytes are not a {w}x{h} RGB image", pixels.len()),
-        });
+        return Err(encode(format!(
+            "{} bytes are not a {w}x{h} RGB image",
+            pixels.len()
+        )));
     }
     if !(1..=100).contains(&quality) {
-        return Err(ImageError::Encode {
-            reason: format!("JPEG quality is 1 to 100, not {quality}"),
-        });
+        return Err(encode(format!("JPEG quality is 1 to 100, not {quality}")));
     }
-    let failed = |e: turbojpeg::Error| ImageError::Encode {
-        reason: e.to_string(),
+    let (Ok(w16), Ok(h16)) = (u16::try_from(w), u16::try_from(h)) else {
+        return Err(encode(format!(
+            "{w}x{h} exceeds JPEG's 65535 pixels a side"
+        )));
     };
-    let mut c = turbojpeg::Compressor::new().map_err(failed)?;
-    c.set_quality(i32::from(quality)).map_err(failed)?;
-    c.set_subsamp(turbojpeg::Subsamp::Sub2x2).map_err(failed)?;
-    let image = turbojpeg::Image {
-        pixels,
-        width: w,
-        pitch: w * 3,
-        height: h,
-        format: turbojpeg::PixelFormat::RGB,
-    };
-    c.compress_to_vec(image).map_err(failed)
+    let mut out = Vec::new();
+    let mut e = jpeg_encoder::Encoder::new(&mut out, quality);
+    e.set_sampling_factor(match chroma {
+        Chroma::Subsampled => jpeg_encoder::SamplingFactor::R_4_2_0,
+        Chroma::Full => jpeg_encoder::SamplingFactor::R_4_4_4,
+    });
+    e.set_chroma_subsampling_method(jpeg_encoder::ChromaSubsamplingMethod::Average);
+    e.encode(pixels, w16, h16, jpeg_encoder::ColorType::Rgb)
+        .map_err(|err| encode(err.to_string()))?;
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -207,16 +225,16 @@ mod tests {
 
     #[test]
     fn encode_refuses_bad_input() {
-        assert!(encode_jpeg(&[0; 10], 2, 2, 90).is_err());
-        assert!(encode_jpeg(&[0; 12], 2, 2, 0).is_err());
-        assert!(encode_jpeg(&[0; 12], 2, 2, 101).is_err());
+        assert!(encode_jpeg(&[0; 10], 2, 2, 90, Chroma::Subsampled).is_err());
+        assert!(encode_jpeg(&[0; 12], 2, 2, 0, Chroma::Subsampled).is_err());
+        assert!(encode_jpeg(&[0; 12], 2, 2, 101, Chroma::Full).is_err());
     }
 
     #[test]
     fn encoded_photo_decodes_close_to_the_original() {
         let (w, h) = (96, 64);
         let px = photo(w, h, 3);
-        let jpeg = encode_jpeg(&px, w, h, 95).unwrap();
+        let jpeg = encode_jpeg(&px, w, h, 95, Chroma::Full).unwrap();
         let img = crate::image::decode(&jpeg, "p", &crate::image::Transform::default()).unwrap();
         let mad = px
             .iter()

@@ -356,7 +356,13 @@ fn _synthetic_jpeg(
     }
     let jpeg = py.detach(|| {
         let pixels = image::synth::photo(width, height, seed);
-        image::synth::encode_jpeg(&pixels, width, height, quality)
+        image::synth::encode_jpeg(
+            &pixels,
+            width,
+            height,
+            quality,
+            image::synth::Chroma::Subsampled,
+        )
     })?;
     Ok(pyo3::types::PyBytes::new(py, &jpeg).unbind())
 }
