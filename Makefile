@@ -107,6 +107,7 @@ bench: install-test bench-deps ## Criterion benches and the Python comparisons (
 	$(PY) benches/ram_study.py
 	$(PY) benches/pipeline_overhead.py --spdl-n 20000
 	$(PY) benches/decode_vs_pillow.py
+	$(PY) benches/loader_images.py
 
 .PHONY: clean
 clean: ## Remove build outputs (keeps .venv)

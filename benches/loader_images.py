@@ -16,7 +16,8 @@ workers:
 Time to first batch is measured on a fresh loader (worker start-up included); throughput
 over whole epochs after one warm-up epoch (files in the page cache), the two loaders
 taking turns so that both see the same machine state. Run:
-``python benches/loader_images.py [--n 512] [--workers 2] [--json out.json]``.
+``python benches/loader_images.py [--n 512] [--workers 2]``; results go to stdout and to
+bench-results/loader_images.json.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from typing import Any
 import ferrofeed
 import numpy as np
 import torch
+from bench_machine import cpu_model
 from ferrofeed.samples import image_folder
 from PIL import Image
 
@@ -92,11 +94,11 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2, help="threads / worker processes")
     parser.add_argument("--epochs", type=int, default=3, help="timed epochs per round")
     parser.add_argument("--rounds", type=int, default=2, help="turns each loader takes")
-    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--out", default="bench-results/loader_images.json")
     args = parser.parse_args()
     torch.set_num_threads(1)
     results: dict[str, Any] = {
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+        "machine": f"{cpu_model()}, {platform.machine()}, {os.cpu_count()} CPUs",
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "pillow": Image.__version__,
@@ -150,9 +152,9 @@ def main() -> int:
     ttfb_ratio = results["pytorch"]["ttfb_s"] / results["ferrofeed"]["ttfb_s"]
     results["throughput_ratio"], results["ttfb_ratio"] = ratio, ttfb_ratio
     print(f"ferrofeed / PyTorch: {ratio:.2f}x images/s, first batch {ttfb_ratio:.1f}x sooner")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(results, f, indent=2)
     return 0
 
 
