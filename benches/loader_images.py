@@ -102,7 +102,7 @@ def main() -> int:
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "pillow": Image.__version__,
-        "ferrofeed": ferrofeed.__version__,
+        "ferrofeed_version": ferrofeed.__version__,
         "n": args.n,
         "batch_size": args.batch_size,
         "workers": args.workers,
