@@ -284,14 +284,7 @@ fn collate(pool: &BufferPool, layout: Layout, items: Vec<Item>) -> PyResult<Item
     }
     let labels = match labels.iter().filter(|l| l.is_some()).count() {
         0 => None,
-        k if k == n => {
-            let mut t = Tensor::empty(pool, &[n], DType::I64)?;
-            let out = tensor_bytes(&mut t);
-            for (k, l) in labels.iter().enumerate() {
-                out[k * 8..k * 8 + 8].copy_from_slice(&l.unwrap_or(0).to_ne_bytes());
-            }
-            Some(t)
-        }
+        k if k == n => Some(label_tensor(pool, &labels)?),
         _ => {
             return Err(PyValueError::new_err(
                 "some images of the batch have a label and some do not",
@@ -486,12 +479,7 @@ impl LoadBatch {
         let labels = if with_labels == 0 {
             None
         } else {
-            let mut t = Tensor::empty(&self.pool, &[kept], DType::I64)?;
-            let out = tensor_bytes(&mut t);
-            for (k, l) in kept_labels.iter().enumerate() {
-                out[k * 8..k * 8 + 8].copy_from_slice(&l.unwrap_or(0).to_ne_bytes());
-            }
-            Some(t)
+            Some(label_tensor(&self.pool, &kept_labels)?)
         };
         Ok(Item::Loaded {
             images: Some(images),
@@ -564,6 +552,17 @@ fn _op_load_batch(
             other => Err(wrong_item("decode_batch", "lists of paths", &other)),
         }),
     ))
+}
+
+/// The labels of a batch as an int64 tensor from `pool` (callers make sure
+/// every item has one).
+fn label_tensor(pool: &BufferPool, labels: &[Option<i64>]) -> PyResult<Tensor> {
+    let mut t = Tensor::empty(pool, &[labels.len()], DType::I64)?;
+    let out = tensor_bytes(&mut t);
+    for (k, l) in labels.iter().enumerate() {
+        out[k * 8..k * 8 + 8].copy_from_slice(&l.unwrap_or(0).to_ne_bytes());
+    }
+    Ok(t)
 }
 
 /// The tensor's bytes, writable: the collate op just made it and holds its
