@@ -655,3 +655,32 @@ fn thread_stage_errors_follow_the_policy_in_order() {
         "{err:?}"
     );
 }
+
+#[test]
+fn nothing_after_a_fatal_item_comes_out_of_a_thread_stage() {
+    // With a sink of one, results wait in the stage while the consumer takes
+    // them one by one: none that follows the failing item may come out,
+    // whichever thread sends results on after the failure.
+    let f: ItemFn<u64, String> = Arc::new(|x| {
+        if x == 21 {
+            Err("bad".into())
+        } else {
+            Ok(Some(x))
+        }
+    });
+    for _ in 0..50 {
+        let stage = map("f", Work::Dedicated(f.clone(), None), 2, true);
+        let mut p = P::new(source(100), vec![stage], config(1), None).unwrap();
+        let mut out = Vec::new();
+        let failure = loop {
+            match p.next_timeout(Duration::from_secs(10)) {
+                Next::Item(x) => out.push(x),
+                Next::Failed(f) => break f,
+                other => panic!("{other:?}"),
+            }
+        };
+        assert!(matches!(failure.kind, FailureKind::Item(_)));
+        assert!(out.len() <= 21, "{out:?}");
+        assert_eq!(out, (0..out.len() as u64).collect::<Vec<_>>());
+    }
+}
