@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import itertools
 import logging
 import random
 import threading
@@ -451,7 +452,7 @@ def test_sync_stage_runs_cheap_calls_in_runs_on_one_thread() -> None:
     n = 20_000
     p = PipelineBuilder().add_source(range(n)).pipe(record, concurrency=4).add_sink(64)
     assert drain(p.build()) == list(range(n))
-    switches = sum(1 for a, b in zip(callers, callers[1:]) if a != b)
+    switches = sum(1 for a, b in itertools.pairwise(callers) if a != b)
     assert switches < n / 8, f"the calling thread changed {switches} times in {n} calls"
 
 
