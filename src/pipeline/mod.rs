@@ -19,18 +19,20 @@
 //!
 //! A [`Work::Dedicated`] stage of concurrency `k` runs on `k` threads of
 //! its own that take items from the stage's input channel themselves (no
-//! task, job channel or per-item reply in between). A thread with work
-//! enters one session (for a Python stage, one GIL acquisition) and takes
-//! items one at a time inside it, calling the function on each, until
-//! nothing is waiting, 1 ms has passed, or the stage holds its window of
-//! items (`max(2k, 32)`, taken and not yet sent on); then it leaves the
-//! session and sends the results on. So cheap Python calls run many per GIL
-//! acquisition whatever `k` (about 3 µs per no-op item with `k` = 1 or 4,
-//! BENCHMARKS.md), while calls that release the GIL (sleep, I/O, NumPy)
-//! overlap on the `k` threads: a sibling takes the next item as soon as the
-//! GIL is free. Items are numbered as they leave the channel and an ordered
-//! stage sends results on in that order; the window bounds what a slow item
-//! holds back. See `threads.rs` for the details.
+//! task, job channel or per-item reply in between): items leave the channel
+//! in bulk, numbered in input order, into a queue the threads share. A
+//! thread with work enters one session (for a Python stage, one GIL
+//! acquisition) and takes items from that queue one at a time, calling the
+//! function on each, until none is left, 1 ms has passed, or the stage
+//! holds its window of items (`max(2k, 32)`, taken and not yet sent on);
+//! then it leaves the session and sends the results on. So cheap Python
+//! calls run many per GIL acquisition whatever `k` (a no-op stage costs
+//! about the same per item with `k` = 4 as with `k` = 1: BENCHMARKS.md),
+//! while calls that release the GIL (sleep, I/O, `NumPy`) overlap on the `k`
+//! threads: a sibling takes the next item as soon as the GIL is free. One
+//! thread at a time sends results on, in input order for an ordered stage;
+//! the window bounds what a slow item holds back. `threads.rs` has the
+//! details.
 //!
 //! # Back-pressure
 //!
