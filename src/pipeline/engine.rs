@@ -15,9 +15,8 @@ use super::stage::{
 };
 use super::stats::{StageStats, StatsSnapshot};
 
-/// Most items a stage takes from its input at once (when they are there);
-/// also the smallest window of a thread stage (see `threads`).
-pub(super) const MAX_BATCH: usize = 64;
+/// Most items a stage takes from its input at once (when they are there).
+const MAX_BATCH: usize = 64;
 
 /// Longest a thread stage runs items in one session before it sends the
 /// results on.

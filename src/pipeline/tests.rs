@@ -684,3 +684,67 @@ fn nothing_after_a_fatal_item_comes_out_of_a_thread_stage() {
         assert_eq!(out, (0..out.len() as u64).collect::<Vec<_>>());
     }
 }
+
+/// A barrier for `n` threads that gives up after a timeout.
+struct TimedBarrier {
+    n: usize,
+    state: std::sync::Mutex<(usize, u64)>,
+    cv: std::sync::Condvar,
+}
+
+impl TimedBarrier {
+    fn new(n: usize) -> Self {
+        Self {
+            n,
+            state: std::sync::Mutex::new((0, 0)),
+            cv: std::sync::Condvar::new(),
+        }
+    }
+
+    /// Whether all `n` arrived within `timeout`.
+    fn wait(&self, timeout: Duration) -> bool {
+        let mut state = self.state.lock().unwrap();
+        let generation = state.1;
+        state.0 += 1;
+        if state.0 == self.n {
+            *state = (0, generation + 1);
+            self.cv.notify_all();
+            return true;
+        }
+        let (state, result) = self
+            .cv
+            .wait_timeout_while(state, timeout, |s| s.1 == generation)
+            .unwrap();
+        drop(state);
+        !result.timed_out()
+    }
+}
+
+#[test]
+fn thread_stage_runs_concurrency_calls_that_wait_for_each_other() {
+    // Every call waits (without the GIL) until `concurrency` calls wait
+    // together: the stage must let that many run at once, however the
+    // items fall into sessions and whatever the window holds.
+    for concurrency in [2, 8, 16] {
+        for _ in 0..20 {
+            let gil = Arc::new(FakeGil::default());
+            let sessions = Arc::new(AtomicUsize::new(0));
+            let barrier = Arc::new(TimedBarrier::new(concurrency));
+            let (g, b) = (Arc::clone(&gil), Arc::clone(&barrier));
+            let meet: ItemFn<u64, String> = Arc::new(move |x| {
+                let mut met = false;
+                g.without(|| met = b.wait(Duration::from_secs(5)));
+                if met {
+                    Ok(Some(x))
+                } else {
+                    Err(format!("item {x}: the others never came"))
+                }
+            });
+            let work = Work::Dedicated(meet, Some(gil.session(&sessions)));
+            let n = 4 * concurrency as u64;
+            let stages = vec![map("meet", work, concurrency, true)];
+            let mut p = P::new(source(n), stages, config(3), None).unwrap();
+            assert_eq!(drain(&mut p).unwrap(), (0..n).collect::<Vec<_>>());
+        }
+    }
+}

@@ -26,16 +26,24 @@
 //! # Order and bounds
 //!
 //! Items are numbered as they leave the input channel, under the intake
-//! lock, so the numbers follow input order. Results go into an outbox; one
-//! thread at a time (whichever finds nobody else at it) sends them on: in
-//! number order for an ordered stage, as they come for an unordered one.
-//! The items a stage holds (taken, not yet sent on) are bounded by its
-//! window, so a slow item holds back at most a window of finished ones.
+//! lock, so the numbers follow input order. Each result goes into an
+//! outbox as its call returns (a thread never keeps results while its next
+//! call waits). Threads out of a session send them on, one thread at a time
+//! (whichever finds nobody else at it): after each session, and when idle.
+//! An ordered stage sends them in number order, an unordered one as they
+//! come. The items a stage holds (numbered, not yet sent on) are bounded by
+//! its window, so a slow item holds back at most a window of finished ones;
+//! within the window, `concurrency` calls can always run at once (calls
+//! that wait for each other do not deadlock).
+//!
+//! Idle threads wait for input in the channel's `recv`, or on one signal
+//! that whatever they wait for bumps: items numbered or taken, a thread
+//! that headed for an item and found none, results sent on.
 //!
 //! # Failures and shutdown
 //!
 //! Results are sent on, and the error policy applied, by the thread that
-//! sends, in order. The function is not wrapped in `catch_unwind` (see
+//! sends, in order; after a fatal one nothing more goes out. The function is not wrapped in `catch_unwind` (see
 //! [`UnwindGuard`]): a panic ends its thread and fails the stage. Threads
 //! that wait (for an item, for room in the window) look at the stop flag at
 //! least every [`POLL`].
@@ -46,7 +54,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::engine::{thread_name, Emitter, StageCtx, UnwindGuard, BATCH_SLICE, MAX_BATCH};
+use super::engine::{thread_name, Emitter, StageCtx, UnwindGuard, BATCH_SLICE};
 use super::error::PipelineError;
 use super::stage::{ErrorPolicy, ItemFn, MapStage, SessionFn};
 use super::stats::StageStats;
@@ -85,13 +93,7 @@ impl<T> Intake<T> {
     /// Numbers `first` (if any, received after waiting `waited`) and what
     /// waits in the channel, up to `room` items in all, into `pending`: one
     /// pass over the channel's lock rather than one per item.
-    fn refill(
-        &mut self,
-        first: Option<(T, Duration)>,
-        room: u64,
-        stats: &StageStats,
-        taken: &AtomicU64,
-    ) {
+    fn refill(&mut self, first: Option<(T, Duration)>, room: u64, stats: &StageStats) {
         let room = usize::try_from(room).unwrap_or(usize::MAX);
         let Intake {
             rx,
@@ -108,7 +110,6 @@ impl<T> Intake<T> {
             pending.push_back((*next_seq, item));
             *next_seq += 1;
         }
-        taken.store(*next_seq, Ordering::Release);
     }
 }
 
@@ -165,23 +166,20 @@ struct Pool<T, E> {
     /// Most items the stage holds at once (taken, not yet sent on).
     window: u64,
     intake: Mutex<Intake<T>>,
-    /// Items taken out of the channel (`Intake::next_seq`, readable
-    /// without the lock).
-    taken: AtomicU64,
-    /// Items sent on, dropped or failed; changed only under the outbox
-    /// lock, so that `room` waiters never miss a change.
+    /// Items sent on, dropped or failed.
     done: AtomicU64,
     /// Threads that left waiting for a session and have not yet tried to
     /// take an item: an idle thread starts a session only for an item that
     /// none of them will take.
     heading: AtomicUsize,
     outbox: Mutex<Outbox<T, E>>,
-    /// Signalled when `done` grows (room in the window).
-    room: Condvar,
-    /// Signalled when an item leaves `pending`, or a thread that headed for
-    /// one found none.
-    pending_taken: Condvar,
-    /// Threads waiting on `pending_taken` (changed under the intake lock).
+    /// What idle threads wait on: bumped (and the condvar signalled) when
+    /// what they wait for may have changed: items numbered or taken, a
+    /// thread that headed for an item found none, results sent on (room in
+    /// the window).
+    signal: Mutex<u64>,
+    changed: Condvar,
+    /// Threads waiting on `changed`; nobody signals when there are none.
     waiters: AtomicUsize,
     /// A thread waits for input inside `recv`, holding the intake lock.
     receiving: AtomicBool,
@@ -224,7 +222,6 @@ pub(super) fn spawn<T: Send + 'static, E: Send + 'static>(
             next_seq: 0,
             closed: false,
         }),
-        taken: AtomicU64::new(0),
         done: AtomicU64::new(0),
         heading: AtomicUsize::new(0),
         outbox: Mutex::new(Outbox {
@@ -233,8 +230,8 @@ pub(super) fn spawn<T: Send + 'static, E: Send + 'static>(
             ready: Vec::new(),
             emitting: false,
         }),
-        room: Condvar::new(),
-        pending_taken: Condvar::new(),
+        signal: Mutex::new(0),
+        changed: Condvar::new(),
         waiters: AtomicUsize::new(0),
         receiving: AtomicBool::new(false),
         out,
@@ -266,40 +263,53 @@ impl<T, E> Pool<T, E> {
     /// Items the stage may take out of its channel now (with the intake
     /// lock held, so that nobody else takes any meanwhile).
     fn room(&self, intake: &Intake<T>) -> u64 {
-        let done = self.done.load(Ordering::Acquire);
-        self.window
-            .saturating_sub(intake.next_seq.saturating_sub(done))
-    }
-
-    /// Items the stage holds now.
-    fn held(&self) -> u64 {
-        // `done` first: it never passes a `taken` read after it.
-        let done = self.done.load(Ordering::Acquire);
-        self.taken.load(Ordering::Acquire).saturating_sub(done)
+        let held = intake
+            .next_seq
+            .saturating_sub(self.done.load(Ordering::Acquire));
+        self.window.saturating_sub(held)
     }
 
     fn lock_outbox(&self) -> MutexGuard<'_, Outbox<T, E>> {
         self.outbox.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// One thread's life: wait for work, run a session, hand the results on.
+    fn lock_signal(&self) -> MutexGuard<'_, u64> {
+        self.signal.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Wakes the idle threads, if any, to look again. Never blocks for
+    /// long: the signal lock is only ever held for a moment.
+    fn wake_idle(&self) {
+        // Pairs with the fence in `wait_for_work`: either that thread sees
+        // the change, or this one sees it waiting.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            *self.lock_signal() += 1;
+            self.changed.notify_all();
+        }
+    }
+
+    /// One thread's life: wait for work, run a session, send results on.
     fn run(&self) {
-        let mut results = Vec::with_capacity(MAX_BATCH);
-        let mut sending = Vec::with_capacity(MAX_BATCH);
         while self.wait_for_work() {
             let started = Instant::now();
             let mut session = || {
                 let mut next = self.take();
                 self.heading.fetch_sub(1, Ordering::AcqRel);
-                if next.is_none() && self.waiters.load(Ordering::Acquire) > 0 {
-                    // The item this thread headed for is another's now, or
-                    // still there: let a waiting thread look again.
-                    self.pending_taken.notify_one();
+                if next.is_none() {
+                    // The item this thread headed for is another's, or
+                    // still there: let idle threads look again.
+                    self.wake_idle();
                 }
                 while let Some((seq, item)) = next {
                     let t = Instant::now();
-                    results.push((seq, (self.f)(item)));
+                    let result = (self.f)(item);
                     self.ctx.stats.worked(t.elapsed());
+                    // Into the outbox at once, not kept by this thread: its
+                    // next call may wait (without the GIL) for other calls
+                    // or for the consumer, and must not hold back what is
+                    // done meanwhile.
+                    self.lock_outbox().put(self.ordered, seq, result);
                     if started.elapsed() >= BATCH_SLICE || self.stopping() {
                         break;
                     }
@@ -310,7 +320,7 @@ impl<T, E> Pool<T, E> {
                 Some(s) => s(&mut session),
                 None => session(),
             }
-            if !results.is_empty() && !self.deposit(&mut results, &mut sending) {
+            if !self.emit() {
                 return;
             }
         }
@@ -341,60 +351,50 @@ impl<T, E> Pool<T, E> {
         if intake.pending.is_empty() {
             // Any thread takes them from there.
             let room = self.room(&intake);
-            intake.refill(None, room, &self.ctx.stats, &self.taken);
+            intake.refill(None, room, &self.ctx.stats);
         }
         let numbered = intake.pending.pop_front()?;
-        // Read under the lock, which waiters take before they wait.
-        let waiting = self.waiters.load(Ordering::Acquire) > 0;
         drop(intake);
-        if waiting {
-            // It waits for this item to be taken (`wait_for_work`).
-            self.pending_taken.notify_one();
-        }
+        // Idle threads may start sessions for the others, or wait for this
+        // one to be taken.
+        self.wake_idle();
         Some(numbered)
     }
 
     /// Waits (never in a session) until there is an item for this thread to
     /// start a session for; `false` once the stage is over for it.
     fn wait_for_work(&self) -> bool {
+        let mut t = Instant::now();
         loop {
-            if !self.wait_for_room() {
+            if self.stopping() {
                 return false;
             }
             let mut intake = self.intake.lock().unwrap_or_else(PoisonError::into_inner);
-            let t = Instant::now();
-            loop {
-                if self.stopping() {
-                    return false;
-                }
-                // Start a session if there are more items than threads
-                // heading for them. (With none heading, `recv` below tells,
-                // and takes the item: `len` costs the channel's lock too.)
-                let heading = self.heading.load(Ordering::Acquire);
-                let pending = intake.pending.len();
-                if pending > heading || (heading > 0 && pending + intake.rx.len() > heading) {
-                    self.heading.fetch_add(1, Ordering::AcqRel);
-                    return true;
-                }
-                if intake.closed {
-                    return false;
-                }
-                if !intake.pending.is_empty() {
-                    // Items another thread will take: wait for that rather
-                    // than hold the lock in `recv`, which would keep the
-                    // taker from them.
-                    self.waiters.fetch_add(1, Ordering::AcqRel);
-                    intake = self
-                        .pending_taken
-                        .wait_timeout(intake, POLL)
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .0;
-                    self.waiters.fetch_sub(1, Ordering::AcqRel);
-                    continue;
-                }
-                if self.room(&intake) == 0 {
-                    break; // full again: wait for room without the lock
-                }
+            // Registered before looking, so that a change made after the
+            // look bumps the signal (changes of `pending` wait for the lock).
+            self.waiters.fetch_add(1, Ordering::SeqCst);
+            std::sync::atomic::fence(Ordering::SeqCst);
+            let seen = *self.lock_signal();
+            // Start a session if there are more items than threads heading
+            // for them: numbered ones, or, with room in the window, ones in
+            // the channel. (With none heading, `recv` below tells, and
+            // takes the item: `len` costs the channel's lock too.)
+            let heading = self.heading.load(Ordering::Acquire);
+            let pending = intake.pending.len();
+            let room = self.room(&intake);
+            if pending > heading || (room > 0 && heading > 0 && pending + intake.rx.len() > heading)
+            {
+                self.heading.fetch_add(1, Ordering::AcqRel);
+                self.waiters.fetch_sub(1, Ordering::SeqCst);
+                return true;
+            }
+            if intake.closed && pending == 0 {
+                self.waiters.fetch_sub(1, Ordering::SeqCst);
+                return false;
+            }
+            if pending == 0 && room > 0 && !intake.closed {
+                // Wait for input, in `recv`: not a waiter on the signal.
+                self.waiters.fetch_sub(1, Ordering::SeqCst);
                 self.receiving.store(true, Ordering::Release);
                 let received = intake.rx.recv_timeout(POLL);
                 self.receiving.store(false, Ordering::Release);
@@ -402,47 +402,51 @@ impl<T, E> Pool<T, E> {
                     Ok(item) => {
                         // What came with it too, before the session.
                         let room = self.room(&intake);
-                        let first = Some((item, t.elapsed()));
-                        intake.refill(first, room, &self.ctx.stats, &self.taken);
+                        intake.refill(Some((item, t.elapsed())), room, &self.ctx.stats);
                         self.heading.fetch_add(1, Ordering::AcqRel);
+                        drop(intake);
+                        self.wake_idle();
                         return true;
                     }
-                    Err(flume::RecvTimeoutError::Timeout) => {}
+                    Err(flume::RecvTimeoutError::Timeout) => {
+                        // Idle: send on what threads in long calls left.
+                        drop(intake);
+                        if !self.emit() {
+                            return false;
+                        }
+                    }
                     Err(flume::RecvTimeoutError::Disconnected) => intake.closed = true,
                 }
+                continue;
             }
-        }
-    }
-
-    /// Waits until the stage holds fewer items than its window; `false` if
-    /// it is stopping.
-    fn wait_for_room(&self) -> bool {
-        if self.held() < self.window {
-            return !self.stopping();
-        }
-        let mut outbox = self.lock_outbox();
-        while self.held() >= self.window {
-            if self.stopping() {
+            // Numbered items that threads heading for them will take, or a
+            // full window: send on what may go (threads in long calls may
+            // have left results), then wait for a change.
+            drop(intake);
+            if room == 0 && !self.emit() {
+                self.waiters.fetch_sub(1, Ordering::SeqCst);
                 return false;
             }
-            outbox = self
-                .room
-                .wait_timeout(outbox, POLL)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
+            let mut signal = self.lock_signal();
+            if *signal == seen {
+                signal = self
+                    .changed
+                    .wait_timeout(signal, POLL)
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0;
+            }
+            drop(signal);
+            self.waiters.fetch_sub(1, Ordering::SeqCst);
+            t = Instant::now();
         }
-        drop(outbox);
-        !self.stopping()
     }
 
-    /// Leaves a session's results in the outbox and, unless another thread
-    /// is at it, sends on whatever may go (looping while others leave
-    /// more). `false` when the stage must stop.
-    fn deposit(&self, results: &mut Vec<(u64, Res<T, E>)>, sending: &mut Vec<Res<T, E>>) -> bool {
+    /// Unless another thread is at it, sends on whatever results may go
+    /// (looping while others leave more); called out of a session. `false`
+    /// when the stage must stop.
+    fn emit(&self) -> bool {
+        let mut sending = Vec::new();
         let mut outbox = self.lock_outbox();
-        for (seq, result) in results.drain(..) {
-            outbox.put(self.ordered, seq, result);
-        }
         if outbox.emitting {
             return true;
         }
@@ -454,13 +458,12 @@ impl<T, E> Pool<T, E> {
                 outbox.emitting = false;
                 return false;
             }
-            outbox.take_ready(self.ordered, sending);
+            outbox.take_ready(self.ordered, &mut sending);
             if sending.is_empty() {
                 outbox.emitting = false;
                 return true;
             }
             drop(outbox);
-            let mut handled = 0;
             let mut go_on = true;
             for result in sending.drain(..) {
                 if !go_on {
@@ -473,16 +476,14 @@ impl<T, E> Pool<T, E> {
                         .handle_no_send(&self.name, self.on_error, Ok(other))
                         .unwrap_or(true),
                 };
-                handled += 1;
+                // Room in the window for each item as it goes.
+                self.done.fetch_add(1, Ordering::AcqRel);
             }
+            self.wake_idle();
             outbox = self.lock_outbox();
-            self.done.fetch_add(handled, Ordering::AcqRel);
             if !go_on {
                 self.dead.store(true, Ordering::Release);
                 outbox.emitting = false;
-            }
-            self.room.notify_all();
-            if !go_on {
                 return false;
             }
         }
