@@ -32,9 +32,10 @@
 //! (whichever finds nobody else at it): after each session, and when idle.
 //! An ordered stage sends them in number order, an unordered one as they
 //! come. The items a stage holds (numbered, not yet sent on) are bounded by
-//! its window, so a slow item holds back at most a window of finished ones;
-//! within the window, `concurrency` calls can always run at once (calls
-//! that wait for each other do not deadlock).
+//! its window, so a slow item holds back at most a window of finished ones.
+//! Finished results never keep the window full while they could go, so
+//! calls that wait for each other (a barrier of `concurrency` calls) get
+//! their threads.
 //!
 //! Idle threads wait for input in the channel's `recv`, or on one signal
 //! that whatever they wait for bumps: items numbered or taken, a thread
