@@ -26,8 +26,9 @@
 //! function on each, until none is left, 1 ms has passed, or the stage
 //! holds its window of items (`max(2k, 32)`, taken and not yet sent on);
 //! then it leaves the session and sends the results on. So cheap Python
-//! calls run many per GIL acquisition whatever `k` (a no-op stage costs
-//! about the same per item with `k` = 4 as with `k` = 1: BENCHMARKS.md),
+//! calls run many per GIL acquisition whatever `k` (a no-op item costs
+//! about 4 µs with `k` = 4 and 2 with `k` = 1, where it cost 35–47 µs
+//! with `k` = 4 when every item was handed to a thread: BENCHMARKS.md),
 //! while calls that release the GIL (sleep, I/O, `NumPy`) overlap on the `k`
 //! threads: a sibling takes the next item as soon as the GIL is free. One
 //! thread at a time sends results on, in input order for an ordered stage;

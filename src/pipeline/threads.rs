@@ -63,9 +63,10 @@ use super::stats::StageStats;
 /// Smallest window of a stage: the most items it holds at once (taken, not
 /// yet sent on) is `max(2 * concurrency, MIN_WINDOW)`. It bounds the items
 /// one session runs, and so how often the GIL changes hands. Measured with
-/// a no-op Python stage (interleaved runs, 2 vCPUs), µs per item with a
-/// window of 16 / 32 / 64: 2.5 / 1.8 / 1.6 at concurrency 1, 3.9 / 3.4 /
-/// 2.7 at concurrency 4. 32 keeps most of the gain for half the memory.
+/// a no-op Python stage (alternating runs, 2 vCPUs, before results went to
+/// the outbox call by call), µs per item with a window of 16 / 32 / 64:
+/// 2.5 / 1.8 / 1.6 at concurrency 1, 3.9 / 3.4 / 2.7 at concurrency 4. 32
+/// keeps most of the gain for half the memory.
 const MIN_WINDOW: usize = 32;
 
 /// Longest a waiting thread goes without looking at the stop flag.
