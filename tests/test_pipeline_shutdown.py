@@ -557,14 +557,17 @@ def test_bounded_memory_with_slow_consumer() -> None:
             if state["consumed"] == consume:
                 break
     maxrss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    # What the buffers can hold: every queue full, every stage with its concurrency in
-    # flight (twice: taken and handed to a thread), a source batch as large as its queue,
-    # and a few items in hand.
+    # What the buffers can hold: every queue full, every stage with twice its concurrency
+    # in flight, except the Python stage, which holds up to its window (max(2 *
+    # concurrency, 32) items taken and not yet sent on: src/pipeline/threads.rs), a source
+    # batch as large as its queue, and a few items in hand.
     stats = p.stats()
     stages = [s for name, s in stats.items() if name != "sink"]
+    python_window = max(2 * stats["pass"]["concurrency"], 32)
     bound = (
         sum(s["queue_capacity"] for s in stages)
-        + 2 * sum(s["concurrency"] for s in stages)
+        + 2 * sum(s["concurrency"] for name, s in stats.items() if name not in ("sink", "pass"))
+        + python_window
         + stats["source"]["queue_capacity"]
         + 4
     )

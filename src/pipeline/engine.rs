@@ -10,7 +10,8 @@ use futures_util::stream::{self, StreamExt};
 
 use super::error::{panic_message, Failure, FailureKind, PipelineError};
 use super::stage::{
-    AggregateStage, BoxFuture, ErrorPolicy, MapStage, SessionFn, SkipHook, Source, Stage, Work,
+    AggregateStage, AsyncItemFn, BoxFuture, ErrorPolicy, ItemFn, MapStage, SkipHook, Source, Stage,
+    Work,
 };
 use super::stats::{StageStats, StatsSnapshot};
 
@@ -19,7 +20,7 @@ const MAX_BATCH: usize = 64;
 
 /// Longest a thread stage runs items in one session before it sends the
 /// results on.
-const BATCH_SLICE: Duration = Duration::from_millis(1);
+pub(super) const BATCH_SLICE: Duration = Duration::from_millis(1);
 
 /// Smallest capacity of a channel between stages (in items): enough for
 /// batches to form, so that a busy pipeline wakes each stage once per batch
@@ -32,7 +33,6 @@ const JOIN_DEADLINE: Duration = Duration::from_secs(2);
 
 /// The outcome of one call of a stage function: `Err` holds a panic message.
 type Outcome<T, E> = Result<Result<Option<T>, E>, String>;
-type Job<T, E> = (T, tokio::sync::oneshot::Sender<Outcome<T, E>>);
 
 /// Settings of a pipeline.
 #[derive(Debug, Clone)]
@@ -76,7 +76,7 @@ pub enum Next<T, E> {
     Failed(Failure<E>),
 }
 
-struct Shared<E> {
+pub(super) struct Shared<E> {
     failure: Mutex<Option<Failure<E>>>,
     failed: AtomicBool,
     stop: AtomicBool,
@@ -84,6 +84,11 @@ struct Shared<E> {
 }
 
 impl<E> Shared<E> {
+    /// Whether the pipeline is stopping (stopped, failed or finished).
+    pub(super) fn stopping(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
+    }
+
     fn fail(&self, stage: &str, kind: FailureKind<E>) {
         {
             let mut f = self.failure.lock().unwrap_or_else(PoisonError::into_inner);
@@ -358,25 +363,20 @@ impl<T: Send + 'static, E: Send + 'static> Pipeline<T, E> {
             };
             let task: BoxFuture<()> = match stage {
                 Stage::Map(m) => {
-                    let jobs = match &m.work {
-                        Work::Dedicated(f, session) if m.concurrency == 1 => {
-                            // One thread runs the whole stage: no hop, and
-                            // batches share a session.
+                    let work = match &m.work {
+                        Work::Dedicated(f, session) => {
+                            // The stage's threads take items from `rx`
+                            // themselves: no task in between.
                             let (f, session) = (Arc::clone(f), session.clone());
-                            threads.push(spawn_thread_stage(m, f, session, rx, out, ctx)?);
+                            super::threads::spawn(m, f, session, rx, out, ctx, &mut threads)?;
                             rx = next_rx;
                             continue;
                         }
-                        Work::Dedicated(f, session) => Some(spawn_dedicated(
-                            &m.name,
-                            f,
-                            session.as_ref(),
-                            m.concurrency,
-                            &mut threads,
-                        )?),
-                        _ => None,
+                        Work::Inline(f) => TaskWork::Inline(Arc::clone(f)),
+                        Work::Blocking(f) => TaskWork::Blocking(Arc::clone(f)),
+                        Work::Async(f) => TaskWork::Async(Arc::clone(f)),
                     };
-                    Box::pin(run_map(m, rx, out, jobs, ctx))
+                    Box::pin(run_map(m, work, rx, out, ctx))
                 }
                 Stage::Aggregate(a) => Box::pin(run_aggregate(a, rx, out, ctx)),
             };
@@ -584,119 +584,10 @@ fn spawn_source<T: Send + 'static, E: Send + 'static>(
         .map_err(PipelineError::Start)
 }
 
-fn spawn_dedicated<T: Send + 'static, E: Send + 'static>(
-    name: &str,
-    f: &super::stage::ItemFn<T, E>,
-    session: Option<&SessionFn>,
-    threads: usize,
-    handles: &mut Vec<JoinHandle<()>>,
-) -> Result<flume::Sender<Job<T, E>>, PipelineError> {
-    let (tx, rx) = flume::bounded::<Job<T, E>>(threads);
-    for i in 0..threads {
-        let rx = rx.clone();
-        let f = Arc::clone(f);
-        let session = session.cloned();
-        handles.push(
-            std::thread::Builder::new()
-                .name(thread_name(name, i))
-                .spawn(move || {
-                    // One job at a time: a thread that took several would
-                    // run them one after another while its siblings idle.
-                    // A panic drops `reply`: the waiting task reports it.
-                    while let Ok((item, reply)) = rx.recv() {
-                        let mut job = Some((item, reply));
-                        let mut run = || {
-                            if let Some((item, reply)) = job.take() {
-                                let _ = reply.send(Ok(f(item)));
-                            }
-                        };
-                        match &session {
-                            Some(s) => s(&mut run),
-                            None => run(),
-                        }
-                    }
-                })
-                .map_err(PipelineError::Start)?,
-        );
-    }
-    Ok(tx)
-}
-
 /// A thread name the OS accepts (15 bytes on Linux).
-fn thread_name(stage: &str, i: usize) -> String {
+pub(super) fn thread_name(stage: &str, i: usize) -> String {
     let prefix: String = format!("ff-{stage}").chars().take(11).collect();
     format!("{prefix}-{i}")
-}
-
-/// Runs a single-threaded [`Work::Dedicated`] stage on a thread of its
-/// own: it takes the items that are there (up to [`MAX_BATCH`]), calls the
-/// function on all of them inside one session, and sends the results on.
-fn spawn_thread_stage<T: Send + 'static, E: Send + 'static>(
-    stage: MapStage<T, E>,
-    f: super::stage::ItemFn<T, E>,
-    session: Option<SessionFn>,
-    rx: flume::Receiver<T>,
-    out: Emitter<T, E>,
-    ctx: StageCtx<E>,
-) -> Result<JoinHandle<()>, PipelineError> {
-    let MapStage { name, on_error, .. } = stage;
-    std::thread::Builder::new()
-        .name(thread_name(&name, 0))
-        .spawn(move || {
-            let _guard = UnwindGuard {
-                shared: &ctx.shared,
-                stage: &name,
-            };
-            let mut batch = std::collections::VecDeque::with_capacity(MAX_BATCH);
-            let mut outs = Vec::with_capacity(MAX_BATCH);
-            loop {
-                if ctx.shared.stop.load(Ordering::Acquire) {
-                    return;
-                }
-                if batch.is_empty() {
-                    let t = Instant::now();
-                    let Ok(first) = rx.recv() else { return };
-                    ctx.stats.received(t.elapsed());
-                    batch.push_back(first);
-                    for item in rx.try_iter().take(MAX_BATCH - 1) {
-                        ctx.stats.received(Duration::ZERO);
-                        batch.push_back(item);
-                    }
-                }
-                // One session for the items at hand, cut short once it has
-                // run for BATCH_SLICE, so that results stream out promptly
-                // and a stop request is seen between slow items.
-                let started = Instant::now();
-                let mut run = || {
-                    while let Some(item) = batch.pop_front() {
-                        let t = Instant::now();
-                        outs.push(f(item));
-                        ctx.stats.worked(t.elapsed());
-                        if started.elapsed() >= BATCH_SLICE
-                            || ctx.shared.stop.load(Ordering::Acquire)
-                        {
-                            break;
-                        }
-                    }
-                };
-                match &session {
-                    Some(s) => s(&mut run),
-                    None => run(),
-                }
-                for result in outs.drain(..) {
-                    let go_on = match result {
-                        Ok(Some(v)) => out.emit_blocking(v),
-                        other => ctx
-                            .handle_no_send(&name, on_error, Ok(other))
-                            .unwrap_or(true),
-                    };
-                    if !go_on {
-                        return;
-                    }
-                }
-            }
-        })
-        .map_err(PipelineError::Start)
 }
 
 /// Records a failure if a stage thread unwinds out of its function (a
@@ -704,9 +595,9 @@ fn spawn_thread_stage<T: Send + 'static, E: Send + 'static>(
 /// `catch_unwind`: an interpreter that ends a thread with a forced unwind
 /// (`CPython` does at exit, through `pthread_exit`) must be let through, and
 /// catching it would abort the process.
-struct UnwindGuard<'a, E> {
-    shared: &'a Shared<E>,
-    stage: &'a str,
+pub(super) struct UnwindGuard<'a, E> {
+    pub(super) shared: &'a Shared<E>,
+    pub(super) stage: &'a str,
 }
 
 impl<E> Drop for UnwindGuard<'_, E> {
@@ -720,9 +611,9 @@ impl<E> Drop for UnwindGuard<'_, E> {
     }
 }
 
-struct StageCtx<E> {
-    shared: Arc<Shared<E>>,
-    stats: Arc<StageStats>,
+pub(super) struct StageCtx<E> {
+    pub(super) shared: Arc<Shared<E>>,
+    pub(super) stats: Arc<StageStats>,
     hook: Option<SkipHook<E>>,
 }
 
@@ -760,7 +651,7 @@ impl<E> StageCtx<E> {
 
     /// Handles an outcome that sends nothing: `Some(continue?)`; `None` for
     /// an item to send.
-    fn handle_no_send<T>(
+    pub(super) fn handle_no_send<T>(
         &self,
         stage: &str,
         policy: ErrorPolicy,
@@ -789,19 +680,26 @@ fn timed<T, E>(stats: &StageStats, f: impl FnOnce() -> Result<Option<T>, E>) -> 
     out
 }
 
+/// The [`Work`] a stage task runs (dedicated work has threads of its own).
+enum TaskWork<T, E> {
+    Inline(ItemFn<T, E>),
+    Blocking(ItemFn<T, E>),
+    Async(AsyncItemFn<T, E>),
+}
+
 async fn run_map<T: Send + 'static, E: Send + 'static>(
     stage: MapStage<T, E>,
+    work: TaskWork<T, E>,
     rx: flume::Receiver<T>,
     out: Emitter<T, E>,
-    jobs: Option<flume::Sender<Job<T, E>>>,
     ctx: StageCtx<E>,
 ) {
     let MapStage {
         name,
-        work,
         concurrency,
         ordered,
         on_error,
+        ..
     } = stage;
     // Handles one outcome; false when the stage must stop.
     let handle = |outcome: Outcome<T, E>| {
@@ -824,7 +722,7 @@ async fn run_map<T: Send + 'static, E: Send + 'static>(
         }
     });
     let stats = Arc::clone(&ctx.stats);
-    let calls = inputs.map(move |item| invoke(&work, item, jobs.as_ref(), &stats));
+    let calls = inputs.map(move |item| invoke(&work, item, &stats));
     if ordered {
         let mut outs = std::pin::pin!(calls.buffered(concurrency));
         while let Some(o) = outs.next().await {
@@ -851,7 +749,7 @@ fn is_fusable<T, E>(stage: &Stage<T, E>) -> bool {
 /// A fused stage: it runs inside its upstream stage's emit path.
 struct Link<T, E> {
     name: String,
-    f: super::stage::ItemFn<T, E>,
+    f: ItemFn<T, E>,
     policy: ErrorPolicy,
     ctx: StageCtx<E>,
 }
@@ -895,7 +793,7 @@ impl<T, E> Chain<T, E> {
 
 /// Where a stage's results go: through its chain of fused stages, then into
 /// its output channel.
-struct Emitter<T, E> {
+pub(super) struct Emitter<T, E> {
     chain: Chain<T, E>,
     tx: flume::Sender<T>,
     /// The emitting stage's counters.
@@ -932,7 +830,7 @@ impl<T, E> Emitter<T, E> {
 
     /// Emits one result from a thread (sending blocks); `false` when the
     /// stage must stop.
-    fn emit_blocking(&self, item: T) -> bool {
+    pub(super) fn emit_blocking(&self, item: T) -> bool {
         let (item, stats) = match self.through_chain(item) {
             Ok(x) => x,
             Err(go_on) => return go_on,
@@ -948,18 +846,17 @@ impl<T, E> Emitter<T, E> {
 
 /// Starts one call of a stage function on `item`, where its [`Work`] says.
 fn invoke<T: Send + 'static, E: Send + 'static>(
-    work: &Work<T, E>,
+    work: &TaskWork<T, E>,
     item: T,
-    jobs: Option<&flume::Sender<Job<T, E>>>,
     stats: &Arc<StageStats>,
 ) -> BoxFuture<Outcome<T, E>> {
     let stats = Arc::clone(stats);
     match work {
-        Work::Inline(f) => {
+        TaskWork::Inline(f) => {
             let out = timed(&stats, || f(item));
             Box::pin(std::future::ready(out))
         }
-        Work::Blocking(f) => {
+        TaskWork::Blocking(f) => {
             let f = Arc::clone(f);
             Box::pin(async move {
                 match tokio::task::spawn_blocking(move || timed(&stats, || f(item))).await {
@@ -968,26 +865,7 @@ fn invoke<T: Send + 'static, E: Send + 'static>(
                 }
             })
         }
-        Work::Dedicated(..) => {
-            let jobs = jobs.cloned();
-            Box::pin(async move {
-                let (reply, done) = tokio::sync::oneshot::channel();
-                let t = Instant::now();
-                let sent = match &jobs {
-                    Some(j) => j.send_async((item, reply)).await.is_ok(),
-                    None => false,
-                };
-                let out = if sent {
-                    done.await
-                        .unwrap_or_else(|_| Err("the stage's thread panicked (or is gone)".into()))
-                } else {
-                    Err("the stage's threads are gone".into())
-                };
-                stats.worked(t.elapsed());
-                out
-            })
-        }
-        Work::Async(f) => {
+        TaskWork::Async(f) => {
             let fut = f(item);
             Box::pin(async move {
                 let t = Instant::now();

@@ -28,9 +28,10 @@ pub enum Work<T, E> {
     Blocking(ItemFn<T, E>),
     /// On `concurrency` OS threads owned by the stage: functions that take
     /// the GIL (Python callables) run there, never on the runtime's workers,
-    /// so a slow Python call never stalls other stages. The threads process
-    /// the items available at once in one `session` (e.g. one GIL
-    /// acquisition for several calls).
+    /// so a slow Python call never stalls other stages. Each thread runs the
+    /// items it takes in a row inside one `session` (e.g. one GIL acquisition
+    /// for several calls), taking them one at a time so that while a call
+    /// waits without the GIL, a sibling thread takes the next item.
     Dedicated(ItemFn<T, E>, Option<SessionFn>),
     /// A function returning a future, awaited on the runtime (async
     /// callables bridged to an event loop, async I/O).

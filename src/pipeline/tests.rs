@@ -409,3 +409,342 @@ fn a_single_thread_stage_shares_sessions_across_batches() {
     let n = sessions.load(Ordering::Relaxed);
     assert!(n < 2000, "one session per item: {n}");
 }
+
+/// A lock that works like the GIL: a session holds it, and a call may let
+/// go of it while it waits (as `time.sleep` or I/O does).
+#[derive(Default)]
+struct FakeGil {
+    held: std::sync::Mutex<bool>,
+    free: std::sync::Condvar,
+}
+
+impl FakeGil {
+    fn acquire(&self) {
+        let mut held = self.held.lock().unwrap();
+        while *held {
+            held = self.free.wait(held).unwrap();
+        }
+        *held = true;
+    }
+
+    fn release(&self) {
+        let mut held = self.held.lock().unwrap();
+        assert!(*held, "released a lock nobody holds");
+        *held = false;
+        drop(held);
+        self.free.notify_one();
+    }
+
+    fn is_held(&self) -> bool {
+        *self.held.lock().unwrap()
+    }
+
+    /// A session that holds the lock for all of its calls, counted.
+    fn session(self: &Arc<Self>, count: &Arc<AtomicUsize>) -> SessionFn {
+        let (gil, count) = (Arc::clone(self), Arc::clone(count));
+        Arc::new(move |run: &mut dyn FnMut()| {
+            gil.acquire();
+            count.fetch_add(1, Ordering::Relaxed);
+            run();
+            gil.release();
+        })
+    }
+
+    /// Runs `wait` without the lock, as a call that releases the GIL does.
+    fn without(&self, wait: impl FnOnce()) {
+        assert!(self.is_held(), "a stage function ran outside its session");
+        self.release();
+        wait();
+        self.acquire();
+    }
+}
+
+/// Counts calls running at once, and the most seen.
+#[derive(Default)]
+struct InFlight {
+    now: AtomicUsize,
+    most: AtomicUsize,
+}
+
+impl InFlight {
+    fn enter(&self) {
+        let now = self.now.fetch_add(1, Ordering::AcqRel) + 1;
+        self.most.fetch_max(now, Ordering::AcqRel);
+    }
+
+    fn leave(&self) {
+        self.now.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+#[test]
+fn thread_stage_calls_that_release_the_gil_overlap() {
+    // 16 calls of 100 ms that let go of the GIL, on 4 threads: about 400 ms
+    // if they overlap, 1.6 s if the GIL serialised them.
+    let gil = Arc::new(FakeGil::default());
+    let sessions = Arc::new(AtomicUsize::new(0));
+    let track = Arc::new(InFlight::default());
+    let (g, tr) = (Arc::clone(&gil), Arc::clone(&track));
+    let nap: ItemFn<u64, String> = Arc::new(move |x| {
+        tr.enter();
+        g.without(|| std::thread::sleep(Duration::from_millis(100)));
+        tr.leave();
+        Ok(Some(x))
+    });
+    let work = Work::Dedicated(nap, Some(gil.session(&sessions)));
+    let mut p = P::new(source(16), vec![map("nap", work, 4, true)], config(4), None).unwrap();
+    let t = Instant::now();
+    assert_eq!(drain(&mut p).unwrap(), (0..16).collect::<Vec<_>>());
+    let elapsed = t.elapsed();
+    assert_eq!(track.most.load(Ordering::Relaxed), 4);
+    assert!(elapsed < Duration::from_secs(1), "took {elapsed:?}");
+    assert!(!gil.is_held());
+}
+
+#[test]
+fn thread_stage_keeps_order_with_the_gil_and_random_delays() {
+    for ordered in [true, false] {
+        let gil = Arc::new(FakeGil::default());
+        let sessions = Arc::new(AtomicUsize::new(0));
+        let track = Arc::new(InFlight::default());
+        let (g, tr) = (Arc::clone(&gil), Arc::clone(&track));
+        // Every third call waits without the GIL; the others are cheap.
+        let f: ItemFn<u64, String> = Arc::new(move |x| {
+            if x % 3 == 0 {
+                tr.enter();
+                g.without(|| std::thread::sleep(jitter(x)));
+                tr.leave();
+            }
+            Ok(Some(x * 2))
+        });
+        let work = Work::Dedicated(f, Some(gil.session(&sessions)));
+        let stages = vec![map("f", work, 4, ordered)];
+        let mut p = P::new(source(600), stages, config(3), None).unwrap();
+        let mut out = drain(&mut p).unwrap();
+        let expected: Vec<u64> = (0..600).map(|x| x * 2).collect();
+        if ordered {
+            assert_eq!(out, expected);
+        } else {
+            assert_ne!(out, expected, "unordered output came in input order");
+            out.sort_unstable();
+            assert_eq!(out, expected);
+        }
+        assert!(track.most.load(Ordering::Relaxed) > 1);
+        let s = p.stats();
+        assert_eq!((s[1].items_in, s[1].items_out), (600, 600));
+    }
+}
+
+#[test]
+fn thread_stage_runs_cheap_calls_in_shared_sessions() {
+    for concurrency in [1, 4] {
+        let gil = Arc::new(FakeGil::default());
+        let sessions = Arc::new(AtomicUsize::new(0));
+        let g = Arc::clone(&gil);
+        let id: ItemFn<u64, String> = Arc::new(move |x| {
+            assert!(g.is_held());
+            Ok(Some(x))
+        });
+        let work = Work::Dedicated(id, Some(gil.session(&sessions)));
+        let stages = vec![map("py", work, concurrency, true)];
+        let mut p = P::new(source(20_000), stages, config(64), None).unwrap();
+        assert_eq!(drain(&mut p).unwrap(), (0..20_000).collect::<Vec<_>>());
+        let n = sessions.load(Ordering::Relaxed);
+        assert!(
+            n < 20_000 / 4,
+            "concurrency {concurrency}: {n} sessions for 20000 items"
+        );
+    }
+}
+
+#[test]
+fn a_slow_item_holds_back_at_most_a_window() {
+    for stop_early in [false, true] {
+        let pulled = Arc::new(AtomicUsize::new(0));
+        let p2 = Arc::clone(&pulled);
+        let src = IterSource((0..10_000u64).map(move |x| {
+            p2.fetch_add(1, Ordering::Relaxed);
+            Ok(x)
+        }));
+        let f: ItemFn<u64, String> = Arc::new(|x| {
+            if x == 0 {
+                std::thread::sleep(Duration::from_millis(400));
+            }
+            Ok(Some(x))
+        });
+        let stages = vec![map("f", Work::Dedicated(f, None), 4, true)];
+        let mut p = P::new(src, stages, config(3), None).unwrap();
+        p.start().unwrap();
+        std::thread::sleep(Duration::from_millis(150));
+        // Item 0 runs; the others wait behind it, within the window (32),
+        // the input queue (16) and a source batch (16).
+        assert!(matches!(
+            p.next_timeout(Duration::from_millis(50)),
+            Next::Timeout
+        ));
+        let n = pulled.load(Ordering::Relaxed);
+        assert!(n <= 32 + 16 + 16, "the stage ran ahead: {n} items pulled");
+        assert!(n >= 32, "the other threads stood idle: {n} items pulled");
+        if stop_early {
+            // The threads that wait for room see the stop.
+            let t = Instant::now();
+            p.stop();
+            assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+            assert!(p.is_finished());
+        } else {
+            assert_eq!(drain(&mut p).unwrap(), (0..10_000).collect::<Vec<_>>());
+        }
+    }
+}
+
+#[test]
+fn thread_stage_errors_follow_the_policy_in_order() {
+    let skipped = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let s2 = Arc::clone(&skipped);
+    let hook: SkipHook<String> = Arc::new(move |_stage, e| s2.lock().unwrap().push(e.clone()));
+    let f: ItemFn<u64, String> = Arc::new(|x| {
+        if x % 100 == 7 {
+            Err(format!("bad {x}"))
+        } else {
+            Ok((x % 10 != 0).then_some(x))
+        }
+    });
+    let skip = with_policy(
+        map("flaky", Work::Dedicated(f.clone(), None), 4, true),
+        ErrorPolicy::Skip { max_failures: None },
+    );
+    let mut p = P::new(source(10_000), vec![skip], config(4), Some(hook)).unwrap();
+    let expected: Vec<u64> = (0..10_000)
+        .filter(|x| x % 100 != 7 && x % 10 != 0)
+        .collect();
+    assert_eq!(drain(&mut p).unwrap(), expected);
+    let s = p.stats();
+    assert_eq!((s[1].failures, s[1].dropped), (100, 1000));
+    // The skip hook sees the failures in input order.
+    let expected: Vec<String> = (0..100).map(|i| format!("bad {}", i * 100 + 7)).collect();
+    assert_eq!(*skipped.lock().unwrap(), expected);
+
+    let limited = with_policy(
+        map("flaky", Work::Dedicated(f.clone(), None), 4, true),
+        ErrorPolicy::Skip {
+            max_failures: Some(3),
+        },
+    );
+    let mut p = P::new(source(10_000), vec![limited], config(4), None).unwrap();
+    let err = drain(&mut p).unwrap_err();
+    assert!(
+        matches!(
+            err.kind,
+            FailureKind::TooManyFailures { limit: 3, count: 4, ref last } if last == "bad 307"
+        ),
+        "{err:?}"
+    );
+
+    // Raise: the first failure in input order, with the stage's name.
+    let mut p = P::new(
+        source(10_000),
+        vec![map("flaky", Work::Dedicated(f, None), 4, true)],
+        config(4),
+        None,
+    )
+    .unwrap();
+    let err = drain(&mut p).unwrap_err();
+    assert_eq!(err.stage, "flaky");
+    assert!(
+        matches!(err.kind, FailureKind::Item(ref m) if m == "bad 7"),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn nothing_after_a_fatal_item_comes_out_of_a_thread_stage() {
+    // With a sink of one, results wait in the stage while the consumer takes
+    // them one by one: none that follows the failing item may come out,
+    // whichever thread sends results on after the failure.
+    let f: ItemFn<u64, String> = Arc::new(|x| {
+        if x == 21 {
+            Err("bad".into())
+        } else {
+            Ok(Some(x))
+        }
+    });
+    for _ in 0..50 {
+        let stage = map("f", Work::Dedicated(f.clone(), None), 2, true);
+        let mut p = P::new(source(100), vec![stage], config(1), None).unwrap();
+        let mut out = Vec::new();
+        let failure = loop {
+            match p.next_timeout(Duration::from_secs(10)) {
+                Next::Item(x) => out.push(x),
+                Next::Failed(f) => break f,
+                other => panic!("{other:?}"),
+            }
+        };
+        assert!(matches!(failure.kind, FailureKind::Item(_)));
+        assert!(out.len() <= 21, "{out:?}");
+        assert_eq!(out, (0..out.len() as u64).collect::<Vec<_>>());
+    }
+}
+
+/// A barrier for `n` threads that gives up after a timeout.
+struct TimedBarrier {
+    n: usize,
+    state: std::sync::Mutex<(usize, u64)>,
+    cv: std::sync::Condvar,
+}
+
+impl TimedBarrier {
+    fn new(n: usize) -> Self {
+        Self {
+            n,
+            state: std::sync::Mutex::new((0, 0)),
+            cv: std::sync::Condvar::new(),
+        }
+    }
+
+    /// Whether all `n` arrived within `timeout`.
+    fn wait(&self, timeout: Duration) -> bool {
+        let mut state = self.state.lock().unwrap();
+        let generation = state.1;
+        state.0 += 1;
+        if state.0 == self.n {
+            *state = (0, generation + 1);
+            self.cv.notify_all();
+            return true;
+        }
+        let (state, result) = self
+            .cv
+            .wait_timeout_while(state, timeout, |s| s.1 == generation)
+            .unwrap();
+        drop(state);
+        !result.timed_out()
+    }
+}
+
+#[test]
+fn thread_stage_runs_concurrency_calls_that_wait_for_each_other() {
+    // Every call waits (without the GIL) until `concurrency` calls wait
+    // together: the stage must let that many run at once, however the
+    // items fall into sessions and whatever the window holds.
+    for concurrency in [2, 8, 16] {
+        for _ in 0..20 {
+            let gil = Arc::new(FakeGil::default());
+            let sessions = Arc::new(AtomicUsize::new(0));
+            let barrier = Arc::new(TimedBarrier::new(concurrency));
+            let (g, b) = (Arc::clone(&gil), Arc::clone(&barrier));
+            let meet: ItemFn<u64, String> = Arc::new(move |x| {
+                let mut met = false;
+                g.without(|| met = b.wait(Duration::from_secs(5)));
+                if met {
+                    Ok(Some(x))
+                } else {
+                    Err(format!("item {x}: the others never came"))
+                }
+            });
+            let work = Work::Dedicated(meet, Some(gil.session(&sessions)));
+            let n = 4 * concurrency as u64;
+            let stages = vec![map("meet", work, concurrency, true)];
+            let mut p = P::new(source(n), stages, config(3), None).unwrap();
+            assert_eq!(drain(&mut p).unwrap(), (0..n).collect::<Vec<_>>());
+        }
+    }
+}
