@@ -39,11 +39,15 @@ from ._errors import (
     PipelineError,
     PoolExhaustedError,
     StagingError,
+    WorkerDiedError,
+    WorkerError,
+    WorkerTimeoutError,
 )
 from ._images import IMAGE_EXTENSIONS, ImageFiles, ImageFolder
 from ._loader import DataLoader, default_collate
 from ._pipeline import Pipeline, PipelineBuilder
 from ._shared_list import SharedList, default_arena_dir
+from ._workers import WorkerInfo, get_worker_info
 
 if TYPE_CHECKING:
     import jax
@@ -81,12 +85,17 @@ __all__ = [
     "SharedList",
     "StagingError",
     "Tensor",
+    "WorkerDiedError",
+    "WorkerError",
+    "WorkerInfo",
+    "WorkerTimeoutError",
     "__version__",
     "build_info",
     "default_arena_dir",
     "default_collate",
     "default_pool",
     "empty",
+    "get_worker_info",
     "io",
     "ops",
     "to_jax",

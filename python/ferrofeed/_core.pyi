@@ -136,6 +136,36 @@ class Permutation:
     def take(self, start: int, end: int, stride: int = 1) -> list[int]:
         """Return the elements at ``start, start + stride, ...`` below ``end``, modulo len."""
 
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """Return the seed of one sample's random augmentations (fixed, pinned mixing)."""
+
+@final
+class _SlotRing:
+    """Shared-memory batch slots (memfd) of the DataLoader's worker processes."""
+
+    def __new__(cls) -> Self: ...
+    def create(self) -> int:
+        """Create a new free slot; return its number."""
+    def acquire(self) -> int | None:
+        """Take the lowest free slot for a worker, or None when all are in use."""
+    def release(self, id: int) -> None:
+        """Give back a dispatched slot that came back without a batch to lease."""
+    def fd(self, id: int) -> int:
+        """Return the slot's descriptor, owned by the ring."""
+    def lease(self, id: int, nbytes: int) -> _SlotLease:
+        """Lease the first ``nbytes`` of a dispatched slot to the consumer."""
+    def stats(self) -> dict[str, int]:
+        """Return the counters: slots, free, dispatched, leased, bytes, leases."""
+
+@final
+class _SlotLease:
+    """A consumer's writable view of one slot's batch bytes (buffer protocol)."""
+
+    @property
+    def slot(self) -> int: ...
+    def __len__(self) -> int: ...
+    def __buffer__(self, flags: int, /) -> memoryview: ...
+
 @final
 class Pipeline:
     """A built pipeline; iterate it, or use ``with pipeline.auto_stop():``."""

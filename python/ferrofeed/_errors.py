@@ -142,3 +142,42 @@ class ImageDecodeError(ImageError, ValueError):
 
 class ImageReadError(ImageError, OSError):
     """The image file cannot be read; ``errno`` and ``filename`` are set."""
+
+
+class WorkerError(FerrofeedError, RuntimeError):
+    """A `DataLoader` worker process failed in a way that is not the user's exception.
+
+    A user's exception raised in a worker (in ``dataset[i]``, ``transform`` or
+    ``collate``) reaches the main process as itself, with the worker's traceback in a
+    note; this class covers the rest (an exception that cannot be sent back, a worker that
+    cannot start).
+    """
+
+
+class WorkerDiedError(WorkerError):
+    """A `DataLoader` worker process died (killed by a signal, or exited) mid-epoch.
+
+    The message names the worker's pid, the signal or exit code, and the sample indices
+    it held. ``pid``, ``signal`` (a `signal.Signals` or None), ``exitcode`` and ``indices``
+    carry the same as attributes.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        pid: int,
+        exitcode: int | None,
+        indices: Sequence[int] = (),
+    ) -> None:
+        super().__init__(message)
+        import signal as _signal
+
+        self.pid = pid
+        self.exitcode = exitcode
+        self.signal = _signal.Signals(-exitcode) if exitcode is not None and exitcode < 0 else None
+        self.indices = list(indices)
+
+
+class WorkerTimeoutError(WorkerError, TimeoutError):
+    """A batch took longer than the `DataLoader`'s ``timeout`` to come back from a worker."""

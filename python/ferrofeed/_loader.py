@@ -16,17 +16,24 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from . import _core
+from ._errors import WorkerError
 from ._images import ImageFiles, ImageFolder
 from ._pipeline import PipelineBuilder
+from ._workers import WorkerPool, _Setup, worker_batches
 
 __all__ = ["DataLoader", "default_collate"]
 
 Output = Literal["numpy", "torch", "jax"]
+StartMethod = Literal["fork", "spawn", "forkserver"]
 
 _log = logging.getLogger("ferrofeed.loader")
 
 # dtypes a pooled, 64-byte aligned batch buffer can hold (what DLPack consumers take).
 _POOLED_DTYPES = {"uint8", "int32", "int64", "float16", "float32"}
+
+# In a worker process, while its collate runs: allocates an array of (shape, dtype) in the
+# shared slot the batch goes back in (see _workers), so stacking writes straight into it.
+_worker_alloc: Callable[[tuple[int, ...], Any], Any] | None = None
 
 
 class MapDataset(Protocol):
@@ -54,6 +61,11 @@ def _stack(arrays: Sequence[Any]) -> Any:
     parts = [np.asarray(a) for a in arrays]
     dtype = np.result_type(*parts)  # promotes as np.stack would: [1, 2.5] -> float64
     shape = (len(parts), *parts[0].shape)
+    alloc = _worker_alloc
+    if alloc is not None and dtype.kind in "biufc" and parts[0].size > 0:
+        out = alloc(shape, dtype)
+        np.stack(parts, out=out)
+        return out
     if dtype.name in _POOLED_DTYPES and parts[0].size > 0:
         # Straight into a 64-byte aligned, pooled buffer: JAX and torch then take the
         # batch by DLPack without a copy, and the buffer is reused once freed.
@@ -244,8 +256,8 @@ class DataLoader:
     def __init__(
         self,
         source: MapDataset | str | os.PathLike[str],
-        *,
         batch_size: int = 1,
+        *,
         shuffle: bool = False,
         seed: int = 0,
         drop_last: bool = False,
@@ -260,6 +272,12 @@ class DataLoader:
         device: str | None = None,
         on_error: Literal["raise", "skip"] = "raise",
         progress: bool = False,
+        num_workers: int = 0,
+        worker_start_method: StartMethod | None = None,
+        persistent_workers: bool = False,
+        worker_init_fn: Callable[[int], None] | None = None,
+        prefetch_factor: int = 2,
+        timeout: float | None = None,
     ) -> None:
         if isinstance(source, str | os.PathLike):
             source = ImageFolder(source)
@@ -268,7 +286,12 @@ class DataLoader:
                 "source must be a map-style dataset (len(ds) and ds[i]), a sequence of "
                 f"image paths, or a folder of class subfolders, not {type(source).__name__}"
             )
-        for name, value, low in (("batch_size", batch_size, 1), ("prefetch", prefetch, 1)):
+        for name, value, low in (
+            ("batch_size", batch_size, 1),
+            ("prefetch", prefetch, 1),
+            ("num_workers", num_workers, 0),
+            ("prefetch_factor", prefetch_factor, 1),
+        ):
             if not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} must be an int >= {low}, not {value!r}")
         if batches_per_epoch is not None and (
@@ -285,6 +308,13 @@ class DataLoader:
             raise ValueError(f"output must be 'numpy', 'torch' or 'jax', not {output!r}")
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
+        if worker_start_method not in (None, "fork", "spawn", "forkserver"):
+            raise ValueError(
+                "worker_start_method must be 'fork', 'spawn', 'forkserver' or None, not "
+                f"{worker_start_method!r}"
+            )
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout must be a number of seconds > 0 or None, not {timeout!r}")
         default_rank, default_world = _default_rank_and_world()
         self.rank = default_rank if rank is None else rank
         self.world_size = default_world if world_size is None else world_size
@@ -304,6 +334,13 @@ class DataLoader:
         self.device = device
         self.on_error = on_error
         self.progress = progress
+        self.num_workers = num_workers
+        self.worker_start_method: StartMethod | None = worker_start_method
+        self.persistent_workers = persistent_workers
+        self.worker_init_fn = worker_init_fn
+        self.prefetch_factor = prefetch_factor
+        self.timeout = timeout
+        self._workers: WorkerPool | None = None
         self._epoch = 0
         self._resume_batches = 0
         self._batches_done = 0
@@ -482,11 +519,13 @@ class DataLoader:
             skipped = list(self._skipped)
         pipeline = self._pipeline.stats() if self._pipeline is not None else {}
         buffers = self._pool.stats() if self._pool is not None else {}
+        workers = self._workers.stats() if self._workers is not None else {}
         return {
             "pipeline": pipeline,
             "skipped": skipped,
             "skipped_count": len(skipped),
             "buffers": buffers,
+            "workers": workers,
         }
 
     def stats_table(self) -> str:
@@ -551,6 +590,9 @@ class DataLoader:
         if self.native:
             yield from self._native_batches(epoch)
             return
+        if self.num_workers > 0:
+            yield from self._worker_batches(epoch)
+            return
         collate, output, device = self.collate, self.output, self.device
         assert callable(collate)
         assert not isinstance(collate, _core.NativeOp)
@@ -573,6 +615,78 @@ class DataLoader:
         self._pipeline = pipeline
         with pipeline.auto_stop():
             yield from pipeline
+
+    def _worker_pool(self) -> WorkerPool:
+        """The running worker processes (started now unless persistent ones are alive)."""
+        pool = self._workers
+        if pool is not None and pool.alive():
+            return pool
+        if pool is not None:
+            pool.shutdown(force=True)
+        collate = self.collate
+        assert callable(collate)
+        assert not isinstance(collate, _core.NativeOp)
+        assert not isinstance(self.transform, _core.NativeOp)
+        setup = _Setup(
+            dataset=self.dataset,
+            transform=self.transform,
+            collate=collate,
+            skip=self.on_error == "skip",
+            seed=self.seed,
+            num_workers=self.num_workers,
+            worker_init_fn=self.worker_init_fn,
+            parent_pid=os.getpid(),
+            start_method=self.worker_start_method,
+        )
+        self._workers = WorkerPool(setup, self.num_workers, self.prefetch_factor)
+        return self._workers
+
+    def _worker_batches(self, epoch: int) -> Iterator[Any]:
+        """`_batches` on worker processes (``num_workers > 0``)."""
+        pool = self._worker_pool()
+        positions = self._positions(epoch)
+        groups = (list(itertools.islice(positions, n)) for n in self._batch_sizes(epoch))
+        output, device = self.output, self.device
+        keep = clean = False
+        try:
+            for loaded in worker_batches(pool, epoch, groups, self.timeout):
+                for index, reason in loaded.skipped:
+                    _log.warning("skipped sample %d: %s", index, reason)
+                    with self._skipped_lock:
+                        self._skipped.append((index, reason))
+                if loaded.empty:
+                    yield _EMPTY
+                else:
+                    yield _convert(loaded.batch, output, device)
+            keep = self.persistent_workers
+            clean = True
+        except GeneratorExit:
+            # The consumer left early: persistent workers stay (what they still hold for
+            # this iteration is dropped when it comes back).
+            keep = self.persistent_workers
+            raise
+        except (WorkerError, KeyboardInterrupt):
+            # A worker died or stalled, or Ctrl-C: end them all, at once.
+            keep = False
+            raise
+        except Exception:
+            # The user's exception from a worker: the workers themselves are fine.
+            keep = self.persistent_workers
+            raise
+        finally:
+            if not keep:
+                self._workers = None
+                pool.shutdown(force=not clean)
+
+    def shutdown_workers(self) -> None:
+        """End the worker processes now, persistent ones included.
+
+        The next epoch starts new ones. This also happens when the loader is garbage
+        collected, and at interpreter exit.
+        """
+        pool, self._workers = self._workers, None
+        if pool is not None:
+            pool.shutdown()
 
     def _native_batches(self, epoch: int) -> Iterator[Any]:
         """`_batches` for image files, through the native batch op.

@@ -13,6 +13,7 @@ mod image;
 mod ops;
 mod pipeline;
 mod sampler;
+mod slots;
 mod staging;
 
 use pyo3::prelude::*;
@@ -35,6 +36,7 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     sampler::register(m)?;
     dlpack::register(m)?;
     staging::register(m)?;
+    slots::register(m)?;
     image::register(m)?;
     m.add("cuda_feature", cfg!(feature = "cuda"))?;
     Ok(())

@@ -3,7 +3,7 @@
 use pyo3::exceptions::{PyIndexError, PyValueError};
 use pyo3::prelude::*;
 
-use crate::sampler::Permutation;
+use crate::sampler::{sample_seed, Permutation};
 
 /// A seekable pseudo-random permutation of `range(n)`, keyed by
 /// `(seed, epoch)`, or the identity when `shuffle` is false.
@@ -73,6 +73,14 @@ impl PyPermutation {
     }
 }
 
+/// The seed of one sample's random augmentations, from the loader's seed,
+/// the epoch and the sample's index (see [`crate::sampler::sample_seed`]).
+#[pyfunction(name = "sample_seed")]
+fn py_sample_seed(seed: u64, epoch: u64, index: u64) -> u64 {
+    sample_seed(seed, epoch, index)
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<PyPermutation>()
+    m.add_class::<PyPermutation>()?;
+    m.add_function(wrap_pyfunction!(py_sample_seed, m)?)
 }

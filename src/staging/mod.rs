@@ -63,12 +63,14 @@
 mod cuda;
 mod host;
 mod pool;
+mod slots;
 mod tensor;
 
 use std::time::Duration;
 
 pub use cuda::{pinned_available, probed as cuda_probed, status as pinned_status, DISABLE_ENV};
 pub use pool::{BufferPool, PoolConfig, PoolStats, PooledBuffer};
+pub use slots::{SlotError, SlotLease, SlotRing, SlotStats};
 pub use tensor::{Exported, ManagedPtr, Tensor};
 
 use crate::dlpack::DlpackError;

@@ -1,0 +1,759 @@
+"""Worker processes for the `DataLoader`: Python transforms without the GIL's contention.
+
+The main process keeps the sampler, the order, the resume state and the handoff; N worker
+processes run ``dataset[i]``, the transform and the collate. What crosses between them:
+
+* at start, once per worker: the dataset, transform and collate (inherited under fork,
+  pickled once under spawn and forkserver; a `SharedList` pickles to its path, so every
+  worker maps the same arena pages);
+* per batch, main to worker: a task (a batch number, the epoch, the sample indices and a
+  slot number), a few hundred bytes;
+* per batch, worker to main: a small header (the batch's structure: containers, dtypes,
+  shapes and offsets). The arrays themselves are written by the worker's collate straight
+  into a *slot*, an anonymous shared memory file (memfd) that the main process maps once
+  and hands out as NumPy arrays without a copy; torch and JAX take those by DLPack. The
+  slot is free for the next batch when the last array of the batch is gone.
+* a slot's file descriptor, once per (slot, worker), over the worker's socket
+  (``SCM_RIGHTS``), so the same works under fork, spawn and forkserver.
+
+Leaves that are not numeric arrays (strings, arbitrary objects) travel pickled in the
+header.
+
+Randomness is per sample: before each ``dataset[i]``, the worker seeds `random`,
+`numpy.random` and torch's generator (when torch is imported) from ``(seed, epoch, i)``,
+so augmentations do not depend on which worker ran a sample, nor on how many there are.
+
+Faults: a worker's exception comes back as itself with the worker's traceback in a note;
+a worker that dies is noticed through its process sentinel, and the error names its pid,
+the signal and the samples it held; workers watch the main process (a pidfd) and exit at
+once when it dies; memfds leave nothing behind in any file system.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import logging
+import mmap
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import random
+import select
+import signal
+import sys
+import threading
+import time
+import traceback
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from multiprocessing import reduction
+from typing import Any
+
+from . import _core
+from ._errors import WorkerDiedError, WorkerError, WorkerTimeoutError
+
+__all__ = ["WorkerInfo", "get_worker_info"]
+
+_log = logging.getLogger("ferrofeed.loader")
+
+_ALIGN = 64
+_PAGE = mmap.PAGESIZE
+# The worker seed of worker `id` is sample_seed(seed, _WORKER_EPOCH, id).
+_WORKER_EPOCH = 2**64 - 1
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerInfo:
+    """What a `DataLoader` worker process knows about itself (see `get_worker_info`).
+
+    Attributes:
+        id: the worker's number, ``0 <= id < num_workers``.
+        num_workers: how many workers the loader runs.
+        seed: this worker's seed, derived from the loader's ``seed`` and ``id`` (the
+            generators are seeded with it before ``worker_init_fn``; each sample then
+            reseeds them from the loader's seed, the epoch and its index).
+        dataset: the worker's copy of the dataset (the same object under fork).
+    """
+
+    id: int
+    num_workers: int
+    seed: int
+    dataset: Any
+
+
+_WORKER_INFO: WorkerInfo | None = None
+
+
+def get_worker_info() -> WorkerInfo | None:
+    """Return this worker's `WorkerInfo` in a `DataLoader` worker process, else ``None``.
+
+    Example:
+        >>> import ferrofeed
+        >>> ferrofeed.get_worker_info() is None  # the main process
+        True
+    """
+    return _WORKER_INFO
+
+
+# -- randomness ---------------------------------------------------------------------
+
+
+def _seed_generators(seed: int) -> None:
+    """Seed `random`, NumPy's global generator and torch's (when imported) with ``seed``."""
+    random.seed(seed)
+    np = sys.modules.get("numpy")
+    if np is not None:
+        np.random.seed((seed & 0xFFFF_FFFF, seed >> 32))
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.manual_seed(seed)
+
+
+# -- the worker side of a slot ------------------------------------------------------------
+
+
+def _address(buf: mmap.mmap) -> int:
+    import numpy as np
+
+    return int(np.frombuffer(buf, np.uint8, 1).__array_interface__["data"][0])
+
+
+class _SlotWriter:
+    """A worker's view of one shared slot: a bump allocator that grows the file."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.size = os.fstat(fd).st_size
+        self.map: mmap.mmap | None = mmap.mmap(fd, self.size) if self.size else None
+        self.used = 0
+        # (address, size) of each mapping that arrays of the current batch may live in.
+        self.regions: list[tuple[int, int]] = []
+
+    def begin(self, size_hint: int) -> None:
+        self.used = 0
+        if size_hint > self.size:
+            self._grow(size_hint)
+        self.regions = [(_address(self.map), self.size)] if self.map is not None else []
+
+    def _grow(self, need: int) -> None:
+        new = max(need, 2 * self.size)
+        new = -(-new // _PAGE) * _PAGE
+        os.ftruncate(self.fd, new)
+        try:
+            # Reserve the memory now: a full tmpfs is a clean error here, not a SIGBUS
+            # when a page is first written.
+            os.posix_fallocate(self.fd, self.size, new - self.size)
+        except OSError as e:
+            raise MemoryError(
+                f"cannot grow a shared batch slot to {new} bytes: {e.strerror}"
+            ) from e
+        # Arrays already placed keep the old mapping alive (same file, same pages).
+        self.map = mmap.mmap(self.fd, new)
+        self.size = new
+        self.regions.append((_address(self.map), new))
+
+    def alloc(self, nbytes: int) -> int:
+        """Reserve ``nbytes`` (64-byte aligned) and return their offset."""
+        offset = -(-self.used // _ALIGN) * _ALIGN
+        if offset + nbytes > self.size:
+            self._grow(offset + nbytes)
+        self.used = offset + nbytes
+        return offset
+
+    def array(self, shape: tuple[int, ...], dtype: Any) -> Any:
+        """A new uninitialised array in the slot."""
+        import numpy as np
+
+        dtype = np.dtype(dtype)
+        count = 1
+        for n in shape:
+            count *= n
+        offset = self.alloc(count * dtype.itemsize)
+        assert self.map is not None
+        return np.frombuffer(self.map, dtype, count, offset).reshape(shape)
+
+    def offset_of(self, arr: Any) -> int | None:
+        """The offset of ``arr``'s data in the slot, if it is a contiguous array there."""
+        if not arr.flags.c_contiguous:
+            return None
+        addr = arr.__array_interface__["data"][0]
+        for base, size in self.regions:
+            if base <= addr and addr + arr.nbytes <= base + size:
+                return int(addr - base)
+        return None
+
+
+# -- batch headers ------------------------------------------------------------------------
+# A header is a tree of tuples:
+#   ("a", offset, shape, dtype)      a NumPy array in the slot
+#   ("t", offset, shape, dtype)      a torch tensor in the slot
+#   ("d", [(key, node), ...])        a dict
+#   ("n", cls, [node, ...])          a named tuple
+#   ("u", [node, ...]) / ("l", ...)  a tuple / a list
+#   ("p", value)                     anything else, pickled in the header
+
+
+def _is_shareable(arr: Any) -> bool:
+    return bool(arr.dtype.kind in "biufc" and arr.dtype.fields is None and arr.size > 0)
+
+
+def _encode(obj: Any, slot: _SlotWriter | None) -> tuple[Any, ...]:
+    np = sys.modules.get("numpy")
+    torch = sys.modules.get("torch")
+    if np is not None and isinstance(obj, np.ndarray):
+        return _encode_array(obj, "a", slot)
+    if torch is not None and isinstance(obj, torch.Tensor):
+        if obj.device.type == "cpu" and not obj.is_sparse:
+            try:
+                arr = obj.detach().numpy()
+            except (TypeError, RuntimeError):  # bfloat16 and others NumPy lacks
+                return ("p", obj)
+            return _encode_array(arr, "t", slot)
+        return ("p", obj)
+    if type(obj) is dict:
+        items = [(k, _encode(v, slot)) for k, v in obj.items()]
+        if all(node[0] == "p" for _, node in items):
+            return ("p", obj)
+        return ("d", items)
+    named = isinstance(obj, tuple) and hasattr(type(obj), "_fields")
+    if named or type(obj) in (tuple, list):
+        nodes = [_encode(v, slot) for v in obj]
+        if all(node[0] == "p" for node in nodes):
+            return ("p", obj)
+        if named:
+            return ("n", type(obj), nodes)
+        return ("u" if type(obj) is tuple else "l", nodes)
+    return ("p", obj)
+
+
+def _encode_array(arr: Any, kind: str, slot: _SlotWriter | None) -> tuple[Any, ...]:
+    if slot is None or not _is_shareable(arr):
+        return ("p", arr)
+    offset = slot.offset_of(arr)
+    if offset is None:
+        # Made outside the slot (a collate of the user's own): one copy into it.
+        out = slot.array(arr.shape, arr.dtype)
+        out[...] = arr
+        offset = slot.offset_of(out)
+        assert offset is not None
+    return (kind, offset, arr.shape, arr.dtype.str)
+
+
+def _decode(node: tuple[Any, ...], lease: Any) -> Any:
+    tag = node[0]
+    if tag == "p":
+        return node[1]
+    if tag in ("a", "t"):
+        import numpy as np
+
+        _, offset, shape, dtype = node
+        dt = np.dtype(dtype)
+        count = 1
+        for n in shape:
+            count *= n
+        arr = np.frombuffer(lease, dt, count, offset).reshape(shape)
+        if tag == "t":
+            import torch
+
+            return torch.from_numpy(arr)
+        return arr
+    if tag == "d":
+        return {k: _decode(v, lease) for k, v in node[1]}
+    if tag == "n":
+        return node[1](*(_decode(v, lease) for v in node[2]))
+    values = [_decode(v, lease) for v in node[1]]
+    return tuple(values) if tag == "u" else values
+
+
+# -- the worker process ---------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _Setup:
+    """What every worker gets once, at start."""
+
+    dataset: Any
+    transform: Callable[[Any], Any] | None
+    collate: Callable[[list[Any]], Any]
+    skip: bool
+    seed: int
+    num_workers: int
+    worker_init_fn: Callable[[int], None] | None
+    parent_pid: int
+    start_method: str | None
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """Exit this worker at once when the main process dies (even by SIGKILL)."""
+
+    def watch() -> None:
+        try:
+            fd = os.pidfd_open(parent_pid)
+        except (AttributeError, OSError):
+            fd = None
+        if fd is not None:
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            poller.poll()  # readable when the process has exited
+            os._exit(1)
+        while os.getppid() == parent_pid or (os.getppid() != 1 and _pid_alive(parent_pid)):
+            time.sleep(0.5)
+        os._exit(1)
+
+    if not _pid_alive(parent_pid):
+        os._exit(1)
+    threading.Thread(target=watch, name="ferrofeed-parent-watch", daemon=True).start()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _exception_payload(exc: BaseException) -> tuple[bytes | None, str, str]:
+    """The exception pickled (or None when it cannot be), its type name and traceback."""
+    text = "".join(traceback.format_exception(exc))
+    data: bytes | None
+    try:
+        pickled = pickle.dumps(exc, protocol=5)
+        pickle.loads(pickled)  # an exception that pickles may still fail to unpickle
+        data = pickled
+    except Exception:
+        data = None
+    return data, f"{type(exc).__module__}.{type(exc).__qualname__}", text
+
+
+def _worker_main(setup: _Setup, conn: multiprocessing.connection.Connection, wid: int) -> None:
+    """The entry point of a worker process."""
+    global _WORKER_INFO
+    # Ctrl-C goes to the whole process group: the main process decides what happens.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _watch_parent(setup.parent_pid)
+    worker_seed = _core.sample_seed(setup.seed, _WORKER_EPOCH, wid)
+    _WORKER_INFO = WorkerInfo(wid, setup.num_workers, worker_seed, setup.dataset)
+    try:
+        _seed_generators(worker_seed)
+        if setup.worker_init_fn is not None:
+            setup.worker_init_fn(wid)
+    except Exception as e:
+        conn.send(("init_error", *_exception_payload(e)))
+        return
+    conn.send(("ready", os.getpid()))
+    slots: dict[int, _SlotWriter] = {}
+    size_hint = 0
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        if msg[0] == "stop":
+            return
+        if msg[0] == "slot":
+            slots[msg[1]] = _SlotWriter(reduction.recv_handle(conn))
+            continue
+        _, task_id, epoch, indices, slot_id = msg
+        slot = slots.get(slot_id) if slot_id is not None else None
+        reply = _run_task(setup, task_id, epoch, indices, slot, size_hint)
+        if slot is not None:
+            size_hint = max(size_hint, slot.used)
+        try:
+            conn.send(reply)
+        except (BrokenPipeError, ConnectionResetError):
+            return
+        except Exception as e:  # the header does not pickle
+            conn.send(("error", task_id, None, "collate", *_exception_payload(e)))
+
+
+def _run_task(
+    setup: _Setup,
+    task_id: int,
+    epoch: int,
+    indices: Sequence[int],
+    slot: _SlotWriter | None,
+    size_hint: int,
+) -> tuple[Any, ...]:
+    samples = []
+    skipped: list[tuple[int, str]] = []
+    for i in indices:
+        _seed_generators(_core.sample_seed(setup.seed, epoch, i))
+        try:
+            sample = setup.dataset[i]
+            if setup.transform is not None:
+                sample = setup.transform(sample)
+        except Exception as e:
+            if not setup.skip:
+                return ("error", task_id, i, "load", *_exception_payload(e))
+            skipped.append((i, f"{type(e).__name__}: {e}"))
+            continue
+        samples.append(sample)
+    if not samples:
+        return ("empty", task_id, skipped)
+    from . import _loader
+
+    if slot is not None:
+        slot.begin(size_hint)
+    _loader._worker_alloc = slot.array if slot is not None else None
+    try:
+        batch = setup.collate(samples)
+        header = _encode(batch, slot)
+        del batch
+    except Exception as e:
+        return ("error", task_id, None, "collate", *_exception_payload(e))
+    finally:
+        _loader._worker_alloc = None
+    used = slot.used if slot is not None else 0
+    # Pickled here, not by send(): a batch that cannot be pickled is the user's error.
+    try:
+        data = pickle.dumps(header, protocol=5)
+    except Exception as e:
+        return ("error", task_id, None, "collate", *_exception_payload(e))
+    return ("batch", task_id, used, data, skipped)
+
+
+# -- the main process side ------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _Task:
+    id: int
+    worker: int
+    indices: list[int]
+    slot: int
+    # The iteration it belongs to; results of an earlier one are dropped.
+    generation: int
+
+
+@dataclasses.dataclass
+class _Worker:
+    id: int
+    process: Any
+    conn: multiprocessing.connection.Connection
+    pid: int
+    slots: set[int] = dataclasses.field(default_factory=set)
+    tasks: collections.OrderedDict[int, _Task] = dataclasses.field(
+        default_factory=collections.OrderedDict
+    )
+    ready: bool = False
+
+
+@dataclasses.dataclass
+class Loaded:
+    """A batch (or why there is none) as it comes back from a worker."""
+
+    batch: Any
+    skipped: list[tuple[int, str]]
+    empty: bool = False
+
+
+class WorkerPool:
+    """N worker processes, their sockets and the shared slot ring (main process side)."""
+
+    def __init__(self, setup: _Setup, num_workers: int, prefetch_factor: int) -> None:
+        self.setup = setup
+        self.prefetch_factor = prefetch_factor
+        self.ring = _core._SlotRing()
+        self.workers: list[_Worker] = []
+        self.tasks: dict[int, _Task] = {}
+        self.next_task = 0
+        self.generation = 0
+        self.closed = False
+        ctx: Any = multiprocessing.get_context(setup.start_method)
+        if setup.start_method is None:
+            setup.start_method = ctx.get_start_method()
+        try:
+            for wid in range(num_workers):
+                ours, theirs = ctx.Pipe(duplex=True)
+                process = ctx.Process(
+                    target=_worker_main,
+                    args=(setup, theirs, wid),
+                    name=f"ferrofeed-worker-{wid}",
+                    daemon=True,
+                )
+                try:
+                    process.start()
+                except (pickle.PicklingError, AttributeError, TypeError) as e:
+                    if setup.start_method != "fork":
+                        e.add_note(
+                            f"worker_start_method={setup.start_method!r} pickles the dataset, "
+                            "transform, collate and worker_init_fn once per worker: they must "
+                            "be picklable (module-level functions, not lambdas or local ones)"
+                        )
+                    raise
+                finally:
+                    theirs.close()
+                self.workers.append(_Worker(wid, process, ours, process.pid))
+        except BaseException:
+            self.shutdown(force=True)
+            raise
+        # Ends the workers when the pool is garbage collected, and at interpreter exit.
+        self._finalizer = weakref.finalize(self, _terminate, list(self.workers))
+
+    # -- dispatch ---------------------------------------------------------------------
+
+    def in_flight(self) -> int:
+        return len(self.tasks)
+
+    def capacity(self) -> int:
+        return self.prefetch_factor * len(self.workers)
+
+    def submit(self, epoch: int, indices: list[int]) -> int:
+        """Send a batch's indices to the least busy worker; return the task's id."""
+        worker = min(self.workers, key=lambda w: (len(w.tasks), w.id))
+        slot = self.ring.acquire()
+        if slot is None:
+            slot = self.ring.create()
+            self.ring.acquire()
+        task = _Task(self.next_task, worker.id, indices, slot, self.generation)
+        self.next_task += 1
+        try:
+            if slot not in worker.slots:
+                worker.conn.send(("slot", slot))
+                reduction.send_handle(worker.conn, self.ring.fd(slot), worker.pid)
+                worker.slots.add(slot)
+            worker.conn.send(("task", task.id, epoch, indices, slot))
+        except OSError:
+            # The worker is gone: its sentinel tells why at the next receive.
+            self.ring.release(slot)
+            worker.tasks[task.id] = task
+            self.tasks[task.id] = task
+            return task.id
+        worker.tasks[task.id] = task
+        self.tasks[task.id] = task
+        return task.id
+
+    def new_generation(self) -> None:
+        """Start a new iteration: results of the tasks still in flight will be dropped."""
+        self.generation += 1
+
+    # -- results ---------------------------------------------------------------------------
+
+    def receive(self, timeout: float | None) -> list[tuple[_Task, Loaded | BaseException]]:
+        """Wait up to ``timeout`` for results; return those of the current generation.
+
+        Raises:
+            WorkerDiedError: a worker died.
+        """
+        alive = {w.conn: w for w in self.workers}
+        sentinels = {w.process.sentinel: w for w in self.workers}
+        ready = multiprocessing.connection.wait([*alive, *sentinels], timeout)
+        out: list[tuple[_Task, Loaded | BaseException]] = []
+        dead: list[_Worker] = []
+        for obj in ready:
+            if obj in sentinels:
+                dead.append(sentinels[obj])
+                continue
+            worker = alive[obj]  # type: ignore[index]
+            while True:
+                try:
+                    msg = worker.conn.recv()
+                except (EOFError, OSError):
+                    dead.append(worker)
+                    break
+                result = self._handle(worker, msg)
+                if result is not None:
+                    out.append(result)
+                if not worker.conn.poll():
+                    break
+        for worker in dead:
+            # Results it sent before it died come first (they may be what it held).
+            with contextlib.suppress(EOFError, OSError):
+                while worker.conn.poll():
+                    result = self._handle(worker, worker.conn.recv())
+                    if result is not None:
+                        out.append(result)
+            worker.process.join(timeout=1.0)
+            self._died(worker)
+        return out
+
+    def _handle(
+        self, worker: _Worker, msg: tuple[Any, ...]
+    ) -> tuple[_Task, Loaded | BaseException] | None:
+        kind = msg[0]
+        if kind == "ready":
+            worker.ready = True
+            return None
+        if kind == "init_error":
+            _, data, type_name, text = msg
+            exc = _rebuild(data, type_name, text)
+            exc.add_note(
+                f"in worker_init_fn of DataLoader worker {worker.id} (pid {worker.pid}):\n{text}"
+            )
+            raise exc
+        task = self.tasks.pop(msg[1])
+        del worker.tasks[task.id]
+        result: Loaded | BaseException
+        if kind == "batch":
+            _, _, nbytes, data, skipped = msg
+            lease = self.ring.lease(task.slot, nbytes)
+            header = pickle.loads(data)
+            result = Loaded(_decode(header, lease), skipped)
+            del lease  # the arrays keep it; the slot is free when they are gone
+        else:
+            self.ring.release(task.slot)
+            if kind == "empty":
+                result = Loaded(None, msg[2], empty=True)
+            else:
+                _, _, index, stage, data, type_name, text = msg
+                result = _rebuild(data, type_name, text)
+                where = f"sample {index}" if index is not None else f"samples {task.indices}"
+                result.add_note(
+                    f"while running {stage} on {where}, in DataLoader worker {worker.id} "
+                    f"(pid {worker.pid}); the worker's traceback:\n{text}"
+                )
+                _add_cuda_note(result, self.setup.start_method or "")
+        if task.generation != self.generation:
+            return None  # a result of an iteration that was left early
+        return task, result
+
+    def _died(self, worker: _Worker) -> None:
+        exitcode = worker.process.exitcode
+        held = [i for t in worker.tasks.values() for i in t.indices]
+        if exitcode is not None and exitcode < 0:
+            try:
+                name = signal.Signals(-exitcode).name
+            except ValueError:
+                name = f"signal {-exitcode}"
+            how = f"was killed by {name}"
+            if -exitcode == signal.SIGKILL:
+                how += " (the OOM killer sends SIGKILL: check `dmesg` for memory)"
+        elif exitcode is None:
+            how = "closed its connection and stopped responding"
+        else:
+            how = f"exited with code {exitcode}"
+        raise WorkerDiedError(
+            f"DataLoader worker {worker.id} (pid {worker.pid}) {how} while holding samples {held}",
+            pid=worker.pid,
+            exitcode=exitcode,
+            indices=held,
+        )
+
+    def describe(self, task_id: int) -> str:
+        task = self.tasks.get(task_id)
+        if task is None:
+            return "a batch"
+        w = self.workers[task.worker]
+        return f"the batch of samples {task.indices} (worker {w.id}, pid {w.pid})"
+
+    # -- shutdown ---------------------------------------------------------------------------
+
+    def alive(self) -> bool:
+        return not self.closed and all(w.process.is_alive() for w in self.workers)
+
+    def shutdown(self, force: bool = False) -> None:
+        """End every worker: ask them to stop (or, with ``force``, terminate at once)."""
+        if self.closed:
+            return
+        self.closed = True
+        if not force:
+            for w in self.workers:
+                with contextlib.suppress(OSError):
+                    w.conn.send(("stop",))
+            deadline = time.monotonic() + 2.0
+            for w in self.workers:
+                w.process.join(timeout=max(0.0, deadline - time.monotonic()))
+        _terminate(self.workers)
+        for w in self.workers:
+            w.conn.close()
+        finalizer = getattr(self, "_finalizer", None)
+        if finalizer is not None:
+            finalizer.detach()
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "workers": [
+                {"id": w.id, "pid": w.pid, "alive": w.process.is_alive(), "in_flight": len(w.tasks)}
+                for w in self.workers
+            ],
+            "slots": self.ring.stats(),
+        }
+
+
+def _terminate(workers: Sequence[_Worker]) -> None:
+    """SIGTERM the workers still running, then SIGKILL those that did not exit in 0.5 s."""
+    for w in workers:
+        if w.process.is_alive():
+            with contextlib.suppress(OSError):
+                w.process.terminate()
+    deadline = time.monotonic() + 0.5
+    for w in workers:
+        w.process.join(timeout=max(0.0, deadline - time.monotonic()))
+        if w.process.is_alive():
+            with contextlib.suppress(OSError):
+                w.process.kill()
+            w.process.join(timeout=1.0)
+
+
+def _rebuild(data: bytes | None, type_name: str, text: str) -> BaseException:
+    if data is not None:
+        try:
+            exc = pickle.loads(data)
+            if isinstance(exc, BaseException):
+                return exc
+        except Exception:
+            pass
+    last = text.strip().splitlines()[-1] if text.strip() else type_name
+    return WorkerError(f"{type_name} in a DataLoader worker (it could not be sent back): {last}")
+
+
+def _add_cuda_note(exc: BaseException, start_method: str) -> None:
+    if start_method == "fork" and "CUDA" in str(exc):
+        exc.add_note(
+            "DataLoader workers started with fork cannot use CUDA: keep transforms on the "
+            "CPU and let the DataLoader copy batches (device=...) in the main process, or "
+            "use worker_start_method='spawn' or 'forkserver'"
+        )
+
+
+def worker_batches(
+    pool: WorkerPool,
+    epoch: int,
+    groups: Iterator[list[int]],
+    timeout: float | None,
+) -> Iterator[Loaded]:
+    """Yield the loaded batches of ``groups`` (lists of dataset indices) in order.
+
+    At most ``pool.capacity()`` batches are in flight; a batch that failed is raised when
+    its turn comes, after every batch before it.
+    """
+    pool.new_generation()
+    order: collections.deque[int] = collections.deque()  # task ids, in batch order
+    done: dict[int, Loaded | BaseException] = {}
+    exhausted = False
+
+    def fill() -> None:
+        nonlocal exhausted
+        while not exhausted and len(order) < pool.capacity():
+            indices = next(groups, None)
+            if indices is None:
+                exhausted = True
+                return
+            order.append(pool.submit(epoch, indices))
+
+    fill()
+    while order:
+        head = order[0]
+        waited_since = time.monotonic()
+        while head not in done:
+            remaining = None
+            if timeout is not None:
+                remaining = timeout - (time.monotonic() - waited_since)
+                if remaining <= 0:
+                    raise WorkerTimeoutError(
+                        f"{pool.describe(head)} did not come back within timeout={timeout} s"
+                    )
+            for task, result in pool.receive(remaining):
+                done[task.id] = result
+        order.popleft()
+        result = done.pop(head)
+        fill()
+        if isinstance(result, BaseException):
+            raise result
+        yield result

@@ -1,0 +1,168 @@
+//! `ferrofeed._core._SlotRing`: the shared batch slots of the `DataLoader`'s
+//! worker processes ([`crate::staging::SlotRing`]), and `_SlotLease`, the
+//! consumer's view of one slot through the buffer protocol.
+
+use std::ffi::c_int;
+use std::os::raw::c_void;
+
+use pyo3::exceptions::{PyBufferError, PyOSError, PyRuntimeError};
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::staging::{SlotError, SlotLease, SlotRing};
+
+impl From<SlotError> for PyErr {
+    #[cold]
+    fn from(err: SlotError) -> PyErr {
+        let message = err.to_string();
+        match err {
+            SlotError::Io { source, .. } => {
+                PyOSError::new_err((source.raw_os_error().unwrap_or(0), message))
+            }
+            _ => PyRuntimeError::new_err(message),
+        }
+    }
+}
+
+/// A growable set of shared-memory batch slots (memfd), owned by the main
+/// process; workers get a slot's descriptor and write batches into it.
+#[pyclass(name = "_SlotRing", module = "ferrofeed._core", frozen)]
+struct PySlotRing {
+    ring: SlotRing,
+}
+
+#[pymethods]
+impl PySlotRing {
+    #[new]
+    fn new() -> Self {
+        Self {
+            ring: SlotRing::new(),
+        }
+    }
+
+    /// Creates a new free slot; returns its number.
+    fn create(&self) -> PyResult<usize> {
+        Ok(self.ring.create()?)
+    }
+
+    /// Takes the lowest free slot for a worker (it becomes dispatched), or
+    /// returns None when all are in use.
+    fn acquire(&self) -> Option<usize> {
+        self.ring.acquire()
+    }
+
+    /// Gives back a dispatched slot that came back without a batch to lease.
+    fn release(&self, id: usize) -> PyResult<()> {
+        Ok(self.ring.release(id)?)
+    }
+
+    /// The slot's descriptor, owned by the ring (do not close it).
+    fn fd(&self, id: usize) -> PyResult<i32> {
+        Ok(self.ring.raw_fd(id)?)
+    }
+
+    /// Leases the first `nbytes` of dispatched slot `id` to the consumer.
+    fn lease(&self, py: Python<'_>, id: usize, nbytes: usize) -> PyResult<PySlotLease> {
+        // Mapping a grown slot is a system call: no need to hold the GIL.
+        let lease = py.detach(|| self.ring.lease(id, nbytes))?;
+        Ok(PySlotLease { lease })
+    }
+
+    /// The ring's counters: slots, free, dispatched, leased, bytes, leases.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.ring.stats();
+        let d = PyDict::new(py);
+        d.set_item("slots", s.slots)?;
+        d.set_item("free", s.free)?;
+        d.set_item("dispatched", s.dispatched)?;
+        d.set_item("leased", s.leased)?;
+        d.set_item("bytes", s.bytes)?;
+        d.set_item("leases", s.leases)?;
+        Ok(d)
+    }
+}
+
+/// The consumer's view of one slot's batch bytes (writable, through the
+/// buffer protocol). Arrays made over it keep it alive; the slot is free
+/// again when the last of them is gone.
+#[pyclass(name = "_SlotLease", module = "ferrofeed._core", frozen)]
+struct PySlotLease {
+    lease: SlotLease,
+}
+
+#[pymethods]
+impl PySlotLease {
+    /// The slot's number.
+    #[getter]
+    fn slot(&self) -> usize {
+        self.lease.id()
+    }
+
+    fn __len__(&self) -> usize {
+        self.lease.len()
+    }
+
+    /// # Safety
+    ///
+    /// Called by the interpreter with a valid, writable `view`.
+    #[allow(clippy::needless_pass_by_value)] // the signature pyo3 expects
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut ffi::Py_buffer,
+        flags: c_int,
+    ) -> PyResult<()> {
+        if view.is_null() {
+            return Err(PyBufferError::new_err("no Py_buffer to fill"));
+        }
+        let lease = &slf.get().lease;
+        // SAFETY: `view` is non-null and points to a Py_buffer the caller
+        // gives us to fill. `buf` points to `len` mapped bytes that stay
+        // mapped while the lease lives (`SlotLease`'s Safety note); `obj`
+        // takes a strong reference to `slf`, which the interpreter drops only
+        // when the buffer is released, so the lease outlives every use of
+        // `buf`. While leased, the slot is not dispatched to any worker, so
+        // the consumer is its only writer. `shape` and `strides` point into
+        // the Py_buffer itself (its `len` and `itemsize`), which lives as
+        // long as the export.
+        unsafe {
+            (*view).obj = slf.clone().into_any().into_ptr();
+            (*view).buf = lease.as_ptr().cast::<c_void>();
+            (*view).len = lease.len() as ffi::Py_ssize_t;
+            (*view).readonly = 0;
+            (*view).itemsize = 1;
+            (*view).format = if flags & ffi::PyBUF_FORMAT == ffi::PyBUF_FORMAT {
+                c"B".as_ptr().cast_mut()
+            } else {
+                std::ptr::null_mut()
+            };
+            (*view).ndim = 1;
+            (*view).shape = if flags & ffi::PyBUF_ND == ffi::PyBUF_ND {
+                &raw mut (*view).len
+            } else {
+                std::ptr::null_mut()
+            };
+            (*view).strides = if flags & ffi::PyBUF_STRIDES == ffi::PyBUF_STRIDES {
+                &raw mut (*view).itemsize
+            } else {
+                std::ptr::null_mut()
+            };
+            (*view).suboffsets = std::ptr::null_mut();
+            (*view).internal = std::ptr::null_mut();
+        }
+        Ok(())
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<_SlotLease slot={} nbytes={}>",
+            self.lease.id(),
+            self.lease.len()
+        )
+    }
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PySlotRing>()?;
+    m.add_class::<PySlotLease>()
+}
