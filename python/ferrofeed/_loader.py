@@ -137,6 +137,8 @@ def _convert(batch: Any, output: Output, device: str | None) -> Any:
         return batch
     if isinstance(batch, dict):
         return {k: _convert(v, output, device) for k, v in batch.items()}
+    if isinstance(batch, tuple) and hasattr(type(batch), "_fields"):  # a named tuple
+        return type(batch)(*(_convert(v, output, device) for v in batch))
     if isinstance(batch, tuple | list) and not _is_array(batch):
         return type(batch)(_convert(v, output, device) for v in batch)
     if not _is_array(batch):

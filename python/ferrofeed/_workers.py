@@ -465,9 +465,9 @@ class WorkerPool:
         self.next_task = 0
         self.generation = 0
         self.closed = False
-        ctx: Any = multiprocessing.get_context(setup.start_method)
         if setup.start_method is None:
-            setup.start_method = ctx.get_start_method()
+            setup.start_method = default_start_method()
+        ctx: Any = multiprocessing.get_context(setup.start_method)
         try:
             for wid in range(num_workers):
                 ours, theirs = ctx.Pipe(duplex=True)
@@ -674,6 +674,18 @@ class WorkerPool:
             ],
             "slots": self.ring.stats(),
         }
+
+
+def default_start_method() -> str:
+    """The start method of workers when none is given.
+
+    multiprocessing's default (fork on Linux before Python 3.14, forkserver from 3.14),
+    except forkserver when JAX is imported: JAX runs threads that a fork would copy in the
+    middle of their work, and warns that this will likely deadlock.
+    """
+    if "jax" in sys.modules:
+        return "forkserver"
+    return multiprocessing.get_start_method()
 
 
 def _terminate(workers: Sequence[_Worker]) -> None:
