@@ -14,12 +14,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+import ferrofeed
 import numpy as np
 import pytest
-
-import ferrofeed
-from ferrofeed import DataLoader, SharedList, WorkerDiedError, WorkerTimeoutError, get_worker_info
-from ferrofeed import _workers
+from ferrofeed import (
+    DataLoader,
+    SharedList,
+    WorkerDiedError,
+    WorkerTimeoutError,
+    _workers,
+    get_worker_info,
+)
 
 METHODS = ["fork", "spawn", "forkserver"]
 
@@ -166,7 +171,8 @@ class ArenaView:
 
 def init_marks(worker_id: int) -> None:
     info = get_worker_info()
-    assert info is not None and info.id == worker_id
+    assert info is not None
+    assert info.id == worker_id
     os.environ["FERROFEED_TEST_INIT"] = f"{worker_id}:{os.getpid()}"
 
 
@@ -296,7 +302,8 @@ def test_torch_generator_is_seeded_per_sample() -> None:
     a = [float(v) for b in loader for v in b]
     loader = DataLoader(TorchRandom(), 4, num_workers=1)
     b = [float(v) for b in loader for v in b]
-    assert a == b and len(set(a)) == len(a)
+    assert a == b
+    assert len(set(a)) == len(a)
     assert torch is not None
 
 
@@ -455,7 +462,8 @@ def test_torch_output_is_zero_copy() -> None:
     torch = pytest.importorskip("torch")
     loader = DataLoader(Numbers(16), 4, num_workers=2, output="torch")
     for b in loader:
-        assert isinstance(b["x"], torch.Tensor) and b["x"].dtype == torch.float32
+        assert isinstance(b["x"], torch.Tensor)
+        assert b["x"].dtype == torch.float32
         assert b["x"].data_ptr() % 64 == 0
         assert isinstance(b["name"], list)
 
@@ -518,14 +526,20 @@ def test_header_encoding_round_trip() -> None:
 
 def test_worker_exception_keeps_its_type_and_traceback() -> None:
     loader = DataLoader(Failing(bad=9), 4, num_workers=2)
-    got = []
-    with pytest.raises(KeyError, match="no sample 9") as info:
+    got: list[list[int]] = []
+
+    def consume() -> None:
         for b in loader:
             got.append(b.tolist())
+
+    with pytest.raises(KeyError, match="no sample 9") as info:
+        consume()
     assert got == [[0, 1, 2, 3], [4, 5, 6, 7]], "the batches before the failing one come first"
     notes = "\n".join(info.value.__notes__)
-    assert "sample 9" in notes and "pid" in notes
-    assert "Traceback" in notes and "__getitem__" in notes
+    assert "sample 9" in notes
+    assert "pid" in notes
+    assert "Traceback" in notes
+    assert "__getitem__" in notes
 
 
 def test_skip_in_workers_records_the_sample() -> None:
@@ -624,9 +638,11 @@ def test_worker_killed_by_a_signal_is_named(sig: int) -> None:
         list(loader)
     assert time.monotonic() - start < 5
     err = info.value
-    assert err.signal == sig and err.exitcode == -sig
+    assert err.signal == sig
+    assert err.exitcode == -sig
     assert 13 in err.indices
-    assert f"pid {err.pid}" in str(err) and signal.Signals(sig).name in str(err)
+    assert f"pid {err.pid}" in str(err)
+    assert signal.Signals(sig).name in str(err)
     assert "13" in str(err)
     assert _wait_gone(_pids_of_loader_children(), 3)
 
@@ -643,7 +659,8 @@ def test_timeout_turns_a_stalled_batch_into_an_error() -> None:
     with pytest.raises(WorkerTimeoutError, match=r"timeout=1\.0") as info:
         list(loader)
     assert time.monotonic() - start < 6
-    assert "9" in str(info.value) and "pid" in str(info.value)
+    assert "9" in str(info.value)
+    assert "pid" in str(info.value)
     assert isinstance(info.value, TimeoutError)
 
 

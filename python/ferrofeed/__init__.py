@@ -15,7 +15,8 @@ Example:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+from typing import Any as _Any
 
 from . import _core, io, ops
 from ._core import BufferPool, Tensor, default_pool, empty, zeros
@@ -49,7 +50,7 @@ from ._pipeline import Pipeline, PipelineBuilder
 from ._shared_list import SharedList, default_arena_dir
 from ._workers import WorkerInfo, get_worker_info
 
-if TYPE_CHECKING:
+if _TYPE_CHECKING:
     import jax
     import numpy.typing as npt
     import torch
@@ -105,7 +106,7 @@ __all__ = [
 ]
 
 
-def to_numpy(x: Any, /) -> npt.NDArray[Any]:
+def to_numpy(x: _Any, /) -> npt.NDArray[_Any]:
     """Return ``x`` as a `numpy.ndarray` sharing its memory (see `ferrofeed.numpy`)."""
     from .numpy import to_numpy
 
@@ -113,7 +114,7 @@ def to_numpy(x: Any, /) -> npt.NDArray[Any]:
 
 
 def to_torch(
-    x: Any, /, *, device: str | torch.device | None = None, non_blocking: bool | None = None
+    x: _Any, /, *, device: str | torch.device | None = None, non_blocking: bool | None = None
 ) -> torch.Tensor:
     """Return ``x`` as a `torch.Tensor` sharing its memory (see `ferrofeed.torch.to_torch`)."""
     from .torch import to_torch
@@ -121,7 +122,7 @@ def to_torch(
     return to_torch(x, device=device, non_blocking=non_blocking)
 
 
-def to_jax(x: Any, /, *, device: jax.Device | None = None) -> jax.Array:
+def to_jax(x: _Any, /, *, device: jax.Device | None = None) -> jax.Array:
     """Return ``x`` as a `jax.Array` (see `ferrofeed.jax.to_jax`)."""
     from .jax import to_jax
 
@@ -154,3 +155,7 @@ def build_info() -> dict[str, str]:
         "python": platform.python_version(),
         "platform": platform.platform(),
     }
+
+
+# `from __future__ import annotations` binds this name; it is not part of the API.
+del annotations

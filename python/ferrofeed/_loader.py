@@ -246,6 +246,27 @@ class DataLoader:
         on_error: ``"raise"`` (a failing sample stops the epoch with `PipelineError`) or
             ``"skip"`` (the sample is left out of its batch, logged and listed in `stats`).
         progress: show a progress bar (tqdm when installed).
+        num_workers: run ``dataset[i]``, ``transform`` and ``collate`` in this many worker
+            processes (0: on ``num_threads`` threads in this process). Batches come back
+            through shared memory without a copy, in the same order and with the same
+            random draws as with any other number of workers: each sample's ``random``,
+            ``numpy.random`` and torch generators are seeded from ``(seed, epoch, index)``.
+            Not used by the native image chain, which needs no GIL.
+        worker_start_method: ``"fork"``, ``"spawn"`` or ``"forkserver"``; ``None``:
+            multiprocessing's default, or forkserver when JAX is imported.
+        persistent_workers: keep the worker processes from one epoch to the next (end
+            them with `shutdown_workers`, or by dropping the loader).
+        worker_init_fn: called with the worker's id once in each worker at start.
+        prefetch_factor: batches in flight per worker.
+        timeout: seconds to wait for a worker's batch before raising
+            `WorkerTimeoutError` (default: wait as long as it takes).
+
+    Raises (while iterating, with workers):
+        WorkerDiedError: a worker was killed (a signal, the OOM killer) or exited; the
+            error names its pid, the signal and the samples it held.
+        WorkerTimeoutError: a batch took longer than ``timeout``.
+        The user's own exception, from ``dataset[i]``, ``transform`` or ``collate`` in a
+        worker, with a note naming the sample and the worker's traceback.
 
     Example:
         >>> loader = DataLoader(list(range(10)), batch_size=4, shuffle=True, seed=1)
