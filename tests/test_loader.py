@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import pytest
-from ferrofeed import DataLoader, PipelineError, default_collate
+from ferrofeed import DataLoader, PipelineError, TooManyFailuresError, default_collate
 from thread_counts import settle_threads, thread_counts
 
 RunPython = Callable[..., subprocess.CompletedProcess[str]]
@@ -866,22 +866,89 @@ def test_on_error_skip_whole_batch_skipped_then_resume() -> None:
 
 
 @pytest.mark.timeout(30)
-def test_on_error_raise_gives_pipeline_error_with_original() -> None:
+def test_on_error_raise_gives_the_original_exception() -> None:
     ds = FlakyDataset(12, {5})
     loader = DataLoader(ds, batch_size=2, on_error="raise", num_threads=2)
     got = []
-    with pytest.raises(PipelineError) as info:  # noqa: PT012 - the loop is the point
+    with pytest.raises(ValueError, match="bad sample 5") as info:  # noqa: PT012
         for batch in loader:
             got.append(batch.tolist())
     assert got == [[0, 1], [2, 3]][: len(got)]
-    group = info.value
-    assert len(group.exceptions) == 1
-    original = group.exceptions[0]
-    assert original is ds.raised[5]
-    assert isinstance(original, ValueError)
+    original = info.value
+    assert original is ds.raised[5], "the user's exception itself, not a wrapper"
+    assert not isinstance(original, PipelineError)
     notes = getattr(original, "__notes__", [])
     assert any("5" in note and "sample" in note for note in notes), notes
+    assert any("load" in note for note in notes), notes
     assert loader.stats()["skipped"] == []
+
+
+def test_key_error_is_caught_by_except_key_error() -> None:
+    class Missing:
+        def __len__(self) -> int:
+            return 4
+
+        def __getitem__(self, i: int) -> int:
+            raise KeyError(i)
+
+    caught = None
+    try:
+        list(DataLoader(Missing(), 2))
+    except KeyError as e:  # a plain `except KeyError:` catches it, as with PyTorch
+        caught = e
+    assert caught is not None
+    assert caught.args[0] in range(4)
+
+
+def test_max_failures_bounds_the_skips() -> None:
+    ds = FlakyDataset(40, set(range(0, 40, 3)))  # 14 bad samples
+    loader = DataLoader(ds, 4, on_error="skip", max_failures=5, num_threads=1)
+    with pytest.raises(TooManyFailuresError, match="max_failures=5"):
+        list(loader)
+    assert len(loader.stats()["skipped"]) == 6
+    unbounded = DataLoader(ds, 4, on_error="skip", max_failures=None)
+    assert sum(len(b) for b in unbounded) == 40 - 14
+    default = DataLoader(ds, 4, on_error="skip")
+    assert default.max_failures == 10
+    with pytest.raises(TooManyFailuresError):
+        list(default)
+
+
+def test_an_epoch_of_only_failures_raises() -> None:
+    ds = FlakyDataset(6, set(range(6)))
+    loader = DataLoader(ds, 2, on_error="skip", max_failures=None)
+    with pytest.raises(TooManyFailuresError, match="every sample of epoch 0 failed"):
+        list(loader)
+
+
+def test_batch_size_none_hands_out_samples() -> None:
+    samples = [{"x": np.arange(3) + i, "y": i} for i in range(5)]
+    loader = DataLoader(samples, None, shuffle=True, seed=2)
+    got = list(loader)
+    assert len(loader) == len(got) == 5
+    assert sorted(s["y"] for s in got) == list(range(5))
+    assert got[0]["x"].shape == (3,)
+    torch = pytest.importorskip("torch")
+    as_torch = list(DataLoader(samples, None, output="torch"))
+    assert isinstance(as_torch[1]["x"], torch.Tensor)
+    assert as_torch[1]["y"] == 1
+    with pytest.raises(TypeError, match="no collate"):
+        DataLoader(samples, None, collate=default_collate)
+
+
+def test_default_collate_sequences_and_unknown_types() -> None:
+    import collections as c
+
+    dq = default_collate([c.deque([1, "a"]), c.deque([2, "b"])])
+    assert isinstance(dq, c.deque)
+    assert dq[0].tolist() == [1, 2]
+    assert list(dq[1]) == ["a", "b"]
+    with pytest.raises(TypeError, match="default_collate"):
+        default_collate([object(), object()])
+    with pytest.raises(TypeError, match="NoneType"):
+        default_collate([None, None])
+    with pytest.raises(ValueError, match="same length"):
+        default_collate([(1, 2), (3,)])
 
 
 # --------------------------------------------------------------------------------------

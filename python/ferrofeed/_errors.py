@@ -181,3 +181,11 @@ class WorkerDiedError(WorkerError):
 
 class WorkerTimeoutError(WorkerError, TimeoutError):
     """A batch took longer than the `DataLoader`'s ``timeout`` to come back from a worker."""
+
+
+class TooManyFailuresError(FerrofeedError, RuntimeError):
+    """More samples failed under ``on_error="skip"`` than ``max_failures`` allows.
+
+    Also raised by a `DataLoader` epoch in which every sample failed (it would otherwise
+    yield no batch at all). The failures are listed in ``loader.stats()["skipped"]``.
+    """

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from . import _core
-from ._errors import WorkerError
+from ._errors import PipelineError, TooManyFailuresError, WorkerError
 from ._images import ImageFiles, ImageFolder
 from ._pipeline import PipelineBuilder
 from ._workers import WorkerPool, _Setup, worker_batches
@@ -79,8 +79,15 @@ def default_collate(samples: Sequence[Any]) -> Any:
     """Combine a list of samples into a batch, recursively, as NumPy arrays.
 
     Arrays and numbers are stacked along a new first axis (into a pooled, 64-byte aligned
-    buffer for the common dtypes); dicts, tuples and lists are collated field by field;
-    strings, bytes and anything else are returned as a list.
+    buffer for the common dtypes, or in a worker process straight into the shared slot the
+    batch goes back in); dicts, named tuples, tuples, lists and other sequences are collated
+    field by field (a list of numbers is stacked like an array); strings and bytes are
+    returned as a list.
+
+    Raises:
+        TypeError: a sample of another type (``None``, an arbitrary object), as PyTorch's
+            ``default_collate`` does; pass your own ``collate`` for those.
+        ValueError: sequences of different lengths in one batch.
 
     Example:
         >>> batch = default_collate([{"x": [1.0, 2.0], "y": 0}, {"x": [3.0, 4.0], "y": 1}])
@@ -92,19 +99,35 @@ def default_collate(samples: Sequence[Any]) -> Any:
     first = samples[0]
     if isinstance(first, Mapping):
         return {key: default_collate([s[key] for s in samples]) for key in first}
-    if isinstance(first, tuple) and hasattr(first, "_fields"):  # a named tuple
-        return type(first)(*(default_collate(list(f)) for f in zip(*samples, strict=True)))
-    if isinstance(first, tuple | list):
-        if isinstance(first, list) and all(isinstance(v, int | float) for v in first):
-            return _stack(samples)
-        return type(first)(default_collate(list(f)) for f in zip(*samples, strict=True))
     if isinstance(first, str | bytes):
         return list(samples)
     if isinstance(first, np.ndarray | np.generic | int | float | bool) or hasattr(
         first, "__array__"
     ):
         return _stack(samples)
-    return list(samples)
+    if isinstance(first, Sequence):
+        if isinstance(first, list) and all(isinstance(v, int | float) for v in first):
+            return _stack(samples)
+        if any(len(s) != len(first) for s in samples):
+            raise ValueError(
+                "default_collate: the sequences of one batch must have the same length, "
+                f"not {sorted({len(s) for s in samples})}"
+            )
+        fields = [default_collate(list(f)) for f in zip(*samples, strict=True)]
+        if isinstance(first, tuple) and hasattr(type(first), "_fields"):  # a named tuple
+            return type(first)(*fields)
+        kind: Any = type(first)
+        if kind in (tuple, list):
+            return kind(fields)
+        try:
+            return kind(fields)  # e.g. a deque
+        except TypeError:  # a sequence type that cannot be built from a list
+            return fields
+    raise TypeError(
+        "default_collate: samples must be arrays, numbers, strings, dicts or sequences of "
+        f"these, not {type(first).__module__}.{type(first).__qualname__}; pass collate= "
+        "to batch them your own way"
+    )
 
 
 def _default_rank_and_world() -> tuple[int, int]:
@@ -223,7 +246,8 @@ class DataLoader:
     Args:
         source: a map-style dataset: ``len(ds)`` and ``ds[i]`` (a ``torch.utils.data.Dataset``
             works unchanged, and so does a `SharedList` or a list); or images, as above.
-        batch_size: samples per batch.
+        batch_size: samples per batch (positional, as in PyTorch); ``None``: no batching,
+            each sample is handed out on its own (converted to ``output``).
         shuffle: shuffle the order every epoch.
         seed: the shuffle's seed (and the random crops').
         drop_last: drop the uneven tail, so shards and batches are all full.
@@ -243,8 +267,13 @@ class DataLoader:
             as often as needed.
         output: ``"numpy"``, ``"torch"`` or ``"jax"``.
         device: move each batch there (e.g. ``"cuda:0"`` with torch, ``"gpu"`` with JAX).
-        on_error: ``"raise"`` (a failing sample stops the epoch with `PipelineError`) or
-            ``"skip"`` (the sample is left out of its batch, logged and listed in `stats`).
+        on_error: ``"raise"`` (a failing sample stops the epoch: after the batches before
+            it, its own exception is raised, with a note naming the sample and the stage)
+            or ``"skip"`` (the sample is left out of its batch, logged and listed in
+            `stats`).
+        max_failures: with ``on_error="skip"``, the samples that may fail in one epoch
+            before `TooManyFailuresError` is raised (default 10; ``None``: no limit). An
+            epoch in which every sample fails raises it too, instead of yielding nothing.
         progress: show a progress bar (tqdm when installed).
         num_workers: run ``dataset[i]``, ``transform`` and ``collate`` in this many worker
             processes (0: on ``num_threads`` threads in this process). Batches come back
@@ -279,7 +308,7 @@ class DataLoader:
     def __init__(
         self,
         source: MapDataset | str | os.PathLike[str],
-        batch_size: int = 1,
+        batch_size: int | None = 1,
         *,
         shuffle: bool = False,
         seed: int = 0,
@@ -294,6 +323,7 @@ class DataLoader:
         output: Output = "numpy",
         device: str | None = None,
         on_error: Literal["raise", "skip"] = "raise",
+        max_failures: int | None = 10,
         progress: bool = False,
         num_workers: int = 0,
         worker_start_method: StartMethod | None = None,
@@ -309,8 +339,11 @@ class DataLoader:
                 "source must be a map-style dataset (len(ds) and ds[i]), a sequence of "
                 f"image paths, or a folder of class subfolders, not {type(source).__name__}"
             )
+        if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
+            raise ValueError(f"batch_size must be an int >= 1 or None, not {batch_size!r}")
+        if max_failures is not None and (not isinstance(max_failures, int) or max_failures < 0):
+            raise ValueError(f"max_failures must be an int >= 0 or None, not {max_failures!r}")
         for name, value, low in (
-            ("batch_size", batch_size, 1),
             ("prefetch", prefetch, 1),
             ("num_workers", num_workers, 0),
             ("prefetch_factor", prefetch_factor, 1),
@@ -347,6 +380,9 @@ class DataLoader:
             _check_device(output, device)
         self.dataset = source
         self.batch_size = batch_size
+        # Samples per batch; 1 with batch_size=None (each sample handed out on its own).
+        self._batch = batch_size or 1
+        self.max_failures = max_failures
         self.shuffle = shuffle
         self.seed = seed
         self.drop_last = drop_last
@@ -369,6 +405,7 @@ class DataLoader:
         self._batches_done = 0
         self._skipped: list[tuple[int, str]] = []
         self._skipped_lock = threading.Lock()
+        self._failures = 0  # samples skipped in the current iteration
         self._pipeline: _core.Pipeline | None = None
         self._pool: _core.BufferPool | None = None
         # The native image chain: image files with a native (or the default) transform.
@@ -380,6 +417,8 @@ class DataLoader:
         if self.native:
             self.transform = transform if transform is not None else _default_image_transform()
             self.collate = collate
+            if batch_size is None:
+                raise TypeError("batch_size=None needs a Python transform, not image files")
             self._check_native(source, batch_size)
         else:
             if isinstance(collate, _core.NativeOp):
@@ -388,7 +427,9 @@ class DataLoader:
                     "as the source, and transform=ops.decode_image(...) (or None)"
                 )
             self.transform = transform
-            self.collate = collate or default_collate
+            if batch_size is None and collate is not None:
+                raise TypeError("batch_size=None hands out samples as they are: no collate")
+            self.collate = collate or (_single if batch_size is None else default_collate)
 
     def _check_native(self, source: Any, batch_size: int) -> None:
         """Refuse, at construction, what the native image chain cannot run."""
@@ -434,7 +475,7 @@ class DataLoader:
             collate,
             seed=self.seed,
             epoch=epoch,
-            threads=min(self.num_threads, self.batch_size),
+            threads=min(self.num_threads, self._batch),
             skip=self.on_error == "skip",
             pool=self._pool,
         )
@@ -452,8 +493,8 @@ class DataLoader:
         """Batches each rank yields per pass over the data."""
         per_rank = self.samples_per_rank
         if self.drop_last:
-            return per_rank // self.batch_size
-        return math.ceil(per_rank / self.batch_size)
+            return per_rank // self._batch
+        return math.ceil(per_rank / self._batch)
 
     def __len__(self) -> int:
         """Batches per epoch for this rank (0 when its shard cannot fill one)."""
@@ -573,8 +614,8 @@ class DataLoader:
             perm = _core.Permutation(
                 len(self.dataset), seed=self.seed, epoch=data_epoch, shuffle=self.shuffle
             )
-            start = b * self.batch_size
-            stop = min(start + self.batch_size, self.samples_per_rank)
+            start = b * self._batch
+            stop = min(start + self._batch, self.samples_per_rank)
             # Rank r takes positions r, r + W, r + 2W, ... of the epoch's order.
             w, r = self.world_size, self.rank
             yield from perm.take(r + start * w, r + stop * w, w)
@@ -586,7 +627,7 @@ class DataLoader:
         first = (epoch * (self.batches_per_epoch or per_pass)) + self._resume_batches
         for g in range(first, first + len(self) - self._resume_batches):
             b = g % per_pass
-            yield min(self.batch_size, self.samples_per_rank - b * self.batch_size)
+            yield min(self._batch, self.samples_per_rank - b * self._batch)
 
     def _load(self, index: int) -> Any:
         transform = self.transform
@@ -599,10 +640,22 @@ class DataLoader:
                 e.add_note(f"while loading sample {index} of the dataset")
                 raise
             reason = f"{type(e).__name__}: {e}"
-            _log.warning("skipped sample %d: %s", index, reason)
-            with self._skipped_lock:
-                self._skipped.append((index, reason))
+            self._record_skip(index, reason)
             return _Skipped(index, reason)
+
+    def _record_skip(self, index: int, reason: str) -> None:
+        """Note a sample skipped under ``on_error="skip"``; raise past ``max_failures``."""
+        _log.warning("skipped sample %d: %s", index, reason)
+        with self._skipped_lock:
+            self._skipped.append((index, reason))
+            self._failures += 1
+            failures = self._failures
+        if self.max_failures is not None and failures > self.max_failures:
+            raise TooManyFailuresError(
+                f"{failures} samples failed in this epoch, more than max_failures="
+                f"{self.max_failures} (the last: sample {index}: {reason}); see "
+                "loader.stats()['skipped'], or raise max_failures (None: no limit)"
+            )
 
     def _batches(self, epoch: int) -> Iterator[Any]:
         """Yield the epoch's batches from the resume point.
@@ -637,7 +690,10 @@ class DataLoader:
         )
         self._pipeline = pipeline
         with pipeline.auto_stop():
-            yield from pipeline
+            try:
+                yield from pipeline
+            except PipelineError as group:
+                raise _first_error(group) from None
 
     def _worker_pool(self) -> WorkerPool:
         """The running worker processes (started now unless persistent ones are alive)."""
@@ -674,9 +730,7 @@ class DataLoader:
         try:
             for loaded in worker_batches(pool, epoch, groups, self.timeout):
                 for index, reason in loaded.skipped:
-                    _log.warning("skipped sample %d: %s", index, reason)
-                    with self._skipped_lock:
-                        self._skipped.append((index, reason))
+                    self._record_skip(index, reason)
                 if loaded.empty:
                     yield _EMPTY
                 else:
@@ -732,7 +786,7 @@ class DataLoader:
 
         # Each batch decodes on up to `num_threads` threads; with batches smaller than
         # that, several batches decode at once.
-        per_batch = min(self.num_threads, self.batch_size)
+        per_batch = min(self.num_threads, self._batch)
         pipeline = (
             PipelineBuilder()
             .add_source(groups())
@@ -747,17 +801,28 @@ class DataLoader:
         self._pipeline = pipeline
         output, device = self.output, self.device
         with pipeline.auto_stop():
-            for images, labels, skipped in pipeline:
-                indices = pending.popleft()
-                for position, reason in skipped:
-                    _log.warning("skipped sample %d: %s", indices[position], reason)
-                    with self._skipped_lock:
-                        self._skipped.append((indices[position], reason))
-                if images is None:
-                    yield _EMPTY
-                    continue
-                batch = _from_tensor(images, output, device)
-                yield batch if labels is None else (batch, _from_tensor(labels, output, device))
+            try:
+                yield from self._native_results(pipeline, pending, output, device)
+            except PipelineError as group:
+                raise _first_error(group) from None
+
+    def _native_results(
+        self,
+        pipeline: _core.Pipeline,
+        pending: collections.deque[list[int]],
+        output: Output,
+        device: str | None,
+    ) -> Iterator[Any]:
+        """The native op's results as batches (a method, so errors can be unwrapped)."""
+        for images, labels, skipped in pipeline:
+            indices = pending.popleft()
+            for position, reason in skipped:
+                self._record_skip(indices[position], reason)
+            if images is None:
+                yield _EMPTY
+                continue
+            batch = _from_tensor(images, output, device)
+            yield batch if labels is None else (batch, _from_tensor(labels, output, device))
 
     def __iter__(self) -> Iterator[Any]:
         epoch = self._epoch
@@ -765,13 +830,21 @@ class DataLoader:
         todo = len(self) - self._resume_batches
         bar = _Progress(todo, f"epoch {epoch}") if self.progress else None
         finished = False
+        self._failures = 0
+        yielded = 0
         try:
             for batch in self._batches(epoch):
                 self._batches_done += 1
                 if bar is not None:
                     bar.update()
                 if batch is not _EMPTY:
+                    yielded += 1
                     yield batch
+            if todo > 0 and yielded == 0 and self._failures > 0:
+                raise TooManyFailuresError(
+                    f"every sample of epoch {epoch} failed ({self._failures} skipped); see "
+                    "loader.stats()['skipped']"
+                )
             finished = True
         finally:
             if bar is not None:
@@ -789,6 +862,7 @@ class DataLoader:
         """The batches of ``epoch`` (from its start), without changing the loader's state."""
         saved = (self._epoch, self._resume_batches, self._batches_done)
         self._resume_batches = 0
+        self._failures = 0
         try:
             yield from (b for b in self._batches(epoch) if b is not _EMPTY)
         finally:
@@ -815,6 +889,22 @@ class _Grouper:
         group, self._group = self._group, []
         self._want = next(self._sizes, 0)
         return self._finish(group)
+
+
+def _single(samples: list[Any]) -> Any:
+    """The "collate" of ``batch_size=None``: the one sample, as it is."""
+    return samples[0]
+
+
+def _first_error(group: PipelineError) -> BaseException:
+    """The user's own exception inside the pipeline's group (the first, when several)."""
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        others = len(exc.exceptions) - 1
+        exc = exc.exceptions[0]
+        if others:
+            exc.add_note(f"({others} more samples failed at the same time)")
+    return exc
 
 
 def _as_pair(sample: Any) -> Any:
