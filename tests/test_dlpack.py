@@ -561,3 +561,49 @@ def test_pinned_tensors_on_a_gpu_machine() -> None:  # pragma: no cover - GPU on
     assert float(y.sum()) == 0.0
     cap = t.__dlpack__(dl_device=(KDLCUDAHOST, 0))
     assert capsule_name(cap) == "dltensor"
+
+
+class _FakeEvent:
+    """Stands for a CUDA event recorded after a copy: done when the test says so."""
+
+    def __init__(self) -> None:
+        self.done = False
+
+    def query(self) -> bool:
+        return self.done
+
+
+def test_async_device_copy_keeps_the_pooled_buffer_until_the_copy_completes() -> None:
+    # Without a GPU: the keeper's logic, with a fake event, on a pooled buffer.
+    pytest.importorskip("torch")
+    from ferrofeed import BufferPool
+    from ferrofeed import torch as ft
+
+    pool = BufferPool(4, pinned=False)
+    t = ft.to_torch(pool.empty((8,), "float32"))
+    event = _FakeEvent()
+    ft._copies.keep(t, event)
+    del t
+    assert pool.stats()["in_use"] == 1, "the queued copy still reads the buffer"
+    ft._copies.release_finished()
+    assert pool.stats()["in_use"] == 1
+    event.done = True
+    ft._copies.release_finished()
+    assert pool.stats()["in_use"] == 0, "back in the pool once the copy completed"
+    assert len(ft._copies) == 0
+
+
+def test_to_device_keeps_the_source_only_for_async_cuda_copies() -> None:
+    torch = pytest.importorskip("torch")
+    from ferrofeed import torch as ft
+
+    events: list[_FakeEvent] = []
+
+    def fake_event(device: object) -> _FakeEvent:
+        events.append(_FakeEvent())
+        return events[-1]
+
+    src = torch.zeros(4)
+    out = ft._to_device(src, "cpu", non_blocking=True, event=fake_event)
+    assert out.device.type == "cpu"
+    assert events == [], "no copy to a GPU, nothing to wait for"

@@ -170,7 +170,12 @@ def _convert(batch: Any, output: Output, device: str | None) -> Any:
         import torch
 
         tensor = torch.from_numpy(batch)
-        return tensor.to(device, non_blocking=True) if device else tensor
+        if not device:
+            return tensor
+        from .torch import _to_device
+
+        # The batch's buffer stays out of its pool (or its worker slot) until the copy ends.
+        return _to_device(tensor, device, non_blocking=True)
     import jax
 
     array = jax.dlpack.from_dlpack(batch) if batch.flags.c_contiguous else jax.numpy.asarray(batch)
