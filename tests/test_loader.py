@@ -1066,3 +1066,15 @@ def test_len_is_batches_per_epoch_for_this_rank() -> None:
     assert len(DataLoader(list(range(10)), batch_size=4, rank=2, world_size=3)) == 1
     assert len(DataLoader(list(range(10)), batch_size=4, world_size=3, drop_last=True)) == 0
     assert batches_of(DataLoader(list(range(10)), batch_size=4, world_size=3, drop_last=True)) == []
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("batches_done", 99), ("batches_done", -1), ("epoch", -2), ("epoch", "3"), ("epoch", 1.5)],
+)
+def test_load_state_dict_refuses_positions_out_of_range(key: str, value: object) -> None:
+    loader = DataLoader(list(range(10)), 4)
+    state = {**loader.state_dict(), key: value}
+    with pytest.raises(ValueError, match=key):
+        loader.load_state_dict(state)
+    assert loader.state_dict()["batches_done"] == 0, "nothing changed"

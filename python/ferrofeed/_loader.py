@@ -572,9 +572,18 @@ class DataLoader:
                     f"the state was saved with {key}={state[key]!r}, this loader has "
                     f"{key}={mine[key]!r}"
                 )
-        self._epoch = int(state["epoch"])
-        self._resume_batches = int(state["batches_done"])
-        self._batches_done = self._resume_batches
+        epoch, done = state["epoch"], state["batches_done"]
+        for key, value in (("epoch", epoch), ("batches_done", done)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"the state's {key} must be an int >= 0, not {value!r}")
+        if done > len(self):
+            raise ValueError(
+                f"the state's batches_done={done} is past the end of an epoch of "
+                f"{len(self)} batches"
+            )
+        self._epoch = epoch
+        self._resume_batches = done
+        self._batches_done = done
 
     def stats(self) -> dict[str, Any]:
         """Return the pipeline's figures and the samples skipped so far.
