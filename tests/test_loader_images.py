@@ -33,6 +33,7 @@ from ferrofeed import (
     ImageFiles,
     ImageFolder,
     ImageReadError,
+    PipelineBuilder,
     PipelineError,
     default_collate,
     io,
@@ -1002,3 +1003,28 @@ def test_kept_batches_are_not_overwritten_by_later_ones(data: Dataset) -> None:
     del kept, again, images, labels, images2, labels2
     gc.collect()
     assert loader.stats()["buffers"]["in_use"] == 0, "batch buffers not given back"
+
+
+def test_collate_without_batch_size_takes_the_loaders(data: Dataset) -> None:
+    loader = DataLoader(
+        data.paths[:10],
+        4,
+        transform=ops.decode_image(size=SIZE),
+        collate=ops.collate(layout="NCHW"),  # the batch size is said once
+    )
+    shapes = [images.shape for images in loader]
+    assert shapes == [(4, 3, SIZE, SIZE), (4, 3, SIZE, SIZE), (2, 3, SIZE, SIZE)]
+    with pytest.raises(ValueError, match="same batch size"):
+        DataLoader(data.paths, 4, transform=ops.decode_image(size=SIZE), collate=ops.collate(8))
+
+
+def test_collate_without_batch_size_is_refused_by_a_pipeline() -> None:
+    builder = PipelineBuilder().add_source([]).pipe(ops.collate()).add_sink()
+    with pytest.raises(ValueError, match="without a batch size"):
+        builder.build()
+
+
+def test_collate_pool_timeout_is_settable() -> None:
+    assert ops.collate(4, timeout=None).group_size == 4
+    with pytest.raises(ValueError, match="timeout"):
+        ops.collate(4, timeout=0)

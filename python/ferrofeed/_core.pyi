@@ -92,7 +92,7 @@ def _op_decode_image(
     """Return a native op that decodes images."""
 
 def _op_collate(
-    batch_size: int,
+    batch_size: int | None = None,
     /,
     *,
     drop_last: bool = False,
@@ -100,6 +100,7 @@ def _op_collate(
     dtype: str = "uint8",
     normalize: tuple[list[float], list[float]] | None = None,
     max_batches: int = 16,
+    timeout: float | None = 60.0,
 ) -> NativeOp:
     """Return a native op that collates images into batch tensors."""
 

@@ -441,7 +441,7 @@ class DataLoader:
         if isinstance(self.collate, _core.NativeOp):
             if self.collate.group_size is None:
                 raise TypeError("collate must be ops.collate(...) or None with image files")
-            if self.collate.group_size != batch_size:
+            if self.collate.group_size not in (0, batch_size):
                 raise ValueError(
                     f"collate=ops.collate({self.collate.group_size}, ...) but "
                     f"batch_size={batch_size}: give both the same batch size"

@@ -83,7 +83,7 @@ def decode_image(
 
 
 def collate(
-    batch_size: int,
+    batch_size: int | None = None,
     /,
     *,
     drop_last: bool = False,
@@ -91,6 +91,7 @@ def collate(
     dtype: str = "uint8",
     normalize: tuple[list[float], list[float]] | None = None,
     max_batches: int = 16,
+    timeout: float | None = 60.0,
 ) -> NativeOp:
     """Group ``batch_size`` decoded images into one batch Tensor (natively).
 
@@ -98,11 +99,18 @@ def collate(
     in [0, 1], then ``(x - mean) / std`` per channel with ``normalize=(mean, std)``).
     Images with labels give ``(images, labels)``, labels an int64 Tensor. Batches come
     from a pool of at most ``2 * max_batches`` buffers, reused once the consumer frees
-    them.
+    them; when the consumer holds on to all of them, the next batch waits up to
+    ``timeout`` seconds for one to come back (``None``: as long as it takes), then raises
+    `PoolExhaustedError`.
+
+    In a `DataLoader`, leave ``batch_size`` out: the loader's own is used (give it, and it
+    must match). A pipeline needs it.
 
     Example:
         >>> collate(32).group_size
         32
+        >>> collate(layout="NCHW").group_size  # the DataLoader's batch size, when used there
+        0
     """
     return _core._op_collate(
         batch_size,
@@ -111,4 +119,5 @@ def collate(
         dtype=dtype,
         normalize=normalize,
         max_batches=max_batches,
+        timeout=timeout,
     )

@@ -155,22 +155,36 @@ pub(crate) struct Layout {
 
 /// `ops.collate(batch_size, ...)`: groups images into one batch tensor
 /// (and their labels into an int64 tensor), from a bounded buffer pool.
+/// Without a batch size (group size 0) it only says how to lay a batch out,
+/// for a `DataLoader`, which brings its own batch size; a pipeline refuses it.
 #[pyfunction]
 #[pyo3(signature = (
-    batch_size, /, *, drop_last=false, layout="NHWC", dtype="uint8", normalize=None,
-    max_batches=16
+    batch_size=None, /, *, drop_last=false, layout="NHWC", dtype="uint8", normalize=None,
+    max_batches=16, timeout=Some(60.0)
 ))]
+#[allow(clippy::too_many_arguments)] // the keywords of ops.collate
 fn _op_collate(
-    batch_size: usize,
+    batch_size: Option<usize>,
     drop_last: bool,
     layout: &str,
     dtype: &str,
     normalize: Option<(Vec<f32>, Vec<f32>)>,
     max_batches: usize,
+    timeout: Option<f64>,
 ) -> PyResult<PyNativeOp> {
-    if batch_size == 0 {
+    if batch_size == Some(0) {
         return Err(PyValueError::new_err("batch_size must be at least 1"));
     }
+    let batch_size = batch_size.unwrap_or(0);
+    let timeout = match timeout {
+        None => None,
+        Some(t) if t.is_finite() && t > 0.0 => Some(std::time::Duration::from_secs_f64(t)),
+        Some(t) => {
+            return Err(PyValueError::new_err(format!(
+                "timeout must be a number of seconds > 0 or None, not {t}"
+            )))
+        }
+    };
     let chw = match layout {
         "NHWC" => false,
         "NCHW" => true,
@@ -214,7 +228,7 @@ fn _op_collate(
     let pool = BufferPool::new(PoolConfig {
         max_buffers: Some(max_batches.max(2) * 2),
         max_idle: None,
-        timeout: Some(std::time::Duration::from_secs(60)),
+        timeout,
         // Pinning would probe CUDA; a pipeline may be built before a fork.
         pinning: Pinning::Off,
     })

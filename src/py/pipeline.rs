@@ -244,7 +244,8 @@ impl PyNativeOp {
         &self.name
     }
 
-    /// For a grouping op (`ops.collate`), the number of items per group.
+    /// For a grouping op (`ops.collate`), the number of items per group (0
+    /// when none was given: a `DataLoader` then uses its batch size).
     #[getter]
     fn group_size(&self) -> Option<usize> {
         self.group.as_ref().map(|g| g.0)
@@ -478,6 +479,13 @@ fn parse_native_aggregate(spec: &Bound<'_, PyTuple>) -> PyResult<Stage<Item, PyE
         .group
         .clone()
         .ok_or_else(|| PyValueError::new_err(format!("{} is not a grouping op", op.name)))?;
+    if size == 0 {
+        return Err(PyValueError::new_err(format!(
+            "ops.{}() without a batch size takes the DataLoader's; in a pipeline, give one: \
+             ops.{}(batch_size, ...)",
+            op.name, op.name
+        )));
+    }
     Ok(Stage::Aggregate(AggregateStage {
         name,
         size,
