@@ -161,7 +161,8 @@ pub(crate) struct Layout {
 #[pyo3(signature = (
     batch_size=None, /, *, drop_last=false, layout="NHWC", dtype="uint8", normalize=None,
     max_batches=16, timeout=Some(60.0)
-))]
+), text_signature = "(batch_size=None, /, *, drop_last=False, layout='NHWC', dtype='uint8', \
+    normalize=None, max_batches=16, timeout=60.0)")]
 #[allow(clippy::too_many_arguments)] // the keywords of ops.collate
 fn _op_collate(
     batch_size: Option<usize>,
