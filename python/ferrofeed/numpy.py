@@ -23,7 +23,7 @@ except ModuleNotFoundError as e:
         raise
     raise ModuleNotFoundError(
         "ferrofeed.numpy needs NumPy, a dependency of ferrofeed that is missing from this "
-        "environment: pip install 'numpy>=1.24' (installing ferrofeed with pip brings it)",
+        "environment: pip install 'numpy>=2.2' (installing ferrofeed with pip brings it)",
         name="numpy",
     ) from e
 
