@@ -51,18 +51,30 @@ $(BUILD_PY):
 	$(BUILD_PY) -m pip --disable-pip-version-check install -q \
 		"maturin>=1.8,<2" "ziglang>=0.13" "auditwheel>=6"
 
-$(WHEEL_STAMP): $(WHEEL_INPUTS) | $(BUILD_PY) build-deps
-	rm -f $(WHEEL_DIR)/ferrofeed-*.whl $@
+# $(call build_wheel,OUT_DIR,EXTRA_MATURIN_FLAGS): build, then fail unless auditwheel finds
+# the wheel consistent with a manylinux tag.
+define build_wheel
+	rm -f $(1)/ferrofeed-*.whl
 	PATH="$(abspath $(BUILD_VENV))/bin:$$PATH" PYO3_PYTHON="$(abspath $(BUILD_PY))" \
-		$(BUILD_VENV)/bin/maturin build $(MATURIN_FLAGS) --out $(WHEEL_DIR)
-	$(BUILD_VENV)/bin/auditwheel show $(WHEEL_DIR)/ferrofeed-*.whl | tee $(WHEEL_DIR)/auditwheel.txt
-	@tr -s ' \n' ' ' < $(WHEEL_DIR)/auditwheel.txt | grep -qE 'consistent with the following platform tag: "manylinux_' \
+		$(BUILD_VENV)/bin/maturin build $(MATURIN_FLAGS) $(2) --out $(1)
+	$(BUILD_VENV)/bin/auditwheel show $(1)/ferrofeed-*.whl | tee $(1)/auditwheel.txt
+	@tr -s ' \n' ' ' < $(1)/auditwheel.txt | grep -qE 'consistent with the following platform tag: "manylinux_' \
 		|| { echo "auditwheel: the wheel is not manylinux (see above)" >&2; exit 1; }
+endef
+
+$(WHEEL_STAMP): $(WHEEL_INPUTS) | $(BUILD_PY) build-deps
+	rm -f $@
+	$(call build_wheel,$(WHEEL_DIR))
 	touch $@
 
 .PHONY: wheel
 wheel: $(WHEEL_STAMP) ## Build the release (manylinux2014) wheel into target/wheels, checked by auditwheel
 	@ls $(WHEEL_DIR)/ferrofeed-*.whl
+
+.PHONY: wheel-aarch64
+wheel-aarch64: | $(BUILD_PY) build-deps ## Cross-compile the manylinux2014 aarch64 wheel into target/wheels-aarch64 (with zig)
+	rustup target add aarch64-unknown-linux-gnu
+	$(call build_wheel,target/wheels-aarch64,--target aarch64-unknown-linux-gnu)
 
 .PHONY: install
 install: $(PY) wheel ## Build the wheel and install it, with its dependencies, into .venv
