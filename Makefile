@@ -12,6 +12,19 @@ PIP := $(PY) -m pip --disable-pip-version-check
 WHEEL_DIR := target/wheels
 export PYO3_PYTHON := $(abspath $(PY))
 
+# The build tools (maturin; zig, from the ziglang package, to link against glibc 2.17; and
+# auditwheel, to check the result) live in a venv of their own, so that $(VENV) holds only
+# ferrofeed, what it needs at run time, and what you add to it.
+BUILD_VENV := target/build-venv
+BUILD_PY := $(BUILD_VENV)/bin/python
+# A manylinux2014 wheel: installs on any x86_64 Linux with glibc >= 2.17, no compiler needed.
+MATURIN_FLAGS ?= --release --compatibility manylinux2014 --zig
+# The wheel is built once per tree: again only when one of its inputs changed (a second
+# venv, as .ci/run's, installs the same wheel).
+WHEEL_STAMP := $(WHEEL_DIR)/.built
+WHEEL_INPUTS := Cargo.toml Cargo.lock pyproject.toml README.md \
+	$(shell find src python -type f -not -name '*.so' -not -name '*.pyc')
+
 .PHONY: help
 help: ## Show the targets
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | \
@@ -32,15 +45,41 @@ build-deps: ## Install cmake and nasm (libjpeg-turbo's build) with apt-get, when
 		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq cmake nasm; \
 	fi
 
+$(BUILD_PY):
+	$(PYTHON) -m venv $(BUILD_VENV)
+	$(BUILD_PY) -m pip --disable-pip-version-check install -q --upgrade pip
+	$(BUILD_PY) -m pip --disable-pip-version-check install -q \
+		"maturin>=1.8,<2" "ziglang>=0.13" "auditwheel>=6"
+
+# $(call build_wheel,OUT_DIR,EXTRA_MATURIN_FLAGS): build, then fail unless auditwheel finds
+# the wheel consistent with a manylinux tag.
+define build_wheel
+	rm -f $(1)/ferrofeed-*.whl
+	PATH="$(abspath $(BUILD_VENV))/bin:$$PATH" PYO3_PYTHON="$(abspath $(BUILD_PY))" \
+		$(BUILD_VENV)/bin/maturin build $(MATURIN_FLAGS) $(2) --out $(1)
+	$(BUILD_VENV)/bin/auditwheel show $(1)/ferrofeed-*.whl | tee $(1)/auditwheel.txt
+	@tr -s ' \n' ' ' < $(1)/auditwheel.txt | grep -qE 'consistent with the following platform tag: "manylinux_' \
+		|| { echo "auditwheel: the wheel is not manylinux (see above)" >&2; exit 1; }
+endef
+
+$(WHEEL_STAMP): $(WHEEL_INPUTS) | $(BUILD_PY) build-deps
+	rm -f $@
+	$(call build_wheel,$(WHEEL_DIR))
+	touch $@
+
 .PHONY: wheel
-wheel: $(PY) build-deps ## Build the release wheel into target/wheels
-	$(PIP) install -q "maturin>=1.8,<2"
-	rm -f $(WHEEL_DIR)/ferrofeed-*.whl
-	$(VENV)/bin/maturin build --release --out $(WHEEL_DIR)
+wheel: $(WHEEL_STAMP) ## Build the release (manylinux2014) wheel into target/wheels, checked by auditwheel
+	@ls $(WHEEL_DIR)/ferrofeed-*.whl
+
+.PHONY: wheel-aarch64
+wheel-aarch64: | $(BUILD_PY) build-deps ## Cross-compile the manylinux2014 aarch64 wheel into target/wheels-aarch64 (with zig)
+	rustup target add aarch64-unknown-linux-gnu
+	$(call build_wheel,target/wheels-aarch64,--target aarch64-unknown-linux-gnu)
 
 .PHONY: install
-install: wheel ## Build the wheel and install it into .venv
-	$(PIP) install -q --force-reinstall --no-deps $(WHEEL_DIR)/ferrofeed-*.whl
+install: $(PY) wheel ## Build the wheel and install it, with its dependencies, into .venv
+	$(PIP) uninstall -q -y ferrofeed
+	$(PIP) install -q $(WHEEL_DIR)/ferrofeed-*.whl
 
 .PHONY: demo
 demo: install ## Install ferrofeed and run its main job (ferrofeed demo)

@@ -1,6 +1,8 @@
 """JAX adapter: ferrofeed tensors as `jax.Array`.
 
-Importing this module imports JAX; ``import ferrofeed`` alone never does.
+Importing this module imports JAX; ``import ferrofeed`` alone never does. JAX is an
+optional extra: without it, importing this module raises `ModuleNotFoundError` saying to
+``pip install 'ferrofeed[jax]'``.
 
 On CPU, JAX takes the buffer without a copy when the data is 64-byte aligned, which every
 ferrofeed buffer is.
@@ -17,8 +19,17 @@ from __future__ import annotations
 
 from typing import Any
 
-import jax
-import jax.dlpack
+try:
+    import jax
+    import jax.dlpack
+except ModuleNotFoundError as e:
+    if e.name != "jax":  # JAX is there but broken: its own error says more
+        raise
+    raise ModuleNotFoundError(
+        "ferrofeed.jax (to_jax, DataLoader(output='jax')) needs JAX, which is not installed: "
+        "pip install 'ferrofeed[jax]' (or jax[cuda12] and the like for a GPU)",
+        name="jax",
+    ) from e
 
 __all__ = ["to_jax"]
 

@@ -1,5 +1,9 @@
 """NumPy adapter: ferrofeed tensors as `numpy.ndarray` views.
 
+NumPy is a dependency of ferrofeed (``pip install ferrofeed`` installs it); where it is
+missing all the same, importing this module raises `ModuleNotFoundError` saying what to
+install.
+
 Example:
     >>> import ferrofeed
     >>> from ferrofeed.numpy import to_numpy
@@ -11,8 +15,17 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
+try:
+    import numpy as np
+    import numpy.typing as npt
+except ModuleNotFoundError as e:
+    if e.name != "numpy":  # NumPy is there but broken: its own error says more
+        raise
+    raise ModuleNotFoundError(
+        "ferrofeed.numpy needs NumPy, a dependency of ferrofeed that is missing from this "
+        "environment: pip install 'numpy>=2.2' (installing ferrofeed with pip brings it)",
+        name="numpy",
+    ) from e
 
 __all__ = ["to_numpy"]
 

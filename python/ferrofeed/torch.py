@@ -1,6 +1,8 @@
 """PyTorch adapter: ferrofeed tensors as `torch.Tensor`, without a copy.
 
-Importing this module imports PyTorch; ``import ferrofeed`` alone never does.
+Importing this module imports PyTorch; ``import ferrofeed`` alone never does. PyTorch is
+an optional extra: without it, importing this module raises `ModuleNotFoundError` saying
+to ``pip install 'ferrofeed[torch]'``.
 
 Example:
     >>> import ferrofeed
@@ -16,8 +18,17 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
-import torch
-import torch.utils.dlpack
+try:
+    import torch
+    import torch.utils.dlpack
+except ModuleNotFoundError as e:
+    if e.name != "torch":  # PyTorch is there but broken: its own error says more
+        raise
+    raise ModuleNotFoundError(
+        "ferrofeed.torch (to_torch, DataLoader(output='torch')) needs PyTorch, which is not "
+        "installed: pip install 'ferrofeed[torch]' (or a build of your choice from pytorch.org)",
+        name="torch",
+    ) from e
 
 __all__ = ["to_torch"]
 
