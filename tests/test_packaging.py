@@ -157,3 +157,14 @@ def test_ci_runs_the_readmes_quick_start_commands() -> None:
         assert any(line[: len(words)] == words for line in ci_lines), (
             f"the README's {command!r} is not run by .ci/run"
         )
+
+
+@pytest.mark.parametrize("output", ["torch", "jax"])
+def test_python_dataloader_without_its_framework_says_so_at_construction(output: str) -> None:
+    code = f"""
+from ferrofeed import DataLoader
+DataLoader(list(range(4)), 2, output={output!r})
+"""
+    err = _import_error(output, code.replace("\n", "\n    "))
+    assert err["type"] == "ModuleNotFoundError", err
+    assert INSTALL_HINT[output] in (err["msg"] or ""), err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import importlib
 import itertools
 import logging
 import math
@@ -367,6 +368,10 @@ class DataLoader:
             raise ValueError(f"seed must be in [0, 2**64), not {seed}")
         if output not in ("numpy", "torch", "jax"):
             raise ValueError(f"output must be 'numpy', 'torch' or 'jax', not {output!r}")
+        if output != "numpy":
+            # Now, not at the first batch: without the framework this names the extra to
+            # install (pip install 'ferrofeed[torch]').
+            importlib.import_module(f"ferrofeed.{output}")
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
         if worker_start_method not in (None, "fork", "spawn", "forkserver"):
