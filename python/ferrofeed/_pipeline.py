@@ -67,14 +67,25 @@ class _AsyncRunner:
         self,
         op: Callable[[Any], Coroutine[Any, Any, Any]],
         item: Any,
-        done: Callable[[asyncio.Task[Any]], object],
+        done: Callable[[asyncio.Future[Any]], object],
     ) -> None:
         loop = self._loop
         if loop is None or loop.is_closed():
             raise RuntimeError("the pipeline's event loop is not running")
 
         def start() -> None:
-            task = loop.create_task(op(item))
+            try:
+                task = loop.create_task(op(item))
+            except BaseException as exc:  # noqa: BLE001 - every failure reaches the stage
+                # The call failed before it made a coroutine (wrong arity, a bad
+                # ``functools.partial``, a non-awaitable result): fail the item as a
+                # coroutine raising it would, rather than leave it unanswered.
+                failed: asyncio.Future[Any] = loop.create_future()
+                if isinstance(exc, StopIteration):  # a future refuses StopIteration
+                    exc = RuntimeError(f"the stage raised StopIteration: {exc!r}")
+                failed.set_exception(exc)
+                done(failed)
+                return
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
             task.add_done_callback(done)
