@@ -8,6 +8,8 @@ executors, per-stage timeouts and stall warnings, generator stages (flat map),
 from __future__ import annotations
 
 import functools
+import json
+import time
 from typing import Any
 
 import pytest
@@ -80,3 +82,236 @@ def test_async_stage_failing_at_call_with_many_in_flight(on_error: Any) -> None:
     got, err = take_until_error(p)
     assert got == []
     assert (err is None) == (on_error == "skip")
+
+
+# --------------------------------------------------------------------------------------
+# failure delivers what came before it
+
+RUNS = 50
+
+
+def odd_fails(x: int) -> int:
+    if x % 2:
+        raise ValueError(f"odd {x}")
+    return x
+
+
+async def odd_fails_async(x: int) -> int:
+    return odd_fails(x)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("concurrency", [1, 4])
+@pytest.mark.parametrize("op", [odd_fails, odd_fails_async], ids=["sync", "async"])
+def test_max_failures_trip_delivers_every_item_before_it(op: Any, concurrency: int) -> None:
+    """Items 1 and 3 are skipped, 5 trips ``max_failures=2``: 0, 2 and 4 come first."""
+    for _ in range(RUNS):
+        p = (
+            PipelineBuilder()
+            .add_source(range(10))
+            .pipe(op, on_error="skip", max_failures=2, concurrency=concurrency)
+            .add_sink()
+            .build()
+        )
+        got, err = take_until_error(p)
+        assert got == [0, 2, 4]
+        assert isinstance(err, PipelineError)
+        assert "max_failures=2" in str(err)
+        (inner,) = err.exceptions
+        assert str(inner) == "odd 5"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("concurrency", [1, 3])
+def test_raise_delivers_every_item_before_the_failing_one_through_later_stages(
+    concurrency: int,
+) -> None:
+    def fail_at_7(x: int) -> int:
+        if x == 7:
+            raise KeyError(x)
+        return x
+
+    for _ in range(RUNS):
+        p = (
+            PipelineBuilder()
+            .add_source(range(100))
+            .pipe(fail_at_7, concurrency=concurrency)
+            .pipe(lambda x: x * 10, concurrency=2)
+            .add_sink(buffer_size=1)
+            .build()
+        )
+        got, err = take_until_error(p)
+        assert got == [x * 10 for x in range(7)]
+        assert isinstance(err, PipelineError)
+        assert err.stage.endswith("fail_at_7")
+        assert isinstance(err.exceptions[0], KeyError)
+
+
+def ten_then_raise() -> Any:
+    yield from range(10)
+    raise OSError("the source broke")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("stages", ["none", "sync", "async", "sync+native"])
+def test_source_failure_delivers_the_items_it_yielded_first(stages: str) -> None:
+    async def same(x: int) -> int:
+        return x
+
+    for _ in range(RUNS):
+        b = PipelineBuilder().add_source(ten_then_raise())
+        if stages in ("sync", "sync+native"):
+            b.pipe(lambda x: x, concurrency=2)
+        if stages == "async":
+            b.pipe(same, concurrency=4)
+        if stages == "sync+native":
+            from ferrofeed import ops
+
+            b.pipe(ops.identity())
+        got, err = take_until_error(b.add_sink().build())
+        assert got == list(range(10))
+        assert isinstance(err, PipelineError)
+        assert err.stage == "source"
+        assert isinstance(err.exceptions[0], OSError)
+
+
+@pytest.mark.timeout(60)
+def test_source_failure_after_aggregate_delivers_complete_groups() -> None:
+    """Complete groups go on before the failure; the partial group (items 8 and 9, whose
+    group never ended) does not."""
+    for _ in range(RUNS):
+        p = PipelineBuilder().add_source(ten_then_raise()).aggregate(4).add_sink().build()
+        got, err = take_until_error(p)
+        assert got == [[0, 1, 2, 3], [4, 5, 6, 7]]
+        assert isinstance(err, PipelineError)
+
+
+@pytest.mark.timeout(60)
+def test_unordered_stage_failure_delivers_what_finished_before_it() -> None:
+    def fail_at_5(x: int) -> int:
+        if x == 5:
+            raise ValueError(x)
+        return x
+
+    for _ in range(RUNS):
+        p = (
+            PipelineBuilder()
+            .add_source(range(50))
+            .pipe(fail_at_5, concurrency=1, ordered=False)
+            .add_sink()
+            .build()
+        )
+        got, err = take_until_error(p)
+        assert got == [0, 1, 2, 3, 4]
+        assert isinstance(err, PipelineError)
+
+
+# --------------------------------------------------------------------------------------
+# stop() leaves finished items readable
+
+
+@pytest.mark.timeout(30)
+def test_stop_leaves_the_finished_items_readable() -> None:
+    p = (
+        PipelineBuilder()
+        .add_source(range(1000))
+        .pipe(lambda x: x, name="same")
+        .add_sink(buffer_size=5)
+        .build()
+    )
+    it = iter(p)
+    assert next(it) == 0
+    deadline = time.monotonic() + 10
+    # Wait until the sink is full: five finished items nobody has read.
+    while p.stats()["sink"]["items_in"] < 1 or p.stats()["same"]["items_out"] < 6:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    time.sleep(0.05)
+    p.stop()
+    assert p.finished
+    rest = list(p)
+    assert len(rest) >= 5
+    assert rest == list(range(1, 1 + len(rest)))
+    with pytest.raises(RuntimeError, match="finished"):
+        list(p)
+
+
+@pytest.mark.timeout(30)
+def test_stop_before_start_leaves_nothing_to_read() -> None:
+    p = PipelineBuilder().add_source(range(10)).pipe(lambda x: x).add_sink().build()
+    p.stop()
+    with pytest.raises(RuntimeError, match="finished"):
+        list(p)
+
+
+# --------------------------------------------------------------------------------------
+# fork: stop() and garbage collection of the parent's pipeline in the child
+
+FORK_STOP_SNIPPET = r"""
+import asyncio, gc, json, os, time
+from ferrofeed import PipelineBuilder
+
+def slow(x):
+    time.sleep(0.001)
+    return x
+
+async def inc(x):
+    await asyncio.sleep(0)
+    return x + 1
+
+parent = (
+    PipelineBuilder().add_source(range(100000)).pipe(slow, concurrency=4)
+    .pipe(inc, concurrency=8).add_sink(buffer_size=2).build()
+)
+it = iter(parent)
+head = [next(it) for _ in range(20)]
+time.sleep(0.05)  # every thread busy or blocked on a full queue when the process forks
+pid = os.fork()
+if pid == 0:
+    code = 1
+    try:
+        t = time.monotonic()
+        parent.stop()
+        parent.stop()
+        del it, parent
+        gc.collect()
+        child = PipelineBuilder().add_source(range(50)).pipe(inc, concurrency=3).add_sink().build()
+        ok = list(child) == [x + 1 for x in range(50)]
+        print("CHILD " + json.dumps({"ok": ok, "stop_s": time.monotonic() - t}), flush=True)
+        code = 0
+    finally:
+        os._exit(code)
+deadline = time.monotonic() + 30
+while True:
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        break
+    if time.monotonic() > deadline:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        status = -1
+        break
+    time.sleep(0.01)
+more = [next(it) for _ in range(20)]
+parent.stop()
+print(json.dumps({
+    "child_exit": os.waitstatus_to_exitcode(status) if status != -1 else "hung",
+    "parent_ok": head + more == [x + 1 for x in range(40)],
+}))
+"""
+
+
+@pytest.mark.timeout(90)
+def test_stop_in_forked_child_does_not_touch_the_parents_runtime(
+    run_python: Any, last_json_line: Any
+) -> None:
+    proc = run_python(FORK_STOP_SNIPPET, timeout=60)
+    r = last_json_line(proc.stdout)
+    assert r["child_exit"] == 0, (r, proc.stdout, proc.stderr)
+    child = [ln for ln in proc.stdout.splitlines() if ln.startswith("CHILD ")]
+    assert len(child) == 1, proc.stdout
+    c = json.loads(child[0][len("CHILD ") :])
+    assert c["ok"] is True
+    assert c["stop_s"] < 5
+    assert r["parent_ok"] is True
+    assert "Traceback" not in proc.stderr, proc.stderr

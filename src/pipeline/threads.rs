@@ -55,8 +55,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::engine::{thread_name, Emitter, StageCtx, UnwindGuard, BATCH_SLICE};
-use super::error::PipelineError;
+use super::engine::{thread_name, Emitter, Handled, Msg, StageCtx, UnwindGuard, BATCH_SLICE};
+use super::error::{Failure, PipelineError};
 use super::stage::{ErrorPolicy, ItemFn, MapStage, SessionFn};
 use super::stats::StageStats;
 
@@ -79,38 +79,57 @@ const TAKE_SPINS: u32 = 100;
 /// What one call of the stage function returned.
 type Res<T, E> = Result<Option<T>, E>;
 
+/// What an item left in the outbox.
+enum Done<T, E> {
+    /// The result of the call on it.
+    Call(Res<T, E>),
+    /// It was an upstream failure, to send on after what came before it.
+    Upstream(Failure<E>),
+}
+
 /// The stage's input: the channel, and the numbering of what leaves it.
-struct Intake<T> {
-    rx: flume::Receiver<T>,
+struct Intake<T, E> {
+    rx: flume::Receiver<Msg<T, E>>,
     /// Items out of the channel, numbered, for whichever thread takes next
     /// (any thread in a session: none keeps items to itself).
-    pending: VecDeque<(u64, T)>,
+    pending: VecDeque<(u64, Msg<T, E>)>,
     /// The number of the next item taken out of the channel.
     next_seq: u64,
-    /// The channel is empty and every sender gone.
+    /// The channel is empty and every sender gone, or an upstream failure
+    /// came (nothing follows it).
     closed: bool,
 }
 
-impl<T> Intake<T> {
+impl<T, E> Intake<T, E> {
     /// Numbers `first` (if any, received after waiting `waited`) and what
     /// waits in the channel, up to `room` items in all, into `pending`: one
     /// pass over the channel's lock rather than one per item.
-    fn refill(&mut self, first: Option<(T, Duration)>, room: u64, stats: &StageStats) {
+    fn refill(&mut self, first: Option<(Msg<T, E>, Duration)>, room: u64, stats: &StageStats) {
+        if self.closed {
+            return;
+        }
         let room = usize::try_from(room).unwrap_or(usize::MAX);
         let Intake {
             rx,
             pending,
             next_seq,
-            ..
+            closed,
         } = self;
         let more = rx
             .try_iter()
             .take(room.saturating_sub(usize::from(first.is_some())));
         let more = more.map(|item| (item, Duration::ZERO));
-        for (item, waited) in first.into_iter().chain(more) {
-            stats.received(waited);
-            pending.push_back((*next_seq, item));
+        for (msg, waited) in first.into_iter().chain(more) {
+            let failure = matches!(msg, Msg::Fail(_));
+            if !failure {
+                stats.received(waited);
+            }
+            pending.push_back((*next_seq, msg));
             *next_seq += 1;
+            if failure {
+                *closed = true;
+                return;
+            }
         }
     }
 }
@@ -119,19 +138,27 @@ impl<T> Intake<T> {
 struct Outbox<T, E> {
     /// Ordered stage: the results of items `base..`, `None` where the item
     /// is still running.
-    slots: VecDeque<Option<Res<T, E>>>,
+    slots: VecDeque<Option<Done<T, E>>>,
     /// The number of the next item to send on (ordered stage).
     base: u64,
     /// Unordered stage: results as they came.
-    ready: Vec<Res<T, E>>,
+    ready: Vec<Done<T, E>>,
+    /// Unordered stage: results moved out so far.
+    taken: u64,
+    /// Unordered stage: an upstream failure and its number, sent on once
+    /// every item numbered before it is (they came before it).
+    upstream: Option<(u64, Failure<E>)>,
     /// A thread is sending results on; others leave theirs here for it.
     emitting: bool,
 }
 
 impl<T, E> Outbox<T, E> {
-    fn put(&mut self, ordered: bool, seq: u64, result: Res<T, E>) {
+    fn put(&mut self, ordered: bool, seq: u64, result: Done<T, E>) {
         if !ordered {
-            self.ready.push(result);
+            match result {
+                Done::Upstream(f) => self.upstream = Some((seq, f)),
+                call @ Done::Call(_) => self.ready.push(call),
+            }
             return;
         }
         let i = usize::try_from(seq.saturating_sub(self.base)).unwrap_or(usize::MAX);
@@ -142,9 +169,15 @@ impl<T, E> Outbox<T, E> {
     }
 
     /// Moves the results that may be sent now into `into`.
-    fn take_ready(&mut self, ordered: bool, into: &mut Vec<Res<T, E>>) {
+    fn take_ready(&mut self, ordered: bool, into: &mut Vec<Done<T, E>>) {
         if !ordered {
+            self.taken += self.ready.len() as u64;
             into.append(&mut self.ready);
+            if matches!(self.upstream, Some((seq, _)) if seq == self.taken) {
+                if let Some((_, f)) = self.upstream.take() {
+                    into.push(Done::Upstream(f));
+                }
+            }
             return;
         }
         while let Some(Some(_)) = self.slots.front() {
@@ -167,7 +200,7 @@ struct Pool<T, E> {
     ordered: bool,
     /// Most items the stage holds at once (taken, not yet sent on).
     window: u64,
-    intake: Mutex<Intake<T>>,
+    intake: Mutex<Intake<T, E>>,
     /// Items sent on, dropped or failed.
     done: AtomicU64,
     /// Threads that left waiting for a session and have not yet tried to
@@ -199,7 +232,7 @@ pub(super) fn spawn<T: Send + 'static, E: Send + 'static>(
     stage: MapStage<T, E>,
     f: ItemFn<T, E>,
     session: Option<SessionFn>,
-    rx: flume::Receiver<T>,
+    rx: flume::Receiver<Msg<T, E>>,
     out: Emitter<T, E>,
     ctx: StageCtx<E>,
     handles: &mut Vec<JoinHandle<()>>,
@@ -230,6 +263,8 @@ pub(super) fn spawn<T: Send + 'static, E: Send + 'static>(
             slots: VecDeque::new(),
             base: 0,
             ready: Vec::new(),
+            taken: 0,
+            upstream: None,
             emitting: false,
         }),
         signal: Mutex::new(0),
@@ -264,7 +299,7 @@ impl<T, E> Pool<T, E> {
 
     /// Items the stage may take out of its channel now (with the intake
     /// lock held, so that nobody else takes any meanwhile).
-    fn room(&self, intake: &Intake<T>) -> u64 {
+    fn room(&self, intake: &Intake<T, E>) -> u64 {
         let held = intake
             .next_seq
             .saturating_sub(self.done.load(Ordering::Acquire));
@@ -303,10 +338,16 @@ impl<T, E> Pool<T, E> {
                     // still there: let idle threads look again.
                     self.wake_idle();
                 }
-                while let Some((seq, item)) = next {
-                    let t = Instant::now();
-                    let result = (self.f)(item);
-                    self.ctx.stats.worked(t.elapsed());
+                while let Some((seq, msg)) = next {
+                    let result = match msg {
+                        Msg::Item(item) => {
+                            let t = Instant::now();
+                            let result = (self.f)(item);
+                            self.ctx.stats.worked(t.elapsed());
+                            Done::Call(result)
+                        }
+                        Msg::Fail(f) => Done::Upstream(f),
+                    };
                     // Into the outbox at once, not kept by this thread: its
                     // next call may wait (without the GIL) for other calls
                     // or for the consumer, and must not hold back what is
@@ -331,7 +372,7 @@ impl<T, E> Pool<T, E> {
     /// The next item for a thread in its session, if there is one it may
     /// take now. Never blocks: the thread may hold the GIL, which whoever
     /// holds the intake lock may be waiting for (a Python source).
-    fn take(&self) -> Option<(u64, T)> {
+    fn take(&self) -> Option<(u64, Msg<T, E>)> {
         let mut spins = 0;
         let mut intake = loop {
             match self.intake.try_lock() {
@@ -443,6 +484,16 @@ impl<T, E> Pool<T, E> {
         }
     }
 
+    /// Lets go of the input channel once the stage is over, so that the
+    /// stages upstream stop sending at once (rather than when the last of
+    /// this stage's threads returns from a long call).
+    fn close_input(&self) {
+        let mut intake = self.intake.lock().unwrap_or_else(PoisonError::into_inner);
+        intake.rx = flume::bounded(1).1; // a channel whose sender is gone
+        intake.closed = true;
+        intake.pending.clear();
+    }
+
     /// Unless another thread is at it, sends on whatever results may go
     /// (looping while others leave more); called out of a session. `false`
     /// when the stage must stop.
@@ -471,20 +522,34 @@ impl<T, E> Pool<T, E> {
                 if !go_on {
                     continue; // dropped: the stage is stopping
                 }
-                go_on = match result {
-                    Ok(Some(v)) => self.out.emit_blocking(v),
-                    other => self
-                        .ctx
-                        .handle_no_send(&self.name, self.on_error, Ok(other))
-                        .unwrap_or(true),
+                let fatal = match result {
+                    Done::Call(result) => {
+                        match self.ctx.handle(&self.name, self.on_error, Ok(result)) {
+                            Handled::Send(v) => {
+                                go_on = self.out.emit_blocking(v);
+                                None
+                            }
+                            Handled::Nothing => None,
+                            Handled::Fatal(f) => Some(f),
+                        }
+                    }
+                    Done::Upstream(f) => Some(f),
                 };
+                if let Some(f) = fatal {
+                    // After everything before it, and nothing after it.
+                    self.out.fail_blocking(f);
+                    go_on = false;
+                }
                 // Room in the window for each item as it goes.
                 self.done.fetch_add(1, Ordering::AcqRel);
             }
             self.wake_idle();
-            outbox = self.lock_outbox();
             if !go_on {
                 self.dead.store(true, Ordering::Release);
+                self.close_input();
+            }
+            outbox = self.lock_outbox();
+            if !go_on {
                 outbox.emitting = false;
                 return false;
             }

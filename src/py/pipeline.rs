@@ -662,15 +662,29 @@ impl PyPipeline {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Whether this is the process (and fork generation) that built the
+    /// pipeline: in a forked child, its threads, runtime and event loop are
+    /// the parent's.
+    fn in_creator(&self, inner: &Inner) -> bool {
+        self.generation == fork_generation() && inner.pipeline.is_in_creator_process()
+    }
+
     /// Stops the engine, the feeder and the runner (call detached from the
-    /// GIL for the joins, attached for the runner).
+    /// GIL for the joins, attached for the runner). The finished items the
+    /// consumer has not taken stay readable.
     fn shutdown(&self, py: Python<'_>) -> PyResult<()> {
         let (feeder, runner) = py.detach(|| {
             let mut inner = self.lock();
-            // A stopped pipeline is finished: iterating it again says so.
-            inner.exhausted = true;
             inner.pipeline.stop();
-            (inner.feeder.take(), inner.runner.take())
+            // A stopped pipeline is finished once its leftovers are read:
+            // iterating it again then says so.
+            inner.exhausted = !inner.pipeline.has_leftovers();
+            if self.in_creator(&inner) {
+                (inner.feeder.take(), inner.runner.take())
+            } else {
+                forget_in_child(&mut inner);
+                (None, None)
+            }
         });
         let result = match &runner {
             Some(r) => r.bind(py).call_method0("stop").map(drop),
@@ -907,9 +921,30 @@ impl PyPipeline {
     }
 }
 
+/// In a forked child: forgets the parent's feeder thread and event loop
+/// rather than stop them. Their threads do not exist here (joining one would
+/// wait on a thread id that names nothing), the feeder's channel may have
+/// been locked at the fork, and the loop's self-pipe is the parent's.
+fn forget_in_child(inner: &mut Inner) {
+    std::mem::forget(inner.feeder.take());
+    std::mem::forget(inner.runner.take());
+}
+
 impl Drop for PyPipeline {
     fn drop(&mut self) {
+        let in_creator = self.generation == fork_generation()
+            && self
+                .inner
+                .get_mut()
+                .unwrap_or_else(PoisonError::into_inner)
+                .pipeline
+                .is_in_creator_process();
         let inner = self.inner.get_mut().unwrap_or_else(PoisonError::into_inner);
+        if !in_creator {
+            // The engine forgets what is the parent's on its own.
+            forget_in_child(inner);
+            return;
+        }
         // Joins happen detached when the GIL is held by this thread.
         let stop = |inner: &mut Inner| {
             inner.pipeline.stop();
