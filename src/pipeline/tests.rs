@@ -748,3 +748,102 @@ fn thread_stage_runs_concurrency_calls_that_wait_for_each_other() {
         }
     }
 }
+
+/// Every kind of work, for the tests that run one stage of each.
+fn every_work(f: &ItemFn<u64, String>) -> Vec<(&'static str, Work<u64, String>, usize)> {
+    vec![
+        ("inline-fused", Work::Inline(f.clone()), 1),
+        ("inline", Work::Inline(f.clone()), 3),
+        ("blocking", Work::Blocking(f.clone()), 3),
+        ("dedicated-1", Work::Dedicated(f.clone(), None), 1),
+        ("dedicated-4", Work::Dedicated(f.clone(), None), 4),
+    ]
+}
+
+#[test]
+fn a_failure_comes_after_every_item_before_it() {
+    // The source fails after 10 items: they all come out, through every
+    // kind of stage, then the source's failure.
+    let id: ItemFn<u64, String> = Arc::new(|x| Ok(Some(x)));
+    for (kind, work, conc) in every_work(&id) {
+        for _ in 0..20 {
+            let src = IterSource((0..20u64).map(|x| {
+                if x == 10 {
+                    Err("source broke".to_string())
+                } else {
+                    Ok(x)
+                }
+            }));
+            let stages = vec![map("s", work.clone(), conc, true)];
+            let mut p = P::new(src, stages, config(1), None).unwrap();
+            let mut got = Vec::new();
+            let err = loop {
+                match p.next_timeout(Duration::from_secs(10)) {
+                    Next::Item(x) => got.push(x),
+                    Next::Failed(f) => break f,
+                    other => panic!("{kind}: {other:?}"),
+                }
+            };
+            assert_eq!(got, (0..10).collect::<Vec<_>>(), "{kind}");
+            assert_eq!(err.stage, "source", "{kind}");
+        }
+    }
+    // A stage fails on item 6 under max_failures: the items before it come
+    // out, through a later stage, then the trip.
+    let odd: ItemFn<u64, String> = Arc::new(|x| {
+        if x % 2 == 1 {
+            Err(format!("odd {x}"))
+        } else {
+            Ok(Some(x))
+        }
+    });
+    for (kind, work, conc) in every_work(&odd) {
+        for _ in 0..20 {
+            let stages = vec![
+                with_policy(
+                    map("odd", work.clone(), conc, true),
+                    ErrorPolicy::Skip {
+                        max_failures: Some(2),
+                    },
+                ),
+                map("then", Work::Dedicated(id.clone(), None), 2, true),
+            ];
+            let mut p = P::new(source(100), stages, config(1), None).unwrap();
+            let mut got = Vec::new();
+            let err = loop {
+                match p.next_timeout(Duration::from_secs(10)) {
+                    Next::Item(x) => got.push(x),
+                    Next::Failed(f) => break f,
+                    other => panic!("{kind}: {other:?}"),
+                }
+            };
+            assert_eq!(got, vec![0, 2, 4], "{kind}");
+            assert!(
+                matches!(err.kind, FailureKind::TooManyFailures { ref last, .. } if last == "odd 5"),
+                "{kind}: {err:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn stop_leaves_the_sink_readable() {
+    let id: ItemFn<u64, String> = Arc::new(|x| Ok(Some(x)));
+    let stages = vec![map("s", Work::Dedicated(id, None), 2, true)];
+    let mut p = P::new(source(1000), stages, config(4), None).unwrap();
+    assert!(matches!(
+        p.next_timeout(Duration::from_secs(10)),
+        Next::Item(0)
+    ));
+    let t = Instant::now();
+    while p.stats()[1].items_out < 5 && t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    p.stop();
+    assert!(p.has_leftovers());
+    let rest = drain(&mut p).unwrap();
+    assert!(rest.len() >= 4, "{rest:?}");
+    assert_eq!(rest, (1..=rest.len() as u64).collect::<Vec<_>>());
+    assert!(matches!(p.next_timeout(Duration::ZERO), Next::Finished));
+}
