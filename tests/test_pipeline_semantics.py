@@ -7,9 +7,15 @@ executors, per-stage timeouts and stall warnings, generator stages (flat map),
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
+import multiprocessing
+import os
+import threading
 import time
+from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -315,3 +321,227 @@ def test_stop_in_forked_child_does_not_touch_the_parents_runtime(
     assert c["stop_s"] < 5
     assert r["parent_ok"] is True
     assert "Traceback" not in proc.stderr, proc.stderr
+
+
+# --------------------------------------------------------------------------------------
+# executors
+
+
+def square_or_fail(x: int) -> int:
+    """Module level, so that it pickles into a process pool's workers."""
+    if x == 13:
+        raise KeyError(f"no {x}")
+    time.sleep(0.002 * (x % 3))
+    return x * x
+
+
+def pid_of(_: int) -> int:
+    return os.getpid()
+
+
+def split_digits(x: int) -> Iterator[int]:
+    for d in str(x):
+        yield int(d)
+
+
+@pytest.fixture(scope="module")
+def process_pool() -> Iterator[ProcessPoolExecutor]:
+    # spawn: the workers start clean, whatever threads the test process runs.
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        yield pool
+
+
+@pytest.mark.timeout(120)
+def test_process_pool_executor_runs_calls_in_other_processes(
+    process_pool: ProcessPoolExecutor,
+) -> None:
+    p = (
+        PipelineBuilder()
+        .add_source(range(13))
+        .pipe(square_or_fail, executor=process_pool, concurrency=4)
+        .add_sink()
+        .build()
+    )
+    assert drain(p) == [x * x for x in range(13)]
+    p = PipelineBuilder().add_source(range(20)).pipe(pid_of, executor=process_pool).add_sink()
+    pids = set(drain(p.build()))
+    assert os.getpid() not in pids
+    p = (
+        PipelineBuilder()
+        .add_source([12, 305])
+        .pipe(split_digits, executor=process_pool)
+        .add_sink()
+        .build()
+    )
+    assert drain(p) == [1, 2, 3, 0, 5]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_process_pool_executor_errors_keep_their_type(
+    process_pool: ProcessPoolExecutor, on_error: Any
+) -> None:
+    p = (
+        PipelineBuilder()
+        .add_source(range(20))
+        .pipe(square_or_fail, executor=process_pool, concurrency=3, on_error=on_error)
+        .add_sink()
+        .build()
+    )
+    got, err = take_until_error(p)
+    if on_error == "skip":
+        assert err is None
+        assert got == [x * x for x in range(20) if x != 13]
+    else:
+        assert got == [x * x for x in range(13)]
+        assert isinstance(err, PipelineError)
+        with pytest.raises(ExceptionGroup) as info:
+            raise err
+        assert info.group_contains(KeyError, match="no 13")
+        try:
+            raise err
+        except* KeyError as ke:
+            (inner,) = ke.exceptions
+            assert inner.args == ("no 13",)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("concurrency", [1, 3])
+def test_thread_pool_executor_bounds_calls_in_flight_and_keeps_order(concurrency: int) -> None:
+    lock = threading.Lock()
+    now = most = 0
+    threads: set[int] = set()
+
+    def work(x: int) -> int:
+        nonlocal now, most
+        with lock:
+            now += 1
+            most = max(most, now)
+            threads.add(threading.get_ident())
+        time.sleep(0.001 * ((x * 7) % 5))
+        with lock:
+            now -= 1
+        return x
+
+    with ThreadPoolExecutor(8, thread_name_prefix="user-pool") as pool:
+        p = (
+            PipelineBuilder()
+            .add_source(range(60))
+            .pipe(work, executor=pool, concurrency=concurrency)
+            .add_sink()
+            .build()
+        )
+        assert drain(p) == list(range(60))
+    assert most == concurrency
+    assert threading.get_ident() not in threads
+
+
+@pytest.mark.timeout(60)
+def test_executor_arguments_are_checked() -> None:
+    async def coro(x: int) -> int:
+        return x
+
+    b = PipelineBuilder().add_source(range(3))
+    with ThreadPoolExecutor(1) as pool:
+        with pytest.raises(TypeError, match="Executor"):
+            b.pipe(lambda x: x, executor=object())  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="async"):
+            b.pipe(coro, executor=pool)
+        from ferrofeed import ops
+
+        with pytest.raises(ValueError, match="native"):
+            b.pipe(ops.identity(), executor=pool)
+
+
+# --------------------------------------------------------------------------------------
+# generator stages and disaggregate
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("concurrency", [1, 4])
+def test_generator_stage_is_a_flat_map(concurrency: int) -> None:
+    def repeat(x: int) -> Iterator[int]:
+        time.sleep(0.001 * (x % 3))
+        for _ in range(x % 4):
+            yield x
+
+    p = (
+        PipelineBuilder()
+        .add_source(range(40))
+        .pipe(repeat, concurrency=concurrency, name="repeat")
+        .pipe(lambda x: -x)
+        .add_sink()
+        .build()
+    )
+    assert drain(p) == [-x for x in range(40) for _ in range(x % 4)]
+    stats = p.stats()
+    assert stats["repeat"]["items_in"] == 40
+    assert stats["repeat/flat"]["items_out"] == sum(x % 4 for x in range(40))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("concurrency", [1, 8])
+def test_async_generator_stage_is_a_flat_map(concurrency: int) -> None:
+    async def expand(x: int) -> AsyncIterator[str]:
+        for i in range(x % 3):
+            await asyncio.sleep(0.001 * ((x + i) % 2))
+            yield f"{x}.{i}"
+
+    p = PipelineBuilder().add_source(range(30)).pipe(expand, concurrency=concurrency)
+    assert drain(p.add_sink().build()) == [f"{x}.{i}" for x in range(30) for i in range(x % 3)]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_generator_stage_that_raises_fails_the_item_as_a_whole(on_error: Any) -> None:
+    def gen(x: int) -> Iterator[int]:
+        yield x
+        if x == 3:
+            raise ValueError("three")
+        yield x + 100
+
+    p = PipelineBuilder().add_source(range(5)).pipe(gen, on_error=on_error).add_sink().build()
+    got, err = take_until_error(p)
+    before = [0, 100, 1, 101, 2, 102]
+    if on_error == "skip":
+        assert (got, err) == ([*before, 4, 104], None)
+    else:
+        assert got == before
+        assert isinstance(err, PipelineError)
+        assert isinstance(err.exceptions[0], ValueError)
+
+
+@pytest.mark.timeout(60)
+def test_generator_callable_object_and_partial() -> None:
+    class Split:
+        def __call__(self, s: str) -> Iterator[str]:
+            yield from s.split()
+
+    def upto(x: int, *, k: int) -> Iterator[int]:
+        yield from range(min(x, k))
+
+    p = PipelineBuilder().add_source(["a b", "", "c"]).pipe(Split()).add_sink().build()
+    assert drain(p) == ["a", "b", "c"]
+    p = PipelineBuilder().add_source([1, 5]).pipe(functools.partial(upto, k=3)).add_sink()
+    assert drain(p.build()) == [0, 0, 1, 2]
+
+
+@pytest.mark.timeout(60)
+def test_disaggregate_inverts_aggregate_and_splits_iterables() -> None:
+    p = PipelineBuilder().add_source(range(10)).aggregate(3).disaggregate().add_sink().build()
+    assert drain(p) == list(range(10))
+    # Native groups (an aggregate of a native range) split natively.
+    p = PipelineBuilder().add_source(range(7)).aggregate(2).disaggregate().add_sink().build()
+    assert drain(p) == list(range(7))
+    p = PipelineBuilder().add_source([(1, 2), [], "ab", {3: 0}]).disaggregate().add_sink()
+    assert drain(p.build()) == [1, 2, "a", "b", 3]
+
+
+@pytest.mark.timeout(60)
+def test_disaggregate_of_a_non_iterable_fails_after_the_items_before_it() -> None:
+    p = PipelineBuilder().add_source([[1], [2, 3], 4, [5]]).disaggregate(name="split").add_sink()
+    got, err = take_until_error(p.build())
+    assert got == [1, 2, 3]
+    assert isinstance(err, PipelineError)
+    assert err.stage == "split"
+    assert isinstance(err.exceptions[0], TypeError)

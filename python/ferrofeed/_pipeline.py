@@ -15,6 +15,7 @@ from . import _core
 
 if TYPE_CHECKING:
     import asyncio
+    from concurrent.futures import Executor
 
 __all__ = ["Pipeline", "PipelineBuilder"]
 
@@ -161,6 +162,56 @@ def _is_async(op: Callable[..., Any]) -> bool:
     )
 
 
+def _is_generator(op: Callable[..., Any]) -> bool:
+    return inspect.isgeneratorfunction(op) or inspect.isgeneratorfunction(
+        getattr(op, "__call__", None)  # noqa: B004 - an instance with a generator __call__
+    )
+
+
+def _is_async_generator(op: Callable[..., Any]) -> bool:
+    return inspect.isasyncgenfunction(op) or inspect.isasyncgenfunction(
+        getattr(op, "__call__", None)  # noqa: B004
+    )
+
+
+class _Collect:
+    """Calls a generator function and returns what it yields, as a list.
+
+    A class at module level, not a closure, so that it pickles (by reference to the
+    function) into the worker processes of a ``ProcessPoolExecutor``.
+    """
+
+    def __init__(self, op: Callable[[Any], Iterable[Any]]) -> None:
+        self.op = op
+
+    def __call__(self, item: Any) -> list[Any]:
+        return list(self.op(item))
+
+
+class _CollectAsync:
+    """Calls an async generator function and returns what it yields, as a list."""
+
+    def __init__(self, op: Callable[[Any], AsyncIterable[Any]]) -> None:
+        self.op = op
+
+    async def __call__(self, item: Any) -> list[Any]:
+        return [x async for x in self.op(item)]
+
+
+class _InExecutor:
+    """Runs a plain function in a `concurrent.futures.Executor`, awaited on the pipeline's
+    event loop: the stage's ``concurrency`` bounds the calls in flight."""
+
+    def __init__(self, op: Callable[[Any], Any], executor: Executor) -> None:
+        self.op = op
+        self.executor = executor
+
+    async def __call__(self, item: Any) -> Any:
+        import asyncio
+
+        return await asyncio.get_running_loop().run_in_executor(self.executor, self.op, item)
+
+
 def _op_name(op: Any) -> str:
     if isinstance(op, _core.NativeOp):
         return op.name
@@ -223,22 +274,50 @@ class PipelineBuilder:
         on_error: OnError = "raise",
         max_failures: int | None = None,
         ordered: bool = True,
+        executor: Executor | None = None,
     ) -> Self:
         """Add a stage that applies ``op`` to each item.
 
         Args:
-            op: a callable, an ``async def`` function, or a native op from `ferrofeed.ops`.
-                Returning ``None`` drops the item.
+            op: a callable, an ``async def`` function, a generator function (sync or async),
+                or a native op from `ferrofeed.ops`. Returning ``None`` drops the item. A
+                generator function is a flat map: each item it yields goes downstream, in
+                order, once the call has returned (if it raises, the item fails as a whole
+                and nothing it yielded goes on); stats show a companion stage
+                ``"<name>/flat"`` that splits its results.
             concurrency: items processed at once (threads for a callable, coroutines in
-                flight for an async function).
+                flight for an async function, calls in flight in ``executor``).
             name: the stage's name in stats and errors (default: ``op``'s name, made
                 unique with a numeric suffix).
             on_error: ``"raise"`` stops the pipeline and raises `PipelineError` (holding
-                the original exception) in the consumer; ``"skip"`` drops the item, logs
-                it at WARNING on the ``ferrofeed.pipeline`` logger and counts it.
+                the original exception) in the consumer, after every item that precedes
+                the failing one; ``"skip"`` drops the item, logs it at WARNING on the
+                ``ferrofeed.pipeline`` logger and counts it.
             max_failures: with ``"skip"``, the number of failures tolerated; one more
-                stops the pipeline with `PipelineError`.
+                stops the pipeline with `PipelineError` (after the items before it).
             ordered: keep source order (default); ``False`` yields items as they finish.
+            executor: run each call of ``op`` (a plain function or generator function) in
+                this `concurrent.futures.Executor`: a ``ProcessPoolExecutor`` (``op`` and
+                the items must pickle; define ``op`` at module level) or a
+                ``ThreadPoolExecutor``. ``concurrency`` bounds the calls in flight; order,
+                error types and ``on_error`` work as for any stage. The pipeline neither
+                starts nor shuts down the executor.
+
+        Example:
+            >>> from concurrent.futures import ThreadPoolExecutor
+            >>> def pair(x):
+            ...     yield x
+            ...     yield -x
+            >>> with ThreadPoolExecutor(2) as pool:
+            ...     p = (
+            ...         PipelineBuilder()
+            ...         .add_source(range(3))
+            ...         .pipe(pair, executor=pool, concurrency=2)
+            ...         .add_sink()
+            ...         .build()
+            ...     )
+            ...     list(p)
+            [0, 0, 1, -1, 2, -2]
         """
         if self._source is None:
             raise ValueError("add_source() comes first")
@@ -253,21 +332,46 @@ class PipelineBuilder:
                 raise ValueError("max_failures applies to on_error='skip'")
             if not isinstance(max_failures, int) or max_failures < 0:
                 raise ValueError(f"max_failures must be an int >= 0, not {max_failures!r}")
+        if executor is not None:
+            from concurrent.futures import Executor
+
+            if not isinstance(executor, Executor):
+                raise TypeError(
+                    f"executor must be a concurrent.futures.Executor, not {type(executor).__name__}"
+                )
+            if isinstance(op, _core.NativeOp):
+                raise ValueError("a native op runs in Rust: executor= takes a Python function")
+            if callable(op) and (_is_async(op) or _is_async_generator(op)):
+                raise ValueError(
+                    "an async function runs on the pipeline's event loop: "
+                    "executor= takes a plain function or a generator function"
+                )
         if isinstance(op, _core.NativeOp) and op.group_size is not None:
             # A grouping op (ops.collate): an aggregate stage with a native combine.
             stage_name = self._unique(name or op.name, explicit=name is not None)
             self._stages.append(("aggregate_native", op, stage_name))
             return self
+        call: Any = op
+        flat = False
         if isinstance(op, _core.NativeOp):
             kind = "native"
         elif callable(op):
-            kind = "async" if _is_async(op) else "sync"
+            if _is_async_generator(op):
+                call, kind, flat = _CollectAsync(op), "async", True
+            elif _is_generator(op):
+                call, kind, flat = _Collect(op), "sync", True
+            else:
+                kind = "async" if _is_async(op) else "sync"
+            if executor is not None:
+                call, kind = _InExecutor(call, executor), "async"
         else:
             raise TypeError(f"op must be callable or a native op, not {type(op).__name__}")
         stage_name = self._unique(name or _op_name(op), explicit=name is not None)
         self._stages.append(
-            ("map", kind, op, concurrency, stage_name, on_error, max_failures, ordered)
+            ("map", kind, call, concurrency, stage_name, on_error, max_failures, ordered)
         )
+        if flat:
+            self._stages.append(("disaggregate", self._unique(f"{stage_name}/flat")))
         return self
 
     def aggregate(self, n: int, /, *, drop_last: bool = False) -> Self:
@@ -279,6 +383,27 @@ class PipelineBuilder:
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be a positive int, not {n!r}")
         self._stages.append(("aggregate", n, drop_last, self._unique(f"aggregate({n})")))
+        return self
+
+    def disaggregate(self, *, name: str | None = None) -> Self:
+        """Send on, one by one, the elements of each item (a list, or any iterable).
+
+        The inverse of `aggregate`: ``.aggregate(4).disaggregate()`` gives back the
+        items. An item that is not iterable fails the pipeline (`PipelineError` holding
+        the ``TypeError``), after every item before it.
+
+        Example:
+            >>> p = PipelineBuilder().add_source([[1, 2], [], [3]]).disaggregate().add_sink()
+            >>> list(p.build())
+            [1, 2, 3]
+        """
+        if self._source is None:
+            raise ValueError("add_source() comes first")
+        if self._sink_buffer is not None:
+            raise ValueError("the pipeline already has a sink")
+        self._stages.append(
+            ("disaggregate", self._unique(name or "disaggregate", explicit=name is not None))
+        )
         return self
 
     def add_sink(self, buffer_size: int = 3) -> Self:

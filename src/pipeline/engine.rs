@@ -10,8 +10,8 @@ use futures_util::stream::{self, StreamExt};
 
 use super::error::{panic_message, Failure, FailureKind, PipelineError};
 use super::stage::{
-    AggregateStage, AsyncItemFn, BoxFuture, ErrorPolicy, ItemFn, MapStage, SkipHook, Source, Stage,
-    Work,
+    AggregateStage, AsyncItemFn, BoxFuture, DisaggregateStage, ErrorPolicy, ItemFn, MapStage,
+    SkipHook, Source, Stage, Work,
 };
 use super::stats::{StageStats, StatsSnapshot};
 
@@ -406,6 +406,7 @@ impl<T: Send + 'static, E: Send + 'static> Pipeline<T, E> {
                     Box::pin(run_map(m, work, rx, out, ctx))
                 }
                 Stage::Aggregate(a) => Box::pin(run_aggregate(a, rx, out, ctx)),
+                Stage::Disaggregate(d) => Box::pin(run_disaggregate(d, rx, out, ctx)),
             };
             aborts.push(runtime.spawn(task).abort_handle());
             rx = next_rx;
@@ -1110,5 +1111,52 @@ async fn run_aggregate<T: Send + 'static, E: Send + 'static>(
     }
     if !group.is_empty() && !drop_last && !ctx.shared.failed.load(Ordering::Acquire) {
         emit(group).await;
+    }
+}
+
+async fn run_disaggregate<T: Send + 'static, E: Send + 'static>(
+    stage: DisaggregateStage<T, E>,
+    rx: flume::Receiver<Msg<T, E>>,
+    out: Emitter<T, E>,
+    ctx: StageCtx<E>,
+) {
+    let DisaggregateStage { name, split } = stage;
+    loop {
+        let t = Instant::now();
+        let item = match rx.recv_async().await {
+            Ok(Msg::Item(item)) => item,
+            Ok(Msg::Fail(f)) => {
+                out.fail(f).await;
+                return;
+            }
+            Err(_) => return,
+        };
+        ctx.stats.received(t.elapsed());
+        let t = Instant::now();
+        let parts = catch_unwind(AssertUnwindSafe(|| split(item)));
+        ctx.stats.worked(t.elapsed());
+        let parts = match parts {
+            Ok(Ok(parts)) => parts,
+            Ok(Err(e)) => {
+                ctx.stats.failed();
+                let kind = FailureKind::Item(e);
+                out.fail(Failure { stage: name, kind }).await;
+                return;
+            }
+            Err(p) => {
+                ctx.stats.failed();
+                let kind = FailureKind::Panicked(panic_message(&*p));
+                out.fail(Failure { stage: name, kind }).await;
+                return;
+            }
+        };
+        if parts.is_empty() {
+            ctx.stats.dropped();
+        }
+        for part in parts {
+            if !out.emit(part).await {
+                return;
+            }
+        }
     }
 }

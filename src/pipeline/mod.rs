@@ -64,8 +64,8 @@ mod threads;
 pub use engine::{Next, Pipeline, PipelineConfig, ReportFn, StatsReporter};
 pub use error::{Failure, FailureKind, PipelineError};
 pub use stage::{
-    AggregateStage, AsyncItemFn, BoxFuture, CombineFn, ErrorPolicy, ItemFn, IterSource, MapStage,
-    SessionFn, SkipHook, Source, Stage, Work,
+    AggregateStage, AsyncItemFn, BoxFuture, CombineFn, DisaggregateStage, ErrorPolicy, ItemFn,
+    IterSource, MapStage, SessionFn, SkipHook, Source, SplitFn, Stage, Work,
 };
 pub use stats::{format_table, StageStats, StatsSnapshot};
 

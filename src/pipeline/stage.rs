@@ -91,12 +91,26 @@ pub struct AggregateStage<T, E> {
     pub combine: CombineFn<T, E>,
 }
 
+/// Splits an item into the items it holds, in order.
+pub type SplitFn<T, E> = Arc<dyn Fn(T) -> Result<Vec<T>, E> + Send + Sync>;
+
+/// A stage that sends on, one by one, the items each item holds (the
+/// inverse of an aggregate; a flat map after a map).
+pub struct DisaggregateStage<T, E> {
+    /// Name shown in stats and errors.
+    pub name: String,
+    /// Splits an item; runs inline in the stage's task. An error is fatal.
+    pub split: SplitFn<T, E>,
+}
+
 /// One step of a pipeline.
 pub enum Stage<T, E> {
     /// Map each item.
     Map(MapStage<T, E>),
     /// Group items.
     Aggregate(AggregateStage<T, E>),
+    /// Split items.
+    Disaggregate(DisaggregateStage<T, E>),
 }
 
 impl<T, E> Stage<T, E> {
@@ -105,13 +119,14 @@ impl<T, E> Stage<T, E> {
         match self {
             Self::Map(m) => &m.name,
             Self::Aggregate(a) => &a.name,
+            Self::Disaggregate(d) => &d.name,
         }
     }
 
     pub(crate) fn concurrency(&self) -> usize {
         match self {
             Self::Map(m) => m.concurrency,
-            Self::Aggregate(_) => 1,
+            Self::Aggregate(_) | Self::Disaggregate(_) => 1,
         }
     }
 }

@@ -29,7 +29,7 @@ fn with_policy(stage: Stage<u64, String>, policy: ErrorPolicy) -> Stage<u64, Str
             m.on_error = policy;
             Stage::Map(m)
         }
-        s @ Stage::Aggregate(_) => s,
+        s => s,
     }
 }
 
@@ -846,4 +846,31 @@ fn stop_leaves_the_sink_readable() {
     assert!(rest.len() >= 4, "{rest:?}");
     assert_eq!(rest, (1..=rest.len() as u64).collect::<Vec<_>>());
     assert!(matches!(p.next_timeout(Duration::ZERO), Next::Finished));
+}
+
+#[test]
+fn disaggregate_splits_items_and_fails_after_what_came_before() {
+    let split: SplitFn<u64, String> = Arc::new(|x| {
+        if x == 4 {
+            Err("four".into())
+        } else {
+            Ok((0..x).map(|i| x * 10 + i).collect())
+        }
+    });
+    let stages = vec![Stage::Disaggregate(DisaggregateStage {
+        name: "split".into(),
+        split,
+    })];
+    let mut p = P::new(source(10), stages, config(2), None).unwrap();
+    let mut got = Vec::new();
+    let err = loop {
+        match p.next_timeout(Duration::from_secs(10)) {
+            Next::Item(x) => got.push(x),
+            Next::Failed(f) => break f,
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(got, vec![10, 20, 21, 30, 31, 32]);
+    assert_eq!(err.stage, "split");
+    assert!(matches!(err.kind, FailureKind::Item(ref e) if e == "four"));
 }

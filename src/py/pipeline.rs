@@ -14,9 +14,9 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyIterator, PyList, PyRange, PyRangeMethods, PyTuple};
 
 use crate::pipeline::{
-    format_table, AggregateStage, AsyncItemFn, CombineFn, ErrorPolicy, Failure, FailureKind,
-    ItemFn, MapStage, Next, Pipeline, PipelineConfig, ReportFn, SessionFn, SkipHook, Source, Stage,
-    StatsReporter, StatsSnapshot, Work,
+    format_table, AggregateStage, AsyncItemFn, CombineFn, DisaggregateStage, ErrorPolicy, Failure,
+    FailureKind, ItemFn, MapStage, Next, Pipeline, PipelineConfig, ReportFn, SessionFn, SkipHook,
+    Source, SplitFn, Stage, StatsReporter, StatsSnapshot, Work,
 };
 
 /// Bumped in every child right after a fork (see `_after_fork_in_child`):
@@ -568,6 +568,22 @@ fn parse_stage(
             }))
         }
         "aggregate_native" => parse_native_aggregate(spec),
+        "disaggregate" => {
+            let (_, name): (String, String) = spec.extract()?;
+            // A native group splits without the GIL; a Python object is
+            // iterated (a list, a tuple, any iterable) with it.
+            let split: SplitFn<Item, PyErr> = Arc::new(|item| match item {
+                Item::List(items) => Ok(items),
+                other => Python::attach(|py| {
+                    let obj = other.into_py(py)?;
+                    obj.bind(py)
+                        .try_iter()?
+                        .map(|v| v.map(|v| Item::Py(v.unbind())))
+                        .collect()
+                }),
+            });
+            Ok(Stage::Disaggregate(DisaggregateStage { name, split }))
+        }
         "aggregate" => {
             let (_, size, drop_last, name): (String, usize, bool, String) = spec.extract()?;
             let combine: CombineFn<Item, PyErr> = Arc::new(|items: Vec<Item>| {
