@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import logging
 import multiprocessing
 import os
 import threading
@@ -545,3 +546,246 @@ def test_disaggregate_of_a_non_iterable_fails_after_the_items_before_it() -> Non
     assert isinstance(err, PipelineError)
     assert err.stage == "split"
     assert isinstance(err.exceptions[0], TypeError)
+
+
+# --------------------------------------------------------------------------------------
+# timeouts and stalls
+
+LOGGER = "ferrofeed.pipeline"
+
+
+@pytest.fixture
+def release() -> Iterator[threading.Event]:
+    """An event that stuck calls wait on; set at teardown so that no thread lingers."""
+    ev = threading.Event()
+    yield ev
+    ev.set()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("concurrency", [2, 4])
+def test_sync_stage_timeout_skips_a_stuck_call_and_goes_on(
+    release: threading.Event, concurrency: int
+) -> None:
+    def stuck_at_3(x: int) -> int:
+        if x == 3:
+            release.wait(20)
+        return x
+
+    p = (
+        PipelineBuilder()
+        .add_source(range(20))
+        .pipe(stuck_at_3, concurrency=concurrency, timeout=0.2, on_error="skip", name="s")
+        .add_sink()
+        .build()
+    )
+    t0 = time.monotonic()
+    got, err = take_until_error(p)
+    elapsed = time.monotonic() - t0
+    assert err is None
+    assert got == [x for x in range(20) if x != 3]
+    assert elapsed < 5, elapsed
+    assert p.stats()["s"]["failures"] == 1
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("concurrency", [1, 3])
+def test_sync_stage_timeout_raises_timeout_error_after_the_items_before(
+    release: threading.Event, concurrency: int
+) -> None:
+    def stuck_at_3(x: int) -> int:
+        if x == 3:
+            release.wait(20)
+        return x
+
+    p = (
+        PipelineBuilder()
+        .add_source(range(20))
+        .pipe(stuck_at_3, concurrency=concurrency, timeout=0.2, name="s")
+        .add_sink()
+        .build()
+    )
+    t0 = time.monotonic()
+    got, err = take_until_error(p)
+    # Neither the error nor the stop that follows it waits for the stuck call.
+    assert time.monotonic() - t0 < 1.5
+    assert got == [0, 1, 2]
+    assert isinstance(err, PipelineError)
+    (inner,) = err.exceptions
+    assert isinstance(inner, TimeoutError)
+    assert "timeout=0.2" in str(inner)
+    assert err.stage == "s"
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_async_stage_timeout_cancels_the_coroutine(on_error: Any) -> None:
+    cancelled: list[int] = []
+
+    async def slow_at_2(x: int) -> int:
+        if x == 2:
+            try:
+                await asyncio.sleep(20)
+            except asyncio.CancelledError:
+                cancelled.append(x)
+                raise
+        return x
+
+    p = (
+        PipelineBuilder()
+        .add_source(range(6))
+        .pipe(slow_at_2, concurrency=3, timeout=0.2, on_error=on_error)
+        .add_sink()
+        .build()
+    )
+    t0 = time.monotonic()
+    got, err = take_until_error(p)
+    assert time.monotonic() - t0 < 5
+    assert cancelled == [2]
+    if on_error == "skip":
+        assert (got, err) == ([0, 1, 3, 4, 5], None)
+    else:
+        assert got == [0, 1]
+        assert isinstance(err, PipelineError)
+        assert isinstance(err.exceptions[0], TimeoutError)
+
+
+@pytest.mark.timeout(30)
+def test_async_stage_own_timeout_error_is_not_reworded() -> None:
+    async def own(x: int) -> int:
+        raise TimeoutError("my own")
+
+    p = PipelineBuilder().add_source(range(3)).pipe(own, timeout=5).add_sink().build()
+    _, err = take_until_error(p)
+    assert isinstance(err, PipelineError)
+    assert str(err.exceptions[0]) == "my own"
+
+
+@pytest.mark.timeout(30)
+def test_executor_stage_timeout(release: threading.Event) -> None:
+    def stuck_at_1(x: int) -> int:
+        if x == 1:
+            release.wait(20)
+        return x
+
+    with ThreadPoolExecutor(4) as pool:
+        p = (
+            PipelineBuilder()
+            .add_source(range(5))
+            .pipe(stuck_at_1, executor=pool, concurrency=2, timeout=0.2, on_error="skip")
+            .add_sink()
+            .build()
+        )
+        assert drain(p) == [0, 2, 3, 4]
+        release.set()
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("inf"), float("nan"), "1", True])
+def test_invalid_timeouts_are_refused(bad: Any) -> None:
+    with pytest.raises(ValueError, match="timeout"):
+        PipelineBuilder().add_source(range(3)).pipe(lambda x: x, timeout=bad)
+    with pytest.raises(ValueError, match="stall_warning_after"):
+        PipelineBuilder().add_source(range(3)).build(stall_warning_after=bad)
+
+
+def stall_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [
+        r
+        for r in caplog.records
+        if r.name == LOGGER and r.levelno == logging.WARNING and "no progress" in r.message
+    ]
+
+
+@pytest.mark.timeout(30)
+def test_stalled_stage_is_named_in_a_warning_and_stop_returns_promptly(
+    release: threading.Event, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+
+    def hangs_at_5(x: int) -> int:
+        if x == 5:
+            release.wait(20)
+        return x
+
+    p = (
+        PipelineBuilder()
+        .add_source(range(100))
+        .pipe(lambda x: x, name="before")
+        .pipe(hangs_at_5, name="hangs", concurrency=2)
+        .pipe(lambda x: x, name="after")
+        .add_sink(buffer_size=50)
+        .build(stall_warning_after=0.3)
+    )
+    got: list[int] = []
+    consumer = threading.Thread(target=lambda: got.extend(p), daemon=True)
+    consumer.start()
+    deadline = time.monotonic() + 10
+    while not stall_records(caplog):
+        assert time.monotonic() < deadline, "no stall warning"
+        time.sleep(0.05)
+    (rec, *_) = stall_records(caplog)
+    assert "'hangs'" in rec.message
+    assert got == [0, 1, 2, 3, 4]
+    t0 = time.monotonic()
+    p.stop()
+    assert time.monotonic() - t0 < 3
+    release.set()
+    consumer.join(5)
+    assert not consumer.is_alive()
+
+
+@pytest.mark.timeout(30)
+def test_stalled_source_is_named(
+    release: threading.Event, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+
+    def source() -> Iterator[int]:
+        yield 1
+        release.wait(20)
+        yield 2
+
+    p = (
+        PipelineBuilder()
+        .add_source(source())
+        .pipe(lambda x: x)
+        .add_sink()
+        .build(stall_warning_after=0.2)
+    )
+    p.start()
+    deadline = time.monotonic() + 10
+    while not stall_records(caplog):
+        assert time.monotonic() < deadline, "no stall warning"
+        time.sleep(0.05)
+    assert "'source'" in stall_records(caplog)[0].message
+    release.set()
+    assert drain(p) == [1, 2]
+
+
+@pytest.mark.timeout(30)
+def test_a_slow_consumer_is_not_a_stall(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    p = PipelineBuilder().add_source(range(20)).pipe(lambda x: x).add_sink(buffer_size=2)
+    pipeline = p.build(stall_warning_after=0.1)
+    got = []
+    for x in pipeline:
+        got.append(x)
+        if x < 3:
+            time.sleep(0.4)  # the pipeline waits for the consumer: not a stall
+    assert got == list(range(20))
+    assert stall_records(caplog) == []
+
+
+@pytest.mark.timeout(30)
+def test_stall_watch_off_with_none(
+    release: threading.Event, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+
+    def hangs(x: int) -> int:
+        release.wait(0.5)
+        return x
+
+    p = PipelineBuilder().add_source(range(2)).pipe(hangs).add_sink()
+    assert drain(p.build(stall_warning_after=None)) == [0, 1]
+    assert stall_records(caplog) == []

@@ -77,7 +77,7 @@ class _AsyncRunner:
         def start() -> None:
             try:
                 task = loop.create_task(op(item))
-            except BaseException as exc:  # noqa: BLE001 - every failure reaches the stage
+            except BaseException as exc:  # every failure reaches the stage
                 # The call failed before it made a coroutine (wrong arity, a bad
                 # ``functools.partial``, a non-awaitable result): fail the item as a
                 # coroutine raising it would, rather than leave it unanswered.
@@ -199,8 +199,11 @@ class _CollectAsync:
 
 
 class _InExecutor:
-    """Runs a plain function in a `concurrent.futures.Executor`, awaited on the pipeline's
-    event loop: the stage's ``concurrency`` bounds the calls in flight."""
+    """Runs a plain function in a `concurrent.futures.Executor`.
+
+    Awaited on the pipeline's event loop: the stage's ``concurrency`` bounds the calls in
+    flight.
+    """
 
     def __init__(self, op: Callable[[Any], Any], executor: Executor) -> None:
         self.op = op
@@ -210,6 +213,33 @@ class _InExecutor:
         import asyncio
 
         return await asyncio.get_running_loop().run_in_executor(self.executor, self.op, item)
+
+
+class _Timeout:
+    """Bounds each call of an async stage.
+
+    Past ``timeout`` seconds the coroutine is cancelled and the call fails with
+    `TimeoutError`.
+    """
+
+    def __init__(self, op: Callable[[Any], Any], timeout: float, stage: str) -> None:
+        self.op = op
+        self.timeout = timeout
+        self.stage = stage
+
+    async def __call__(self, item: Any) -> Any:
+        import asyncio
+
+        scope = asyncio.timeout(self.timeout)
+        try:
+            async with scope:
+                return await self.op(item)
+        except TimeoutError:
+            if not scope.expired():
+                raise  # the stage's own TimeoutError
+            raise TimeoutError(
+                f"a call of stage {self.stage!r} ran longer than timeout={self.timeout} s"
+            ) from None
 
 
 def _op_name(op: Any) -> str:
@@ -275,6 +305,7 @@ class PipelineBuilder:
         max_failures: int | None = None,
         ordered: bool = True,
         executor: Executor | None = None,
+        timeout: float | None = None,
     ) -> Self:
         """Add a stage that applies ``op`` to each item.
 
@@ -302,6 +333,13 @@ class PipelineBuilder:
                 ``ThreadPoolExecutor``. ``concurrency`` bounds the calls in flight; order,
                 error types and ``on_error`` work as for any stage. The pipeline neither
                 starts nor shuts down the executor.
+            timeout: seconds one call may run. A call that runs longer fails with
+                `TimeoutError` (raised or skipped per ``on_error``) as soon as the time is
+                up, and the items after it go on. An ``async def`` call is cancelled; a
+                call in a thread (a plain function, a native op, a call in ``executor``)
+                cannot be interrupted: it runs on, its result is thrown away, and its
+                thread stays busy until it returns (a stage whose every thread is stuck
+                stalls: see ``stall_warning_after`` in `build`).
 
         Example:
             >>> from concurrent.futures import ThreadPoolExecutor
@@ -332,6 +370,12 @@ class PipelineBuilder:
                 raise ValueError("max_failures applies to on_error='skip'")
             if not isinstance(max_failures, int) or max_failures < 0:
                 raise ValueError(f"max_failures must be an int >= 0, not {max_failures!r}")
+        if timeout is not None and (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, int | float)
+            or not 0 < timeout < float("inf")
+        ):
+            raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
         if executor is not None:
             from concurrent.futures import Executor
 
@@ -367,8 +411,22 @@ class PipelineBuilder:
         else:
             raise TypeError(f"op must be callable or a native op, not {type(op).__name__}")
         stage_name = self._unique(name or _op_name(op), explicit=name is not None)
+        engine_timeout = None if timeout is None else float(timeout)
+        if kind == "async" and timeout is not None:
+            # Bounded on the event loop, where the coroutine can be cancelled.
+            call, engine_timeout = _Timeout(call, float(timeout), stage_name), None
         self._stages.append(
-            ("map", kind, call, concurrency, stage_name, on_error, max_failures, ordered)
+            (
+                "map",
+                kind,
+                call,
+                concurrency,
+                stage_name,
+                on_error,
+                max_failures,
+                ordered,
+                engine_timeout,
+            )
         )
         if flat:
             self._stages.append(("disaggregate", self._unique(f"{stage_name}/flat")))
@@ -414,7 +472,11 @@ class PipelineBuilder:
         return self
 
     def build(
-        self, *, num_threads: int | None = None, report_stats_interval: float | None = None
+        self,
+        *,
+        num_threads: int | None = None,
+        report_stats_interval: float | None = None,
+        stall_warning_after: float | None = 120.0,
     ) -> _core.Pipeline:
         """Build a new pipeline (one pass over the source); call again for each epoch.
 
@@ -423,11 +485,27 @@ class PipelineBuilder:
                 number of CPUs, at most 8). Python stages have threads of their own.
             report_stats_interval: if set, log the stats table at INFO on the
                 ``ferrofeed.pipeline`` logger every this many seconds.
+            stall_warning_after: when no stage takes, passes on, drops or fails an item
+                for this many seconds while the consumer waits (its buffer is not full),
+                log a WARNING on the ``ferrofeed.pipeline`` logger naming the stage that
+                holds the pipeline (the furthest downstream with items in flight; the
+                source when none has), and again every as many seconds while it stays
+                stuck. ``None`` turns the watch off. A stalled pipeline can always be
+                stopped with ``stop()``.
         """
         if self._source is None:
             raise ValueError("the pipeline has no source: call add_source() first")
         if num_threads is not None and (not isinstance(num_threads, int) or num_threads < 1):
             raise ValueError(f"num_threads must be a positive int, not {num_threads!r}")
+        if stall_warning_after is not None and (
+            isinstance(stall_warning_after, bool)
+            or not isinstance(stall_warning_after, int | float)
+            or not 0 < stall_warning_after < float("inf")
+        ):
+            raise ValueError(
+                f"stall_warning_after must be a positive number of seconds or None, "
+                f"not {stall_warning_after!r}"
+            )
         source = self._source
         if not isinstance(source, range) and isinstance(source, AsyncIterable):
             source = _AsyncIterBridge(source)
@@ -445,6 +523,7 @@ class PipelineBuilder:
             runner=runner,
             report_interval=report_stats_interval,
             native_source=native_source,
+            stall_warning=None if stall_warning_after is None else float(stall_warning_after),
         )
         _LIVE.add(pipeline)
         return pipeline

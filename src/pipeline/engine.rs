@@ -11,7 +11,7 @@ use futures_util::stream::{self, StreamExt};
 use super::error::{panic_message, Failure, FailureKind, PipelineError};
 use super::stage::{
     AggregateStage, AsyncItemFn, BoxFuture, DisaggregateStage, ErrorPolicy, ItemFn, MapStage,
-    SkipHook, Source, Stage, Work,
+    SkipHook, Source, Stage, StageTimeout, Work,
 };
 use super::stats::{StageStats, StatsSnapshot};
 
@@ -82,6 +82,33 @@ pub struct StatsReporter {
     pub report: ReportFn,
 }
 
+/// A pipeline that made no progress for a while: what the watch says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stall {
+    /// The stage that holds the pipeline: the furthest downstream map stage
+    /// with items in flight, or `"source"` when none has (the source is
+    /// waiting for its next item).
+    pub stage: String,
+    /// Items that stage has taken and not passed on (queued or running).
+    pub in_flight: u64,
+    /// How long nothing has moved.
+    pub idle: Duration,
+}
+
+/// Receives [`Stall`] reports.
+pub type StallFn = Arc<dyn Fn(&Stall) + Send + Sync>;
+
+/// Watching for stalls: when no stage takes, passes on, drops or fails an
+/// item for `after` while the consumer is not the one holding things up
+/// (the sink is not full), `report` hears which stage holds the pipeline;
+/// again every `after` while it stays stuck.
+pub struct StallWatch {
+    /// How long without progress makes a stall.
+    pub after: Duration,
+    /// Receives the reports (on the watch's own thread).
+    pub report: StallFn,
+}
+
 /// What [`Pipeline::next_timeout`] returns.
 #[derive(Debug)]
 pub enum Next<T, E> {
@@ -100,12 +127,36 @@ pub(super) struct Shared<E> {
     failed: AtomicBool,
     stop: AtomicBool,
     aborts: Mutex<Vec<tokio::task::AbortHandle>>,
+    /// Threads stuck in a call that ran past its stage's timeout: stopping
+    /// does not wait for them.
+    abandoned: Mutex<std::collections::HashSet<std::thread::ThreadId>>,
 }
 
 impl<E> Shared<E> {
     /// Whether the pipeline is stopping (stopped, failed or finished).
     pub(super) fn stopping(&self) -> bool {
         self.stop.load(Ordering::Acquire)
+    }
+
+    /// Marks (or, with `false`, unmarks) a thread as stuck in a call that
+    /// ran past its timeout.
+    pub(super) fn abandon(&self, thread: std::thread::ThreadId, stuck: bool) {
+        let mut set = self
+            .abandoned
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if stuck {
+            set.insert(thread);
+        } else {
+            set.remove(&thread);
+        }
+    }
+
+    fn is_abandoned(&self, thread: std::thread::ThreadId) -> bool {
+        self.abandoned
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(&thread)
     }
 
     fn fail(&self, stage: &str, kind: FailureKind<E>) {
@@ -150,11 +201,15 @@ struct Plan<T, E> {
     stages: Vec<Stage<T, E>>,
     hook: Option<SkipHook<E>>,
     reporter: Option<StatsReporter>,
+    stall: Option<StallWatch>,
 }
 
 struct Running {
     runtime: tokio::runtime::Runtime,
     threads: Vec<JoinHandle<()>>,
+    /// The stall watch's thread: it parks between looks, and is woken to
+    /// leave at once when the pipeline stops.
+    watch: Option<JoinHandle<()>>,
 }
 
 /// A pipeline: a source, stages linked by bounded channels, and a sink the
@@ -192,6 +247,7 @@ struct Running {
 ///     concurrency: 1,
 ///     ordered: true,
 ///     on_error: ErrorPolicy::Raise,
+///     timeout: None,
 /// })];
 /// let source = IterSource((0..5u64).map(Ok));
 /// let mut p = Pipeline::new(source, stages, PipelineConfig::default(), None)?;
@@ -300,6 +356,7 @@ impl<T: Send + 'static, E: Send + 'static> Pipeline<T, E> {
                 stages,
                 hook: on_skip,
                 reporter: None,
+                stall: None,
             }),
             running: None,
             sink: None,
@@ -310,6 +367,7 @@ impl<T: Send + 'static, E: Send + 'static> Pipeline<T, E> {
                 failed: AtomicBool::new(false),
                 stop: AtomicBool::new(false),
                 aborts: Mutex::new(Vec::new()),
+                abandoned: Mutex::new(std::collections::HashSet::new()),
             }),
             stats,
             capacities,
@@ -321,6 +379,13 @@ impl<T: Send + 'static, E: Send + 'static> Pipeline<T, E> {
     pub fn set_reporter(&mut self, reporter: StatsReporter) {
         if let Some(plan) = &mut self.plan {
             plan.reporter = Some(reporter);
+        }
+    }
+
+    /// Watches for stalls while the pipeline runs (set before start).
+    pub fn set_stall_watch(&mut self, watch: StallWatch) {
+        if let Some(plan) = &mut self.plan {
+            plan.stall = Some(watch);
         }
     }
 
@@ -358,6 +423,11 @@ impl<T: Send + 'static, E: Send + 'static> Pipeline<T, E> {
             .map_err(PipelineError::Start)?;
         let mut threads = Vec::new();
         let mut aborts = Vec::new();
+        let maps: Vec<bool> = plan
+            .stages
+            .iter()
+            .map(|s| matches!(s, Stage::Map(_)))
+            .collect();
         let mut stages = plan.stages.into_iter().enumerate().peekable();
         let hook = plan.hook;
         // Takes the fusable stages that follow, as the chain of their
@@ -419,8 +489,22 @@ impl<T: Send + 'static, E: Send + 'static> Pipeline<T, E> {
             .aborts
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = aborts;
+        let watch = match plan.stall {
+            Some(w) => Some(spawn_stall_watch(
+                Arc::clone(&self.shared),
+                self.stats.clone(),
+                maps,
+                self.config.sink_buffer,
+                w,
+            )?),
+            None => None,
+        };
         self.sink = Some(rx);
-        self.running = Some(Running { runtime, threads });
+        self.running = Some(Running {
+            runtime,
+            threads,
+            watch,
+        });
         Ok(())
     }
 
@@ -553,10 +637,19 @@ impl<T: Send + 'static, E: Send + 'static> Pipeline<T, E> {
         let Some(running) = self.running.take() else {
             return;
         };
+        if let Some(w) = running.watch {
+            w.thread().unpark();
+            let _ = w.join();
+        }
         running.runtime.shutdown_timeout(JOIN_DEADLINE);
         let deadline = Instant::now() + JOIN_DEADLINE;
         for t in running.threads {
-            while !t.is_finished() && Instant::now() < deadline {
+            // A thread stuck in a call that ran past its timeout is not
+            // waited for: it returns when the call does.
+            while !t.is_finished()
+                && Instant::now() < deadline
+                && !self.shared.is_abandoned(t.thread().id())
+            {
                 std::thread::sleep(Duration::from_millis(1));
             }
             if t.is_finished() {
@@ -676,6 +769,70 @@ fn spawn_source<T: Send + 'static, E: Send + 'static>(
         .map_err(PipelineError::Start)
 }
 
+/// Starts the stall watch: it looks every quarter of `watch.after` (at most
+/// every 250 ms) until the pipeline stops. `maps[j]` tells whether stage `j`
+/// is a map stage (an aggregate legitimately holds a partial group).
+fn spawn_stall_watch<E: Send + 'static>(
+    shared: Arc<Shared<E>>,
+    stats: Vec<Arc<StageStats>>,
+    maps: Vec<bool>,
+    sink_capacity: usize,
+    watch: StallWatch,
+) -> Result<JoinHandle<()>, PipelineError> {
+    let tick = (watch.after / 4).clamp(Duration::from_millis(5), Duration::from_millis(250));
+    std::thread::Builder::new()
+        .name("ff-stall-watch".into())
+        .spawn(move || {
+            let n = stats.len();
+            let progress = || stats.iter().map(|s| s.progress()).sum::<u64>();
+            let mut last = progress();
+            let mut since = Instant::now();
+            let mut reported: Option<Instant> = None;
+            loop {
+                std::thread::park_timeout(tick);
+                if shared.stopping() {
+                    return;
+                }
+                let now = progress();
+                // Items in the sink: sent by the last stage (or the source),
+                // not yet taken by the consumer.
+                let in_sink = stats[n - 2]
+                    .items_out()
+                    .saturating_sub(stats[n - 1].items_in());
+                if now != last || in_sink >= sink_capacity as u64 {
+                    last = now;
+                    since = Instant::now();
+                    reported = None;
+                    continue;
+                }
+                let idle = since.elapsed();
+                if idle < watch.after || reported.is_some_and(|r| r.elapsed() < watch.after) {
+                    continue;
+                }
+                let holder = (0..maps.len())
+                    .rev()
+                    .filter(|&j| maps[j])
+                    .map(|j| &stats[j + 1])
+                    .find(|s| s.in_flight() > 0);
+                let stall = match holder {
+                    Some(s) => Stall {
+                        stage: s.name().to_owned(),
+                        in_flight: s.in_flight(),
+                        idle,
+                    },
+                    None => Stall {
+                        stage: "source".into(),
+                        in_flight: 0,
+                        idle,
+                    },
+                };
+                (watch.report)(&stall);
+                reported = Some(Instant::now());
+            }
+        })
+        .map_err(PipelineError::Start)
+}
+
 /// A thread name the OS accepts (15 bytes on Linux).
 pub(super) fn thread_name(stage: &str, i: usize) -> String {
     let prefix: String = format!("ff-{stage}").chars().take(11).collect();
@@ -788,8 +945,10 @@ async fn run_map<T: Send + 'static, E: Send + 'static>(
         concurrency,
         ordered,
         on_error,
+        timeout,
         ..
     } = stage;
+    let timeout = timeout.map(|t| (t, name.clone()));
     // Handles one outcome; false when the stage must stop.
     let handle = |outcome: Outcome<T, E>| {
         let (ctx, out, name) = (&ctx, &out, &name);
@@ -824,7 +983,7 @@ async fn run_map<T: Send + 'static, E: Send + 'static>(
     let calls = inputs.map(move |msg| -> BoxFuture<Result<Outcome<T, E>, Failure<E>>> {
         match msg {
             Msg::Item(item) => {
-                let call = invoke(&work, item, &stats);
+                let call = invoke(&work, item, &stats, timeout.as_ref());
                 Box::pin(async move { Ok(call.await) })
             }
             Msg::Fail(f) => Box::pin(std::future::ready(Err(f))),
@@ -866,7 +1025,9 @@ async fn run_map<T: Send + 'static, E: Send + 'static>(
 /// Whether a stage is fused into its upstream stage's emit path (see
 /// [`Chain`]): cheap native work ([`Work::Inline`]) on one item at a time.
 fn is_fusable<T, E>(stage: &Stage<T, E>) -> bool {
-    matches!(stage, Stage::Map(m) if m.concurrency == 1 && matches!(m.work, Work::Inline(_)))
+    matches!(stage, Stage::Map(m) if m.concurrency == 1
+        && m.timeout.is_none()
+        && matches!(m.work, Work::Inline(_)))
 }
 
 /// A fused stage: it runs inside its upstream stage's emit path.
@@ -984,17 +1145,24 @@ impl<T, E> Emitter<T, E> {
     }
 }
 
-/// Starts one call of a stage function on `item`, where its [`Work`] says.
+/// Starts one call of a stage function on `item`, where its [`Work`] says,
+/// bounded by the stage's timeout (with the stage's name) if it has one.
 fn invoke<T: Send + 'static, E: Send + 'static>(
     work: &TaskWork<T, E>,
     item: T,
     stats: &Arc<StageStats>,
+    timeout: Option<&(StageTimeout<E>, String)>,
 ) -> BoxFuture<Outcome<T, E>> {
     let stats = Arc::clone(stats);
-    match work {
+    let call: BoxFuture<Outcome<T, E>> = match work {
         TaskWork::Inline(f) => {
+            let t = Instant::now();
             let out = timed(&stats, || f(item));
-            Box::pin(std::future::ready(out))
+            // Inline work cannot be interrupted: checked when it returns.
+            return Box::pin(std::future::ready(match timeout {
+                Some((to, name)) if t.elapsed() > to.limit => Ok(Err((to.error)(name, to.limit))),
+                _ => out,
+            }));
         }
         TaskWork::Blocking(f) => {
             let f = Arc::clone(f);
@@ -1012,6 +1180,19 @@ fn invoke<T: Send + 'static, E: Send + 'static>(
                 let out = AssertUnwindSafe(fut).catch_unwind_compat().await;
                 stats.worked(t.elapsed());
                 out
+            })
+        }
+    };
+    match timeout {
+        None => call,
+        Some((to, name)) => {
+            let (limit, error, name) = (to.limit, Arc::clone(&to.error), name.clone());
+            Box::pin(async move {
+                // Past the limit, the call's future is dropped: async work is
+                // cancelled, a blocking call runs on and its result is lost.
+                tokio::time::timeout(limit, call)
+                    .await
+                    .unwrap_or_else(|_| Ok(Err(error(&name, limit))))
             })
         }
     }

@@ -3,6 +3,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// A boxed, sendable future.
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
@@ -62,6 +63,36 @@ pub enum ErrorPolicy {
     },
 }
 
+/// Makes the error of a call that ran past its stage's timeout, from the
+/// stage's name and the limit.
+pub type TimeoutErrorFn<E> = Arc<dyn Fn(&str, Duration) -> E + Send + Sync>;
+
+/// How long one call of a stage's function may run.
+///
+/// A call that runs longer fails with `error(stage, limit)`, under the
+/// stage's [`ErrorPolicy`], as soon as the limit passes, and the items after
+/// it go on. What happens to the call itself depends on the [`Work`]:
+/// async work is dropped (cancelled at its next await point); a call on the
+/// blocking pool or on a stage thread cannot be interrupted, so it runs on
+/// and its result is thrown away (the thread is busy meanwhile: a stage
+/// whose every thread is stuck in a call stalls); inline work is checked
+/// when the call returns.
+pub struct StageTimeout<E> {
+    /// The longest a call may run.
+    pub limit: Duration,
+    /// The error of a call that ran longer.
+    pub error: TimeoutErrorFn<E>,
+}
+
+impl<E> Clone for StageTimeout<E> {
+    fn clone(&self) -> Self {
+        Self {
+            limit: self.limit,
+            error: Arc::clone(&self.error),
+        }
+    }
+}
+
 /// A stage that maps each item to zero or one item.
 pub struct MapStage<T, E> {
     /// Name shown in stats and errors.
@@ -74,6 +105,8 @@ pub struct MapStage<T, E> {
     pub ordered: bool,
     /// What to do with a failing item.
     pub on_error: ErrorPolicy,
+    /// How long one call may run (none: no limit).
+    pub timeout: Option<StageTimeout<E>>,
 }
 
 /// Turns a group of items into one (a list, a batch).

@@ -20,6 +20,7 @@ fn map(
         concurrency,
         ordered,
         on_error: ErrorPolicy::Raise,
+        timeout: None,
     })
 }
 
@@ -873,4 +874,124 @@ fn disaggregate_splits_items_and_fails_after_what_came_before() {
     assert_eq!(got, vec![10, 20, 21, 30, 31, 32]);
     assert_eq!(err.stage, "split");
     assert!(matches!(err.kind, FailureKind::Item(ref e) if e == "four"));
+}
+
+fn timeout_error() -> StageTimeout<String> {
+    StageTimeout {
+        limit: Duration::from_millis(100),
+        error: Arc::new(|stage, limit| format!("{stage}: over {limit:?}")),
+    }
+}
+
+#[test]
+fn a_call_past_the_timeout_fails_and_the_rest_goes_on() {
+    let slow_at_3 = |long: Duration| -> ItemFn<u64, String> {
+        Arc::new(move |x| {
+            if x == 3 {
+                std::thread::sleep(long);
+            }
+            Ok(Some(x))
+        })
+    };
+    let long = Duration::from_millis(1500);
+    let nap: AsyncItemFn<u64, String> = Arc::new(move |x| {
+        Box::pin(async move {
+            if x == 3 {
+                tokio::time::sleep(long).await;
+            }
+            Ok(Some(x))
+        })
+    });
+    let cases = [
+        // Inline work is only checked when it returns.
+        (
+            "inline",
+            Work::Inline(slow_at_3(Duration::from_millis(300))),
+            1,
+        ),
+        ("blocking", Work::Blocking(slow_at_3(long)), 2),
+        ("async", Work::Async(nap), 2),
+        ("dedicated", Work::Dedicated(slow_at_3(long), None), 2),
+    ];
+    for (kind, work, conc) in cases {
+        let stage = Stage::Map(MapStage {
+            name: kind.into(),
+            work,
+            concurrency: conc,
+            ordered: true,
+            on_error: ErrorPolicy::Skip { max_failures: None },
+            timeout: Some(timeout_error()),
+        });
+        let t = Instant::now();
+        let mut p = P::new(source(10), vec![stage], config(2), None).unwrap();
+        let mut out = Vec::new();
+        let mut last_at = Duration::ZERO;
+        loop {
+            match p.next_timeout(Duration::from_secs(10)) {
+                Next::Item(x) => {
+                    out.push(x);
+                    last_at = t.elapsed();
+                }
+                Next::Finished => break,
+                other => panic!("{kind}: {other:?}"),
+            }
+        }
+        assert_eq!(out, vec![0, 1, 2, 4, 5, 6, 7, 8, 9], "{kind}");
+        assert_eq!(p.stats()[1].failures, 1, "{kind}");
+        // The items after it do not wait for the call (a blocking call may
+        // still hold up the end: the runtime's shutdown waits for it a while).
+        if kind != "inline" {
+            assert!(last_at < Duration::from_millis(1200), "{kind}: {last_at:?}");
+        }
+    }
+    // Under "raise", the items before it, then the timeout's error.
+    let stage = Stage::Map(MapStage {
+        name: "d".into(),
+        work: Work::Dedicated(slow_at_3(long), None),
+        concurrency: 1,
+        ordered: true,
+        on_error: ErrorPolicy::Raise,
+        timeout: Some(timeout_error()),
+    });
+    let mut p = P::new(source(10), vec![stage], config(2), None).unwrap();
+    let mut got = Vec::new();
+    let t = Instant::now();
+    let err = loop {
+        match p.next_timeout(Duration::from_secs(10)) {
+            Next::Item(x) => got.push(x),
+            Next::Failed(f) => break f,
+            other => panic!("{other:?}"),
+        }
+    };
+    assert!(t.elapsed() < Duration::from_millis(1200));
+    assert_eq!(got, vec![0, 1, 2]);
+    assert!(matches!(err.kind, FailureKind::Item(ref e) if e.starts_with("d: over")));
+}
+
+#[test]
+fn the_stall_watch_names_the_stage_that_holds_the_pipeline() {
+    let stalls = Arc::new(std::sync::Mutex::new(Vec::<Stall>::new()));
+    let hang: ItemFn<u64, String> = Arc::new(|x| {
+        if x == 2 {
+            std::thread::sleep(Duration::from_millis(700));
+        }
+        Ok(Some(x))
+    });
+    let id: ItemFn<u64, String> = Arc::new(|x| Ok(Some(x)));
+    let stages = vec![
+        map("first", Work::Dedicated(id.clone(), None), 1, true),
+        map("hangs", Work::Dedicated(hang, None), 2, true),
+        map("last", Work::Inline(id), 2, true),
+    ];
+    let mut p = P::new(source(5), stages, config(8), None).unwrap();
+    let seen = Arc::clone(&stalls);
+    p.set_stall_watch(StallWatch {
+        after: Duration::from_millis(150),
+        report: Arc::new(move |s| seen.lock().unwrap().push(s.clone())),
+    });
+    assert_eq!(drain(&mut p).unwrap(), vec![0, 1, 2, 3, 4]);
+    let stalls = stalls.lock().unwrap();
+    assert!(!stalls.is_empty());
+    assert!(stalls.iter().all(|s| s.stage == "hangs"), "{stalls:?}");
+    assert!(stalls[0].idle >= Duration::from_millis(150));
 }

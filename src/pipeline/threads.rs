@@ -49,7 +49,7 @@
 //! that wait (for an item, for room in the window) look at the stop flag at
 //! least every [`POLL`].
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::thread::JoinHandle;
@@ -57,7 +57,7 @@ use std::time::{Duration, Instant};
 
 use super::engine::{thread_name, Emitter, Handled, Msg, StageCtx, UnwindGuard, BATCH_SLICE};
 use super::error::{Failure, PipelineError};
-use super::stage::{ErrorPolicy, ItemFn, MapStage, SessionFn};
+use super::stage::{ErrorPolicy, ItemFn, MapStage, SessionFn, StageTimeout};
 use super::stats::StageStats;
 
 /// Smallest window of a stage: the most items it holds at once (taken, not
@@ -150,6 +150,12 @@ struct Outbox<T, E> {
     upstream: Option<(u64, Failure<E>)>,
     /// A thread is sending results on; others leave theirs here for it.
     emitting: bool,
+    /// With a timeout: the call each thread runs (its item's number and
+    /// when it started).
+    running: Vec<Option<(u64, Instant, std::thread::ThreadId)>>,
+    /// With a timeout: items whose call ran past it and failed; the call's
+    /// own result is thrown away when it returns.
+    expired: HashSet<u64>,
 }
 
 impl<T, E> Outbox<T, E> {
@@ -198,6 +204,10 @@ struct Pool<T, E> {
     session: Option<SessionFn>,
     on_error: ErrorPolicy,
     ordered: bool,
+    timeout: Option<StageTimeout<E>>,
+    /// Threads still running [`Pool::run`]: the watchdog (with a timeout)
+    /// returns when none is.
+    live: AtomicUsize,
     /// Most items the stage holds at once (taken, not yet sent on).
     window: u64,
     intake: Mutex<Intake<T, E>>,
@@ -218,7 +228,10 @@ struct Pool<T, E> {
     waiters: AtomicUsize,
     /// A thread waits for input inside `recv`, holding the intake lock.
     receiving: AtomicBool,
-    out: Emitter<T, E>,
+    /// Where results go; `None` once the watchdog let go of it because every
+    /// item was sent on while a thread was still stuck in a call that ran
+    /// past the timeout (so the stages downstream see the end at once).
+    out: Mutex<Option<Emitter<T, E>>>,
     ctx: StageCtx<E>,
     /// Sending on failed, or the policy said stop: every thread returns.
     dead: AtomicBool,
@@ -242,6 +255,7 @@ pub(super) fn spawn<T: Send + 'static, E: Send + 'static>(
         concurrency,
         ordered,
         on_error,
+        timeout,
         ..
     } = stage;
     let pool = Arc::new(Pool {
@@ -250,6 +264,8 @@ pub(super) fn spawn<T: Send + 'static, E: Send + 'static>(
         session,
         on_error,
         ordered,
+        timeout,
+        live: AtomicUsize::new(concurrency),
         window: concurrency.saturating_mul(2).max(MIN_WINDOW) as u64,
         intake: Mutex::new(Intake {
             rx,
@@ -266,12 +282,14 @@ pub(super) fn spawn<T: Send + 'static, E: Send + 'static>(
             taken: 0,
             upstream: None,
             emitting: false,
+            running: vec![None; concurrency],
+            expired: HashSet::new(),
         }),
         signal: Mutex::new(0),
         changed: Condvar::new(),
         waiters: AtomicUsize::new(0),
         receiving: AtomicBool::new(false),
-        out,
+        out: Mutex::new(Some(out)),
         ctx,
         dead: AtomicBool::new(false),
     });
@@ -284,12 +302,30 @@ pub(super) fn spawn<T: Send + 'static, E: Send + 'static>(
                     shared: &pool.ctx.shared,
                     stage: &pool.name,
                 };
-                pool.run();
+                let _leaving = Leaving(&pool.live);
+                pool.run(i);
             })
             .map_err(PipelineError::Start)?;
         handles.push(thread);
     }
+    if pool.timeout.is_some() {
+        let pool = Arc::clone(&pool);
+        let thread = std::thread::Builder::new()
+            .name(thread_name(&pool.name, concurrency))
+            .spawn(move || pool.watch())
+            .map_err(PipelineError::Start)?;
+        handles.push(thread);
+    }
     Ok(())
+}
+
+/// Counts a thread out of [`Pool::live`] when it leaves, however it leaves.
+struct Leaving<'a>(&'a AtomicUsize);
+
+impl Drop for Leaving<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl<T, E> Pool<T, E> {
@@ -326,8 +362,61 @@ impl<T, E> Pool<T, E> {
         }
     }
 
-    /// One thread's life: wait for work, run a session, send results on.
-    fn run(&self) {
+    /// The watchdog of a stage with a timeout: fails the calls that run past
+    /// it and sends their failures on (the stage's threads may all be stuck
+    /// in calls, so none of them would). Returns when the stage is over.
+    fn watch(&self) {
+        let Some(timeout) = &self.timeout else {
+            return;
+        };
+        let tick = (timeout.limit / 10).clamp(Duration::from_millis(1), POLL);
+        let mut overdue = Vec::new();
+        while !self.stopping() && self.live.load(Ordering::Acquire) > 0 {
+            std::thread::sleep(tick);
+            {
+                let mut outbox = self.lock_outbox();
+                for slot in &mut outbox.running {
+                    if let Some((seq, started, thread)) = *slot {
+                        if started.elapsed() >= timeout.limit {
+                            *slot = None;
+                            overdue.push(seq);
+                            self.ctx.shared.abandon(thread, true);
+                        }
+                    }
+                }
+                for seq in overdue.drain(..) {
+                    outbox.expired.insert(seq);
+                    let error = (timeout.error)(&self.name, timeout.limit);
+                    outbox.put(self.ordered, seq, Done::Call(Err(error)));
+                }
+            }
+            if !self.emit() {
+                return;
+            }
+            // Every item taken was sent on and no more will come, though a
+            // thread may still be stuck in a call that ran past the timeout:
+            // let go of the output, so that the stages downstream end now.
+            let complete = {
+                let intake = self.intake.lock().unwrap_or_else(PoisonError::into_inner);
+                intake.closed
+                    && intake.pending.is_empty()
+                    && self.done.load(Ordering::Acquire) == intake.next_seq
+            };
+            if complete {
+                drop(
+                    self.out
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .take(),
+                );
+                return;
+            }
+        }
+    }
+
+    /// One thread's life (thread `me` of the stage): wait for work, run a
+    /// session, send results on.
+    fn run(&self, me: usize) {
         while self.wait_for_work() {
             let started = Instant::now();
             let mut session = || {
@@ -342,6 +431,10 @@ impl<T, E> Pool<T, E> {
                     let result = match msg {
                         Msg::Item(item) => {
                             let t = Instant::now();
+                            if self.timeout.is_some() {
+                                self.lock_outbox().running[me] =
+                                    Some((seq, t, std::thread::current().id()));
+                            }
                             let result = (self.f)(item);
                             self.ctx.stats.worked(t.elapsed());
                             Done::Call(result)
@@ -351,8 +444,19 @@ impl<T, E> Pool<T, E> {
                     // Into the outbox at once, not kept by this thread: its
                     // next call may wait (without the GIL) for other calls
                     // or for the consumer, and must not hold back what is
-                    // done meanwhile.
-                    self.lock_outbox().put(self.ordered, seq, result);
+                    // done meanwhile. A call the watchdog failed (it ran past
+                    // the timeout) has its failure there already.
+                    {
+                        let mut outbox = self.lock_outbox();
+                        if self.timeout.is_some() {
+                            outbox.running[me] = None;
+                        }
+                        if outbox.expired.remove(&seq) {
+                            self.ctx.shared.abandon(std::thread::current().id(), false);
+                        } else {
+                            outbox.put(self.ordered, seq, result);
+                        }
+                    }
                     if started.elapsed() >= BATCH_SLICE || self.stopping() {
                         break;
                     }
@@ -517,6 +621,13 @@ impl<T, E> Pool<T, E> {
                 return true;
             }
             drop(outbox);
+            // Uncontended: one thread emits at a time, and the watchdog takes
+            // it only when nothing is left to send.
+            let out_guard = self.out.lock().unwrap_or_else(PoisonError::into_inner);
+            let Some(out) = out_guard.as_ref() else {
+                self.lock_outbox().emitting = false;
+                return false;
+            };
             let mut go_on = true;
             for result in sending.drain(..) {
                 if !go_on {
@@ -526,7 +637,7 @@ impl<T, E> Pool<T, E> {
                     Done::Call(result) => {
                         match self.ctx.handle(&self.name, self.on_error, Ok(result)) {
                             Handled::Send(v) => {
-                                go_on = self.out.emit_blocking(v);
+                                go_on = out.emit_blocking(v);
                                 None
                             }
                             Handled::Nothing => None,
@@ -537,12 +648,13 @@ impl<T, E> Pool<T, E> {
                 };
                 if let Some(f) = fatal {
                     // After everything before it, and nothing after it.
-                    self.out.fail_blocking(f);
+                    out.fail_blocking(f);
                     go_on = false;
                 }
                 // Room in the window for each item as it goes.
                 self.done.fetch_add(1, Ordering::AcqRel);
             }
+            drop(out_guard);
             self.wake_idle();
             if !go_on {
                 self.dead.store(true, Ordering::Release);

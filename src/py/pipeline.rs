@@ -16,7 +16,8 @@ use pyo3::types::{PyDict, PyIterator, PyList, PyRange, PyRangeMethods, PyTuple};
 use crate::pipeline::{
     format_table, AggregateStage, AsyncItemFn, CombineFn, DisaggregateStage, ErrorPolicy, Failure,
     FailureKind, ItemFn, MapStage, Next, Pipeline, PipelineConfig, ReportFn, SessionFn, SkipHook,
-    Source, SplitFn, Stage, StatsReporter, StatsSnapshot, Work,
+    Source, SplitFn, Stage, StageTimeout, Stall, StallFn, StallWatch, StatsReporter, StatsSnapshot,
+    TimeoutErrorFn, Work,
 };
 
 /// Bumped in every child right after a fork (see `_after_fork_in_child`):
@@ -486,6 +487,57 @@ fn parse_native_aggregate(spec: &Bound<'_, PyTuple>) -> PyResult<Stage<Item, PyE
     }))
 }
 
+/// `("map", kind, op, concurrency, name, on_error, max_failures, ordered,
+/// timeout)` from the Python builder.
+type MapSpec = (
+    String,
+    String,
+    Py<PyAny>,
+    usize,
+    String,
+    String,
+    Option<u64>,
+    bool,
+    Option<f64>,
+);
+
+/// A stage's `timeout=` (seconds): calls that run longer fail with
+/// `TimeoutError`.
+fn parse_timeout(secs: f64) -> PyResult<StageTimeout<PyErr>> {
+    let limit = Duration::try_from_secs_f64(secs)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "timeout must be a positive number of seconds, not {secs}"
+            ))
+        })?;
+    let error: TimeoutErrorFn<PyErr> = Arc::new(|stage: &str, limit: Duration| {
+        pyo3::exceptions::PyTimeoutError::new_err(format!(
+            "a call of stage {stage:?} ran longer than timeout={} s",
+            limit.as_secs_f64()
+        ))
+    });
+    Ok(StageTimeout { limit, error })
+}
+
+/// A `("disaggregate", name)` stage: a native group splits without the GIL;
+/// a Python object is iterated (a list, a tuple, any iterable) with it.
+fn parse_disaggregate(spec: &Bound<'_, PyTuple>) -> PyResult<Stage<Item, PyErr>> {
+    let (_, name): (String, String) = spec.extract()?;
+    let split: SplitFn<Item, PyErr> = Arc::new(|item| match item {
+        Item::List(items) => Ok(items),
+        other => Python::attach(|py| {
+            let obj = other.into_py(py)?;
+            obj.bind(py)
+                .try_iter()?
+                .map(|v| v.map(|v| Item::Py(v.unbind())))
+                .collect()
+        }),
+    });
+    Ok(Stage::Disaggregate(DisaggregateStage { name, split }))
+}
+
 /// A stage specification from the Python builder.
 fn parse_stage(
     py: Python<'_>,
@@ -496,16 +548,9 @@ fn parse_stage(
     let kind: String = spec.get_item(0)?.extract()?;
     match kind.as_str() {
         "map" => {
-            let (_, op_kind, op, concurrency, name, on_error, max_failures, ordered): (
-                String,
-                String,
-                Py<PyAny>,
-                usize,
-                String,
-                String,
-                Option<u64>,
-                bool,
-            ) = spec.extract()?;
+            let (_, op_kind, op, concurrency, name, on_error, max_failures, ordered, timeout): MapSpec =
+                spec.extract()?;
+            let timeout = timeout.map(parse_timeout).transpose()?;
             let on_error = match on_error.as_str() {
                 "raise" => ErrorPolicy::Raise,
                 "skip" => ErrorPolicy::Skip { max_failures },
@@ -565,25 +610,11 @@ fn parse_stage(
                 concurrency,
                 ordered,
                 on_error,
+                timeout,
             }))
         }
         "aggregate_native" => parse_native_aggregate(spec),
-        "disaggregate" => {
-            let (_, name): (String, String) = spec.extract()?;
-            // A native group splits without the GIL; a Python object is
-            // iterated (a list, a tuple, any iterable) with it.
-            let split: SplitFn<Item, PyErr> = Arc::new(|item| match item {
-                Item::List(items) => Ok(items),
-                other => Python::attach(|py| {
-                    let obj = other.into_py(py)?;
-                    obj.bind(py)
-                        .try_iter()?
-                        .map(|v| v.map(|v| Item::Py(v.unbind())))
-                        .collect()
-                }),
-            });
-            Ok(Stage::Disaggregate(DisaggregateStage { name, split }))
-        }
+        "disaggregate" => parse_disaggregate(spec),
         "aggregate" => {
             let (_, size, drop_last, name): (String, usize, bool, String) = spec.extract()?;
             let combine: CombineFn<Item, PyErr> = Arc::new(|items: Vec<Item>| {
@@ -722,7 +753,7 @@ impl PyPipeline {
 #[pymethods]
 impl PyPipeline {
     #[new]
-    #[pyo3(signature = (source, stages, *, sink_buffer=3, num_threads=None, runner=None, report_interval=None, native_source=false))]
+    #[pyo3(signature = (source, stages, *, sink_buffer=3, num_threads=None, runner=None, report_interval=None, native_source=false, stall_warning=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -733,6 +764,7 @@ impl PyPipeline {
         runner: Option<Py<PyAny>>,
         report_interval: Option<f64>,
         native_source: bool,
+        stall_warning: Option<f64>,
     ) -> PyResult<Self> {
         let mut feeder = None;
         let stages = stages
@@ -801,6 +833,29 @@ impl PyPipeline {
                 interval: Duration::from_secs_f64(secs),
                 report,
             });
+        }
+        if let Some(secs) = stall_warning {
+            let after = Duration::try_from_secs_f64(secs)
+                .ok()
+                .filter(|d| !d.is_zero())
+                .ok_or_else(|| PyValueError::new_err("stall_warning_after must be > 0"))?;
+            let report: StallFn = Arc::new(|stall: &Stall| {
+                Python::attach(|py| {
+                    let _ = logger(py).and_then(|l| {
+                        l.call_method1(
+                            "warning",
+                            (
+                                "pipeline made no progress for %.1f s; stage %r holds it \
+                                 (%d items in flight)",
+                                stall.idle.as_secs_f64(),
+                                &stall.stage,
+                                stall.in_flight,
+                            ),
+                        )
+                    });
+                });
+            });
+            pipeline.set_stall_watch(StallWatch { after, report });
         }
         Ok(Self {
             inner: Mutex::new(Inner {
