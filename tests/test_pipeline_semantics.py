@@ -789,3 +789,34 @@ def test_stall_watch_off_with_none(
     p = PipelineBuilder().add_source(range(2)).pipe(hangs).add_sink()
     assert drain(p.build(stall_warning_after=None)) == [0, 1]
     assert stall_records(caplog) == []
+
+
+# --------------------------------------------------------------------------------------
+# lookup stages
+
+
+@pytest.mark.timeout(30)
+def test_dict_and_list_are_lookup_stages() -> None:
+    names = {0: "zero", 1: "one", 2: "two"}
+    squares = [x * x for x in range(10)]
+    p = PipelineBuilder().add_source([2, 0, 1]).pipe(names).pipe(len).add_sink().build()
+    assert drain(p) == [3, 4, 3]
+    p = PipelineBuilder().add_source([3, 1]).pipe(squares).pipe(squares, concurrency=2)
+    pipeline = p.add_sink().build()
+    assert drain(pipeline) == [81, 1]
+    assert set(pipeline.stats()) == {"source", "lookup(list)", "lookup(list)#2", "sink"}
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_lookup_of_a_missing_key_follows_on_error(on_error: Any) -> None:
+    table = {"a": 1, "c": 3}
+    p = PipelineBuilder().add_source(["a", "b", "c"]).pipe(table, on_error=on_error).add_sink()
+    got, err = take_until_error(p.build())
+    if on_error == "skip":
+        assert (got, err) == ([1, 3], None)
+    else:
+        assert got == [1]
+        assert isinstance(err, PipelineError)
+        assert err.stage == "lookup(dict)"
+        assert isinstance(err.exceptions[0], KeyError)

@@ -8,7 +8,15 @@ import inspect
 import os
 import threading
 import weakref
-from collections.abc import AsyncIterable, Callable, Coroutine, Iterable, Iterator
+from collections.abc import (
+    AsyncIterable,
+    Callable,
+    Coroutine,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from typing import TYPE_CHECKING, Any, Literal, Self
 
 from . import _core
@@ -296,7 +304,7 @@ class PipelineBuilder:
 
     def pipe(
         self,
-        op: Callable[[Any], Any] | _core.NativeOp,
+        op: Callable[[Any], Any] | _core.NativeOp | Mapping[Any, Any] | Sequence[Any],
         /,
         *,
         concurrency: int = 1,
@@ -311,7 +319,10 @@ class PipelineBuilder:
 
         Args:
             op: a callable, an ``async def`` function, a generator function (sync or async),
-                or a native op from `ferrofeed.ops`. Returning ``None`` drops the item. A
+                a native op from `ferrofeed.ops`, or a lookup table: a mapping (``dict``) or a
+                sequence (``list``, ``tuple``) maps each item to ``op[item]`` (a missing key
+                raises ``KeyError`` or ``IndexError``, raised or skipped per ``on_error``).
+                Returning ``None`` drops the item. A
                 generator function is a flat map: each item it yields goes downstream, in
                 order, once the call has returned (if it raises, the item fails as a whole
                 and nothing it yielded goes on); stats show a companion stage
@@ -390,6 +401,13 @@ class PipelineBuilder:
                     "an async function runs on the pipeline's event loop: "
                     "executor= takes a plain function or a generator function"
                 )
+        if isinstance(op, Mapping | Sequence) and not isinstance(op, str | bytes | bytearray):
+            # A lookup table: each item maps to op[item], looked up on the stage's threads.
+            table = op
+            op = table.__getitem__
+            default_name = f"lookup({type(table).__name__})"
+        else:
+            default_name = None
         if isinstance(op, _core.NativeOp) and op.group_size is not None:
             # A grouping op (ops.collate): an aggregate stage with a native combine.
             stage_name = self._unique(name or op.name, explicit=name is not None)
@@ -409,8 +427,10 @@ class PipelineBuilder:
             if executor is not None:
                 call, kind = _InExecutor(call, executor), "async"
         else:
-            raise TypeError(f"op must be callable or a native op, not {type(op).__name__}")
-        stage_name = self._unique(name or _op_name(op), explicit=name is not None)
+            raise TypeError(
+                f"op must be callable, a native op or a lookup table, not {type(op).__name__}"
+            )
+        stage_name = self._unique(name or default_name or _op_name(op), explicit=name is not None)
         engine_timeout = None if timeout is None else float(timeout)
         if kind == "async" and timeout is not None:
             # Bounded on the event loop, where the coroutine can be cancelled.
