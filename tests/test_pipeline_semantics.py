@@ -8,6 +8,7 @@ executors, per-stage timeouts and stall warnings, generator stages (flat map),
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import logging
@@ -820,3 +821,215 @@ def test_lookup_of_a_missing_key_follows_on_error(on_error: Any) -> None:
         assert isinstance(err, PipelineError)
         assert err.stage == "lookup(dict)"
         assert isinstance(err.exceptions[0], KeyError)
+
+
+# --------------------------------------------------------------------------------------
+# custom aggregators
+
+
+class UpTo:
+    """Groups items until their sum reaches ``limit`` (SPDL's Aggregator protocol)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held: list[int] = []
+        self.flushed = 0
+
+    def accumulate(self, item: int) -> list[int] | None:
+        self.held.append(item)
+        if sum(self.held) >= self.limit:
+            out, self.held = self.held, []
+            return out
+        return None
+
+    def flush(self) -> list[int] | None:
+        self.flushed += 1
+        out, self.held = self.held, []
+        return out or None
+
+
+@pytest.mark.timeout(30)
+def test_custom_aggregator_accumulates_in_order_and_flushes_at_the_end() -> None:
+    agg = UpTo(10)
+    src = [3, 4, 5, 9, 2, 8, 1, 1]
+    p = PipelineBuilder().add_source(src).pipe(lambda x: x, concurrency=4).aggregate(agg)
+    pipeline = p.add_sink().build()
+    assert drain(pipeline) == [[3, 4, 5], [9, 2], [8, 1, 1]]
+    assert agg.flushed == 1
+    agg = UpTo(10)
+    p = PipelineBuilder().add_source([*src, 4]).aggregate(agg).add_sink().build()
+    assert drain(p) == [[3, 4, 5], [9, 2], [8, 1, 1], [4]]
+    assert agg.flushed == 1
+
+
+@pytest.mark.timeout(30)
+def test_custom_aggregator_drop_last_does_not_flush() -> None:
+    agg = UpTo(10)
+    p = PipelineBuilder().add_source([6, 6, 1]).aggregate(agg, drop_last=True).add_sink()
+    assert drain(p.build()) == [[6, 6]]
+    assert agg.flushed == 0
+
+
+@pytest.mark.timeout(30)
+def test_custom_aggregator_errors_and_upstream_failures() -> None:
+    class Bad:
+        def accumulate(self, item: int) -> int | None:
+            if item == 2:
+                raise ZeroDivisionError("bad")
+            return item
+
+        def flush(self) -> None:
+            raise AssertionError("never flushed after a failure")
+
+    got, err = take_until_error(
+        PipelineBuilder().add_source(range(5)).aggregate(Bad()).add_sink().build()
+    )
+    assert got == [0, 1]
+    assert isinstance(err, PipelineError)
+    assert isinstance(err.exceptions[0], ZeroDivisionError)
+    agg = UpTo(10)
+    got, err = take_until_error(
+        PipelineBuilder().add_source(ten_then_raise()).aggregate(agg).add_sink().build()
+    )
+    assert got == [[0, 1, 2, 3, 4], [5, 6], [7, 8]]  # 9 was held: no flush
+    assert agg.flushed == 0
+    assert isinstance(err, PipelineError)
+    assert err.stage == "source"
+    with pytest.raises(TypeError, match="accumulate"):
+        PipelineBuilder().add_source(range(3)).aggregate(object())  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------------------
+# task hooks
+
+
+class Recorder:
+    """A hook with sync context managers that records what it sees."""
+
+    def __init__(self, log: list[Any], tag: str) -> None:
+        self.log = log
+        self.tag = tag
+
+    @contextlib.contextmanager
+    def stage_hook(self) -> Iterator[None]:
+        self.log.append((self.tag, "stage-start"))
+        yield
+        self.log.append((self.tag, "stage-end"))
+
+    @contextlib.contextmanager
+    def task_hook(self) -> Iterator[None]:
+        self.log.append((self.tag, "task-start"))
+        try:
+            yield
+        except Exception as e:
+            self.log.append((self.tag, f"task-failed:{type(e).__name__}"))
+            raise
+        self.log.append((self.tag, "task-end"))
+
+
+class AsyncRecorder(Recorder):
+    """The same with async context managers, as SPDL's hooks are written."""
+
+    @contextlib.asynccontextmanager
+    async def stage_hook(self) -> AsyncIterator[None]:  # type: ignore[override]
+        self.log.append((self.tag, "stage-start"))
+        yield
+        self.log.append((self.tag, "stage-end"))
+
+    @contextlib.asynccontextmanager
+    async def task_hook(self) -> AsyncIterator[None]:  # type: ignore[override]
+        self.log.append((self.tag, "task-start"))
+        try:
+            yield
+        except Exception as e:
+            self.log.append((self.tag, f"task-failed:{type(e).__name__}"))
+            raise
+        self.log.append((self.tag, "task-end"))
+
+
+def odd_fails_or_same(x: int) -> int:
+    if x % 2:
+        raise ValueError(x)
+    return x
+
+
+async def odd_fails_or_same_async(x: int) -> int:
+    await asyncio.sleep(0)
+    return odd_fails_or_same(x)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("hook_kind", [Recorder, AsyncRecorder], ids=["sync-hook", "async-hook"])
+@pytest.mark.parametrize(
+    "op", [odd_fails_or_same, odd_fails_or_same_async], ids=["sync-stage", "async-stage"]
+)
+def test_task_hooks_see_stage_start_end_and_every_call(hook_kind: Any, op: Any) -> None:
+    log: list[Any] = []
+    p = (
+        PipelineBuilder()
+        .add_source(range(6))
+        .pipe(op, hooks=[hook_kind(log, "a")], on_error="skip", concurrency=2)
+        .pipe(lambda x: x + 1, hooks=[hook_kind(log, "b")])
+        .add_sink()
+        .build()
+    )
+    assert log == []
+    assert drain(p) == [1, 3, 5]
+    a = [e for t, e in log if t == "a"]
+    b = [e for t, e in log if t == "b"]
+    assert (a[0], a[-1]) == ("stage-start", "stage-end")
+    assert (b[0], b[-1]) == ("stage-start", "stage-end")
+    assert a.count("task-start") == 6
+    assert a.count("task-end") == 3
+    assert a.count("task-failed:ValueError") == 3
+    assert b.count("task-start") == b.count("task-end") == 3
+    # Stage hooks: entered in stage order before any task, exited after every task.
+    assert log.index(("a", "stage-start")) < log.index(("b", "stage-start")) < 2
+    assert {log[-1], log[-2]} == {("a", "stage-end"), ("b", "stage-end")}
+
+
+@pytest.mark.timeout(30)
+def test_stage_hooks_end_when_the_pipeline_is_stopped_early() -> None:
+    log: list[Any] = []
+    p = (
+        PipelineBuilder()
+        .add_source(range(1000))
+        .pipe(lambda x: x, hooks=[Recorder(log, "h")])
+        .add_sink()
+        .build()
+    )
+    with p.auto_stop():
+        for x in p:
+            if x == 3:
+                break
+    assert log[0] == ("h", "stage-start")
+    assert log[-1] == ("h", "stage-end")
+    assert log.count(("h", "stage-end")) == 1
+    p.stop()
+    assert log.count(("h", "stage-end")) == 1
+
+
+@pytest.mark.timeout(30)
+def test_a_task_hook_that_suppresses_drops_the_item() -> None:
+    class Swallow:
+        @contextlib.contextmanager
+        def stage_hook(self) -> Iterator[None]:
+            yield
+
+        @contextlib.contextmanager
+        def task_hook(self) -> Iterator[None]:
+            with contextlib.suppress(ValueError):
+                yield
+
+    p = PipelineBuilder().add_source(range(5)).pipe(odd_fails_or_same, hooks=[Swallow()])
+    assert drain(p.add_sink().build()) == [0, 2, 4]
+
+
+def test_hooks_arguments_are_checked() -> None:
+    from ferrofeed import ops
+
+    b = PipelineBuilder().add_source(range(3))
+    with pytest.raises(TypeError, match="task_hook"):
+        b.pipe(lambda x: x, hooks=[object()])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="native"):
+        b.pipe(ops.identity(), hooks=[Recorder([], "x")])

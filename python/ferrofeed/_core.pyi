@@ -151,6 +151,7 @@ class Pipeline:
         report_interval: float | None = None,
         native_source: bool = False,
         stall_warning: float | None = None,
+        stage_hooks: Any = None,
     ) -> Self: ...
     def start(self) -> None:
         """Start the pipeline's threads (iteration starts it too)."""

@@ -17,7 +17,7 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
-from typing import TYPE_CHECKING, Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal, Protocol, Self
 
 from . import _core
 
@@ -31,6 +31,16 @@ Pipeline = _core.Pipeline
 """A built pipeline: iterate it, or use ``with pipeline.auto_stop():``."""
 
 OnError = Literal["raise", "skip"]
+
+
+class Aggregator(Protocol):
+    """A custom aggregation for `PipelineBuilder.aggregate` (as SPDL's ``Aggregator``)."""
+
+    def accumulate(self, item: Any, /) -> Any:
+        """Take the next item; return a result to send on, or ``None`` for nothing yet."""
+
+    def flush(self) -> Any:
+        """At the end of the input: return what is still held, or ``None``."""
 
 # Pipelines not yet garbage collected: stopped at interpreter exit, before the
 # interpreter ends the threads that run Python stages.
@@ -250,6 +260,156 @@ class _Timeout:
             ) from None
 
 
+class TaskHook(Protocol):
+    """What ``pipe(..., hooks=[...])`` takes: an object like SPDL's ``TaskHook``.
+
+    ``stage_hook()`` returns a context manager (sync or async) entered once when the
+    pipeline starts and exited once when it stops; ``task_hook()`` returns one entered
+    around every call of the stage (it sees the call's exception, if any; suppressing it
+    drops the item). On an ``async def`` stage the task hook runs on the pipeline's event
+    loop; on a sync stage an async task hook runs on the stage's thread and must not await
+    anything that suspends (stats and tracing hooks do not).
+    """
+
+    def stage_hook(self) -> Any:
+        """Return the context manager around the stage's life."""
+
+    def task_hook(self) -> Any:
+        """Return the context manager around one call."""
+
+
+def _drive(coro: Coroutine[Any, Any, Any]) -> Any:
+    """Run a coroutine that never suspends, without an event loop (async hooks on threads)."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value
+    coro.close()
+    raise RuntimeError(
+        "an async task hook awaited something that suspends, on a sync stage's thread; "
+        "use a sync context manager there, or put the hook on an async stage"
+    )
+
+
+class _DrivenAsync:
+    """An async context manager used as a sync one, through `_drive`."""
+
+    def __init__(self, cm: Any) -> None:
+        self.cm = cm
+
+    def __enter__(self) -> Any:
+        return _drive(self.cm.__aenter__())
+
+    def __exit__(self, *exc: Any) -> bool:
+        return bool(_drive(self.cm.__aexit__(*exc)))
+
+
+def _as_sync(cm: Any) -> Any:
+    if hasattr(cm, "__enter__"):
+        return cm
+    if hasattr(cm, "__aenter__"):
+        return _DrivenAsync(cm)
+    raise TypeError(f"a hook must return a context manager, not {type(cm).__name__}")
+
+
+class _SyncTaskHooks:
+    """Enters every hook's ``task_hook()`` around each call of a sync stage."""
+
+    def __init__(self, op: Callable[[Any], Any], hooks: Sequence[TaskHook]) -> None:
+        self.op = op
+        self.hooks = hooks
+
+    def __call__(self, item: Any) -> Any:
+        with contextlib.ExitStack() as stack:
+            for hook in self.hooks:
+                stack.enter_context(_as_sync(hook.task_hook()))
+            return self.op(item)
+        return None  # a hook suppressed the call's exception: the item is dropped
+
+
+class _AsyncTaskHooks:
+    """Enters every hook's ``task_hook()`` around each call of an async stage."""
+
+    def __init__(self, op: Callable[[Any], Any], hooks: Sequence[TaskHook]) -> None:
+        self.op = op
+        self.hooks = hooks
+
+    async def __call__(self, item: Any) -> Any:
+        async with contextlib.AsyncExitStack() as stack:
+            for hook in self.hooks:
+                cm = hook.task_hook()
+                if hasattr(cm, "__aenter__"):
+                    await stack.enter_async_context(cm)
+                else:
+                    stack.enter_context(cm)
+            return await self.op(item)
+        return None  # a hook suppressed the call's exception: the item is dropped
+
+
+class _StageHooks:
+    """The ``stage_hook()`` of every hook of a pipeline: entered at start, exited at stop.
+
+    Async ones run on a private event loop that lives from enter to exit.
+    """
+
+    def __init__(self, hooks: Sequence[TaskHook]) -> None:
+        self.hooks = list(hooks)
+        self.stack: contextlib.ExitStack | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.done = False
+
+    def _sync(self, cm: Any) -> Any:
+        if hasattr(cm, "__enter__"):
+            return cm
+        if not hasattr(cm, "__aenter__"):
+            raise TypeError(f"stage_hook() must return a context manager, not {type(cm)}")
+        if self.loop is None:
+            import asyncio
+
+            self.loop = asyncio.new_event_loop()
+        loop = self.loop
+
+        @contextlib.contextmanager
+        def driven() -> Iterator[Any]:
+            value = loop.run_until_complete(cm.__aenter__())
+            try:
+                yield value
+            except BaseException as e:
+                if not loop.run_until_complete(cm.__aexit__(type(e), e, e.__traceback__)):
+                    raise
+            else:
+                loop.run_until_complete(cm.__aexit__(None, None, None))
+
+        return driven()
+
+    def enter(self) -> None:
+        if self.done or self.stack is not None:
+            return
+        stack = contextlib.ExitStack()
+        try:
+            for hook in self.hooks:
+                stack.enter_context(self._sync(hook.stage_hook()))
+        except BaseException:
+            self.done = True
+            self._close(stack)
+            raise
+        self.stack = stack
+
+    def exit(self) -> None:
+        stack, self.stack = self.stack, None
+        self.done = True
+        if stack is not None:
+            self._close(stack)
+
+    def _close(self, stack: contextlib.ExitStack) -> None:
+        try:
+            stack.close()
+        finally:
+            loop, self.loop = self.loop, None
+            if loop is not None:
+                loop.close()
+
+
 def _op_name(op: Any) -> str:
     if isinstance(op, _core.NativeOp):
         return op.name
@@ -286,6 +446,7 @@ class PipelineBuilder:
         self._stages: list[tuple[Any, ...]] = []
         self._names: set[str] = set()
         self._sink_buffer: int | None = None
+        self._hooks: list[TaskHook] = []
 
     def add_source(self, source: Iterable[Any] | AsyncIterable[Any], /) -> Self:
         """Set where items come from: any iterable or async iterable.
@@ -314,6 +475,7 @@ class PipelineBuilder:
         ordered: bool = True,
         executor: Executor | None = None,
         timeout: float | None = None,
+        hooks: Sequence[TaskHook] | None = None,
     ) -> Self:
         """Add a stage that applies ``op`` to each item.
 
@@ -351,6 +513,10 @@ class PipelineBuilder:
                 cannot be interrupted: it runs on, its result is thrown away, and its
                 thread stays busy until it returns (a stage whose every thread is stuck
                 stalls: see ``stall_warning_after`` in `build`).
+            hooks: task hooks, as SPDL's ``TaskHook`` (see `TaskHook`): each hook's
+                ``stage_hook()`` context manager is entered when the pipeline starts and
+                exited when it stops; its ``task_hook()`` context manager wraps every call
+                of the stage (for stats and tracing).
 
         Example:
             >>> from concurrent.futures import ThreadPoolExecutor
@@ -435,6 +601,20 @@ class PipelineBuilder:
         if kind == "async" and timeout is not None:
             # Bounded on the event loop, where the coroutine can be cancelled.
             call, engine_timeout = _Timeout(call, float(timeout), stage_name), None
+        if hooks:
+            hooks = list(hooks)
+            for hook in hooks:
+                if not callable(getattr(hook, "task_hook", None)) or not callable(
+                    getattr(hook, "stage_hook", None)
+                ):
+                    raise TypeError(
+                        "a hook needs stage_hook() and task_hook() methods (as SPDL's "
+                        f"TaskHook), not {type(hook).__name__}"
+                    )
+            if kind == "native":
+                raise ValueError("hooks= applies to Python stages, not to native ops")
+            call = (_AsyncTaskHooks if kind == "async" else _SyncTaskHooks)(call, hooks)
+            self._hooks.extend(hooks)
         self._stages.append(
             (
                 "map",
@@ -452,13 +632,53 @@ class PipelineBuilder:
             self._stages.append(("disaggregate", self._unique(f"{stage_name}/flat")))
         return self
 
-    def aggregate(self, n: int, /, *, drop_last: bool = False) -> Self:
-        """Group every ``n`` consecutive items into a list (the last group may be short)."""
+    def aggregate(self, n: int | Aggregator, /, *, drop_last: bool = False) -> Self:
+        """Group items: every ``n`` consecutive items into a list, or with a custom aggregator.
+
+        Args:
+            n: the group size (the last group may be short), or a custom aggregator (as
+                SPDL's ``Aggregator``): an object whose ``accumulate(item)`` is called with
+                every item, in order, one at a time, and returns a result to send on, or
+                ``None`` for "nothing yet"; and whose ``flush()`` is called once when the
+                input ends, for what it still holds (``None``: nothing).
+            drop_last: drop the last, short group; for an aggregator, ``flush()`` is not
+                called. After a failure upstream, neither the short group nor ``flush()``
+                goes on (the failure does, after the complete groups).
+
+        Example:
+            >>> class Upto10:
+            ...     def __init__(self):
+            ...         self.held = []
+            ...     def accumulate(self, item):
+            ...         self.held.append(item)
+            ...         if sum(self.held) >= 10:
+            ...             out, self.held = self.held, []
+            ...             return out
+            ...         return None
+            ...     def flush(self):
+            ...         return self.held or None
+            >>> p = PipelineBuilder().add_source([3, 4, 5, 9, 1]).aggregate(Upto10())
+            >>> list(p.add_sink().build())
+            [[3, 4, 5], [9, 1]]
+        """
         if self._source is None:
             raise ValueError("add_source() comes first")
         if self._sink_buffer is not None:
             raise ValueError("the pipeline already has a sink")
-        if not isinstance(n, int) or n < 1:
+        if not isinstance(n, int):
+            accumulate = getattr(n, "accumulate", None)
+            flush = getattr(n, "flush", None)
+            if not callable(accumulate) or not callable(flush):
+                raise TypeError(
+                    "aggregate() takes a group size (int) or an aggregator with accumulate() "
+                    f"and flush() methods, not {type(n).__name__}"
+                )
+            stage_name = self._unique(f"aggregate({type(n).__name__})")
+            self._stages.append(
+                ("accumulate", accumulate, None if drop_last else flush, stage_name)
+            )
+            return self
+        if isinstance(n, bool) or n < 1:
             raise ValueError(f"n must be a positive int, not {n!r}")
         self._stages.append(("aggregate", n, drop_last, self._unique(f"aggregate({n})")))
         return self
@@ -544,6 +764,7 @@ class PipelineBuilder:
             report_interval=report_stats_interval,
             native_source=native_source,
             stall_warning=None if stall_warning_after is None else float(stall_warning_after),
+            stage_hooks=_StageHooks(self._hooks) if self._hooks else None,
         )
         _LIVE.add(pipeline)
         return pipeline

@@ -10,7 +10,7 @@ use futures_util::stream::{self, StreamExt};
 
 use super::error::{panic_message, Failure, FailureKind, PipelineError};
 use super::stage::{
-    AggregateStage, AsyncItemFn, BoxFuture, DisaggregateStage, ErrorPolicy, ItemFn, MapStage,
+    AccumulateStage, AggregateStage, AsyncItemFn, BoxFuture, DisaggregateStage, ErrorPolicy, ItemFn, MapStage,
     SkipHook, Source, Stage, StageTimeout, Work,
 };
 use super::stats::{StageStats, StatsSnapshot};
@@ -477,6 +477,7 @@ impl<T: Send + 'static, E: Send + 'static> Pipeline<T, E> {
                 }
                 Stage::Aggregate(a) => Box::pin(run_aggregate(a, rx, out, ctx)),
                 Stage::Disaggregate(d) => Box::pin(run_disaggregate(d, rx, out, ctx)),
+                Stage::Accumulate(a) => Box::pin(run_accumulate(a, rx, out, ctx)),
             };
             aborts.push(runtime.spawn(task).abort_handle());
             rx = next_rx;
@@ -1338,6 +1339,59 @@ async fn run_disaggregate<T: Send + 'static, E: Send + 'static>(
             if !out.emit(part).await {
                 return;
             }
+        }
+    }
+}
+
+async fn run_accumulate<T: Send + 'static, E: Send + 'static>(
+    stage: AccumulateStage<T, E>,
+    rx: flume::Receiver<Msg<T, E>>,
+    out: Emitter<T, E>,
+    ctx: StageCtx<E>,
+) {
+    let AccumulateStage {
+        name,
+        accumulate,
+        flush,
+    } = stage;
+    // Sends on what one call gave; false when the stage must stop.
+    let handle = |outcome: Outcome<T, E>| {
+        let (ctx, out, name) = (&ctx, &out, &name);
+        async move {
+            match outcome {
+                Ok(Ok(Some(v))) => out.emit(v).await,
+                Ok(Ok(None)) => true,
+                failed => match ctx.handle(name, ErrorPolicy::Raise, failed) {
+                    Handled::Fatal(f) => {
+                        out.fail(f).await;
+                        false
+                    }
+                    _ => true,
+                },
+            }
+        }
+    };
+    loop {
+        let t = Instant::now();
+        let item = match rx.recv_async().await {
+            Ok(Msg::Item(item)) => item,
+            Ok(Msg::Fail(f)) => {
+                // What the aggregator holds did not end: no flush.
+                out.fail(f).await;
+                return;
+            }
+            Err(_) => break,
+        };
+        ctx.stats.received(t.elapsed());
+        let outcome = tokio::task::block_in_place(|| timed(&ctx.stats, || accumulate(item)));
+        if !handle(outcome).await {
+            return;
+        }
+    }
+    if let Some(flush) = flush {
+        if !ctx.shared.failed.load(Ordering::Acquire) {
+            let outcome = tokio::task::block_in_place(|| timed(&ctx.stats, || flush()));
+            handle(outcome).await;
         }
     }
 }

@@ -66,7 +66,7 @@ pub use engine::{
 };
 pub use error::{Failure, FailureKind, PipelineError};
 pub use stage::{
-    AggregateStage, AsyncItemFn, BoxFuture, CombineFn, DisaggregateStage, ErrorPolicy, ItemFn,
+    AccumulateStage, AggregateStage, AsyncItemFn, BoxFuture, CombineFn, DisaggregateStage, ErrorPolicy, FlushFn, ItemFn,
     IterSource, MapStage, SessionFn, SkipHook, Source, SplitFn, Stage, StageTimeout,
     TimeoutErrorFn, Work,
 };

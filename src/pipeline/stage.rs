@@ -136,6 +136,24 @@ pub struct DisaggregateStage<T, E> {
     pub split: SplitFn<T, E>,
 }
 
+/// Ends a custom aggregation: the last result, if there is one.
+pub type FlushFn<T, E> = Arc<dyn Fn() -> Result<Option<T>, E> + Send + Sync>;
+
+/// A custom aggregation: a stateful function fed every item in order,
+/// which emits a result whenever it has one (SPDL's `Aggregator`).
+pub struct AccumulateStage<T, E> {
+    /// Name shown in stats and errors.
+    pub name: String,
+    /// Takes the next item; `Some` is a result to send on, `None` means
+    /// "nothing yet". Runs on the stage's task, one item at a time (inside
+    /// `block_in_place`, so it may block, or wait for a lock such as the GIL,
+    /// without holding up other tasks). An error is fatal.
+    pub accumulate: ItemFn<T, E>,
+    /// Called once at the end of the input (never after a failure), for
+    /// what is still held; `None` drops it.
+    pub flush: Option<FlushFn<T, E>>,
+}
+
 /// One step of a pipeline.
 pub enum Stage<T, E> {
     /// Map each item.
@@ -144,6 +162,8 @@ pub enum Stage<T, E> {
     Aggregate(AggregateStage<T, E>),
     /// Split items.
     Disaggregate(DisaggregateStage<T, E>),
+    /// Aggregate items with a stateful function.
+    Accumulate(AccumulateStage<T, E>),
 }
 
 impl<T, E> Stage<T, E> {
@@ -153,13 +173,14 @@ impl<T, E> Stage<T, E> {
             Self::Map(m) => &m.name,
             Self::Aggregate(a) => &a.name,
             Self::Disaggregate(d) => &d.name,
+            Self::Accumulate(a) => &a.name,
         }
     }
 
     pub(crate) fn concurrency(&self) -> usize {
         match self {
             Self::Map(m) => m.concurrency,
-            Self::Aggregate(_) | Self::Disaggregate(_) => 1,
+            Self::Aggregate(_) | Self::Disaggregate(_) | Self::Accumulate(_) => 1,
         }
     }
 }

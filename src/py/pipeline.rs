@@ -14,8 +14,8 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyIterator, PyList, PyRange, PyRangeMethods, PyTuple};
 
 use crate::pipeline::{
-    format_table, AggregateStage, AsyncItemFn, CombineFn, DisaggregateStage, ErrorPolicy, Failure,
-    FailureKind, ItemFn, MapStage, Next, Pipeline, PipelineConfig, ReportFn, SessionFn, SkipHook,
+    format_table, AccumulateStage, AggregateStage, AsyncItemFn, CombineFn, DisaggregateStage, ErrorPolicy, Failure,
+    FailureKind, FlushFn, ItemFn, MapStage, Next, Pipeline, PipelineConfig, ReportFn, SessionFn, SkipHook,
     Source, SplitFn, Stage, StageTimeout, Stall, StallFn, StallWatch, StatsReporter, StatsSnapshot,
     TimeoutErrorFn, Work,
 };
@@ -538,6 +538,26 @@ fn parse_disaggregate(spec: &Bound<'_, PyTuple>) -> PyResult<Stage<Item, PyErr>>
     Ok(Stage::Disaggregate(DisaggregateStage { name, split }))
 }
 
+/// An `("accumulate", accumulate, flush, name)` stage: a custom aggregator
+/// (`flush` is `None` under `drop_last`).
+fn parse_accumulate(spec: &Bound<'_, PyTuple>) -> PyResult<Stage<Item, PyErr>> {
+    let (_, accumulate, flush, name): (String, Py<PyAny>, Option<Py<PyAny>>, String) =
+        spec.extract()?;
+    let flush = flush.map(|flush| -> FlushFn<Item, PyErr> {
+        Arc::new(move || {
+            Python::attach(|py| {
+                let out = flush.bind(py).call0()?;
+                Ok((!out.is_none()).then(|| Item::Py(out.unbind())))
+            })
+        })
+    });
+    Ok(Stage::Accumulate(AccumulateStage {
+        name,
+        accumulate: Arc::new(move |item| call_python(&accumulate, item)),
+        flush,
+    }))
+}
+
 /// A stage specification from the Python builder.
 fn parse_stage(
     py: Python<'_>,
@@ -615,6 +635,7 @@ fn parse_stage(
         }
         "aggregate_native" => parse_native_aggregate(spec),
         "disaggregate" => parse_disaggregate(spec),
+        "accumulate" => parse_accumulate(spec),
         "aggregate" => {
             let (_, size, drop_last, name): (String, usize, bool, String) = spec.extract()?;
             let combine: CombineFn<Item, PyErr> = Arc::new(|items: Vec<Item>| {
@@ -702,6 +723,9 @@ pub(crate) struct PyPipeline {
     inner: Mutex<Inner>,
     /// The fork generation the pipeline was built in.
     generation: u64,
+    /// The stages' task hooks, as one object whose `enter()` the start calls
+    /// (their `stage_hook()`s) and whose `exit()` the stop calls.
+    stage_hooks: Option<Py<PyAny>>,
 }
 
 impl PyPipeline {
@@ -720,17 +744,17 @@ impl PyPipeline {
     /// GIL for the joins, attached for the runner). The finished items the
     /// consumer has not taken stay readable.
     fn shutdown(&self, py: Python<'_>) -> PyResult<()> {
-        let (feeder, runner) = py.detach(|| {
+        let (feeder, runner, in_creator) = py.detach(|| {
             let mut inner = self.lock();
             inner.pipeline.stop();
             // A stopped pipeline is finished once its leftovers are read:
             // iterating it again then says so.
             inner.exhausted = !inner.pipeline.has_leftovers();
             if self.in_creator(&inner) {
-                (inner.feeder.take(), inner.runner.take())
+                (inner.feeder.take(), inner.runner.take(), true)
             } else {
                 forget_in_child(&mut inner);
-                (None, None)
+                (None, None, false)
             }
         });
         let result = match &runner {
@@ -746,14 +770,19 @@ impl PyPipeline {
                 });
             }
         }
-        result
+        // After every stage is stopped: the stage hooks end (once).
+        let hooks = match &self.stage_hooks {
+            Some(h) if in_creator => h.bind(py).call_method0("exit").map(drop),
+            _ => Ok(()),
+        };
+        result.and(hooks)
     }
 }
 
 #[pymethods]
 impl PyPipeline {
     #[new]
-    #[pyo3(signature = (source, stages, *, sink_buffer=3, num_threads=None, runner=None, report_interval=None, native_source=false, stall_warning=None))]
+    #[pyo3(signature = (source, stages, *, sink_buffer=3, num_threads=None, runner=None, report_interval=None, native_source=false, stall_warning=None, stage_hooks=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -765,6 +794,7 @@ impl PyPipeline {
         report_interval: Option<f64>,
         native_source: bool,
         stall_warning: Option<f64>,
+        stage_hooks: Option<Py<PyAny>>,
     ) -> PyResult<Self> {
         let mut feeder = None;
         let stages = stages
@@ -865,6 +895,7 @@ impl PyPipeline {
                 exhausted: false,
             }),
             generation: fork_generation(),
+            stage_hooks,
         })
     }
 
@@ -882,6 +913,10 @@ impl PyPipeline {
             }
             inner.runner.as_ref().map(|r| r.clone_ref(py))
         };
+        if let Some(h) = &self.stage_hooks {
+            // Before any item moves (once: `enter` does nothing the second time).
+            h.bind(py).call_method0("enter")?;
+        }
         if let Some(r) = runner {
             r.bind(py).call_method0("start")?;
         }
@@ -1027,11 +1062,15 @@ impl Drop for PyPipeline {
                 }
             }
         };
+        let hooks = self.stage_hooks.take();
         Python::attach(|py| {
             if let Some(r) = inner.runner.take() {
                 let _ = r.bind(py).call_method0("stop");
             }
             py.detach(|| stop(inner));
+            if let Some(h) = hooks {
+                let _ = h.bind(py).call_method0("exit");
+            }
         });
     }
 }
