@@ -42,6 +42,7 @@ class Aggregator(Protocol):
     def flush(self) -> Any:
         """At the end of the input: return what is still held, or ``None``."""
 
+
 # Pipelines not yet garbage collected: stopped at interpreter exit, before the
 # interpreter ends the threads that run Python stages.
 _LIVE: weakref.WeakSet[_core.Pipeline] = weakref.WeakSet()

@@ -10,8 +10,8 @@ use futures_util::stream::{self, StreamExt};
 
 use super::error::{panic_message, Failure, FailureKind, PipelineError};
 use super::stage::{
-    AccumulateStage, AggregateStage, AsyncItemFn, BoxFuture, DisaggregateStage, ErrorPolicy, ItemFn, MapStage,
-    SkipHook, Source, Stage, StageTimeout, Work,
+    AccumulateStage, AggregateStage, AsyncItemFn, BoxFuture, DisaggregateStage, ErrorPolicy,
+    ItemFn, MapStage, SkipHook, Source, Stage, StageTimeout, Work,
 };
 use super::stats::{StageStats, StatsSnapshot};
 

@@ -66,9 +66,9 @@ pub use engine::{
 };
 pub use error::{Failure, FailureKind, PipelineError};
 pub use stage::{
-    AccumulateStage, AggregateStage, AsyncItemFn, BoxFuture, CombineFn, DisaggregateStage, ErrorPolicy, FlushFn, ItemFn,
-    IterSource, MapStage, SessionFn, SkipHook, Source, SplitFn, Stage, StageTimeout,
-    TimeoutErrorFn, Work,
+    AccumulateStage, AggregateStage, AsyncItemFn, BoxFuture, CombineFn, DisaggregateStage,
+    ErrorPolicy, FlushFn, ItemFn, IterSource, MapStage, SessionFn, SkipHook, Source, SplitFn,
+    Stage, StageTimeout, TimeoutErrorFn, Work,
 };
 pub use stats::{format_table, StageStats, StatsSnapshot};
 

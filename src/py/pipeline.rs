@@ -14,10 +14,10 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyIterator, PyList, PyRange, PyRangeMethods, PyTuple};
 
 use crate::pipeline::{
-    format_table, AccumulateStage, AggregateStage, AsyncItemFn, CombineFn, DisaggregateStage, ErrorPolicy, Failure,
-    FailureKind, FlushFn, ItemFn, MapStage, Next, Pipeline, PipelineConfig, ReportFn, SessionFn, SkipHook,
-    Source, SplitFn, Stage, StageTimeout, Stall, StallFn, StallWatch, StatsReporter, StatsSnapshot,
-    TimeoutErrorFn, Work,
+    format_table, AccumulateStage, AggregateStage, AsyncItemFn, CombineFn, DisaggregateStage,
+    ErrorPolicy, Failure, FailureKind, FlushFn, ItemFn, MapStage, Next, Pipeline, PipelineConfig,
+    ReportFn, SessionFn, SkipHook, Source, SplitFn, Stage, StageTimeout, Stall, StallFn,
+    StallWatch, StatsReporter, StatsSnapshot, TimeoutErrorFn, Work,
 };
 
 /// Bumped in every child right after a fork (see `_after_fork_in_child`):
@@ -694,6 +694,32 @@ fn failure_to_pyerr(py: Python<'_>, failure: Failure<PyErr>) -> PyErr {
     build().unwrap_or_else(|e| e)
 }
 
+/// `stall_warning_after=secs`: a WARNING on the `ferrofeed.pipeline` logger
+/// naming the stage that holds a stalled pipeline.
+fn stall_watch(secs: f64) -> PyResult<StallWatch> {
+    let after = Duration::try_from_secs_f64(secs)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| PyValueError::new_err("stall_warning_after must be > 0"))?;
+    let report: StallFn = Arc::new(|stall: &Stall| {
+        Python::attach(|py| {
+            let _ = logger(py).and_then(|l| {
+                l.call_method1(
+                    "warning",
+                    (
+                        "pipeline made no progress for %.1f s; stage %r holds it \
+                         (%d items in flight)",
+                        stall.idle.as_secs_f64(),
+                        &stall.stage,
+                        stall.in_flight,
+                    ),
+                )
+            });
+        });
+    });
+    Ok(StallWatch { after, report })
+}
+
 fn snapshot_dict<'py>(py: Python<'py>, s: &StatsSnapshot) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("concurrency", s.concurrency)?;
@@ -865,27 +891,7 @@ impl PyPipeline {
             });
         }
         if let Some(secs) = stall_warning {
-            let after = Duration::try_from_secs_f64(secs)
-                .ok()
-                .filter(|d| !d.is_zero())
-                .ok_or_else(|| PyValueError::new_err("stall_warning_after must be > 0"))?;
-            let report: StallFn = Arc::new(|stall: &Stall| {
-                Python::attach(|py| {
-                    let _ = logger(py).and_then(|l| {
-                        l.call_method1(
-                            "warning",
-                            (
-                                "pipeline made no progress for %.1f s; stage %r holds it \
-                                 (%d items in flight)",
-                                stall.idle.as_secs_f64(),
-                                &stall.stage,
-                                stall.in_flight,
-                            ),
-                        )
-                    });
-                });
-            });
-            pipeline.set_stall_watch(StallWatch { after, report });
+            pipeline.set_stall_watch(stall_watch(secs)?);
         }
         Ok(Self {
             inner: Mutex::new(Inner {
