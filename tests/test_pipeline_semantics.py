@@ -26,7 +26,8 @@ from ferrofeed import Pipeline, PipelineBuilder, PipelineError
 
 def drain(p: Pipeline) -> list[Any]:
     with p.auto_stop():
-        return list(p)
+        out = list(p)
+    return out
 
 
 def take_until_error(p: Pipeline) -> tuple[list[Any], BaseException | None]:
@@ -55,7 +56,7 @@ async def add(x: int, *, k: int) -> int:
 
 BAD_ASYNC_OPS = {
     "wrong arity": two_args,
-    "partial with a bad keyword": functools.partial(add, nope=1),
+    "partial with a bad keyword": functools.partial(add, nope=1),  # type: ignore[call-arg]
 }
 
 
@@ -83,7 +84,7 @@ def test_async_stage_failing_at_call_with_many_in_flight(on_error: Any) -> None:
     p = (
         PipelineBuilder()
         .add_source(range(500))
-        .pipe(two_args, concurrency=16, on_error=on_error)
+        .pipe(two_args, concurrency=16, on_error=on_error)  # type: ignore[arg-type]
         .add_sink()
         .build()
     )
@@ -365,8 +366,8 @@ def test_process_pool_executor_runs_calls_in_other_processes(
         .build()
     )
     assert drain(p) == [x * x for x in range(13)]
-    p = PipelineBuilder().add_source(range(20)).pipe(pid_of, executor=process_pool).add_sink()
-    pids = set(drain(p.build()))
+    b = PipelineBuilder().add_source(range(20)).pipe(pid_of, executor=process_pool).add_sink()
+    pids = set(drain(b.build()))
     assert os.getpid() not in pids
     p = (
         PipelineBuilder()
@@ -524,8 +525,8 @@ def test_generator_callable_object_and_partial() -> None:
 
     p = PipelineBuilder().add_source(["a b", "", "c"]).pipe(Split()).add_sink().build()
     assert drain(p) == ["a", "b", "c"]
-    p = PipelineBuilder().add_source([1, 5]).pipe(functools.partial(upto, k=3)).add_sink()
-    assert drain(p.build()) == [0, 0, 1, 2]
+    b = PipelineBuilder().add_source([1, 5]).pipe(functools.partial(upto, k=3)).add_sink()
+    assert drain(b.build()) == [0, 0, 1, 2]
 
 
 @pytest.mark.timeout(60)
@@ -535,8 +536,8 @@ def test_disaggregate_inverts_aggregate_and_splits_iterables() -> None:
     # Native groups (an aggregate of a native range) split natively.
     p = PipelineBuilder().add_source(range(7)).aggregate(2).disaggregate().add_sink().build()
     assert drain(p) == list(range(7))
-    p = PipelineBuilder().add_source([(1, 2), [], "ab", {3: 0}]).disaggregate().add_sink()
-    assert drain(p.build()) == [1, 2, "a", "b", 3]
+    b = PipelineBuilder().add_source([(1, 2), [], "ab", {3: 0}]).disaggregate().add_sink()
+    assert drain(b.build()) == [1, 2, "a", "b", 3]
 
 
 @pytest.mark.timeout(60)
@@ -802,8 +803,8 @@ def test_dict_and_list_are_lookup_stages() -> None:
     squares = [x * x for x in range(10)]
     p = PipelineBuilder().add_source([2, 0, 1]).pipe(names).pipe(len).add_sink().build()
     assert drain(p) == [3, 4, 3]
-    p = PipelineBuilder().add_source([3, 1]).pipe(squares).pipe(squares, concurrency=2)
-    pipeline = p.add_sink().build()
+    b = PipelineBuilder().add_source([3, 1]).pipe(squares).pipe(squares, concurrency=2)
+    pipeline = b.add_sink().build()
     assert drain(pipeline) == [81, 1]
     assert set(pipeline.stats()) == {"source", "lookup(list)", "lookup(list)#2", "sink"}
 
@@ -857,8 +858,8 @@ def test_custom_aggregator_accumulates_in_order_and_flushes_at_the_end() -> None
     assert drain(pipeline) == [[3, 4, 5], [9, 2], [8, 1, 1]]
     assert agg.flushed == 1
     agg = UpTo(10)
-    p = PipelineBuilder().add_source([*src, 4]).aggregate(agg).add_sink().build()
-    assert drain(p) == [[3, 4, 5], [9, 2], [8, 1, 1], [4]]
+    pipeline = PipelineBuilder().add_source([*src, 4]).aggregate(agg).add_sink().build()
+    assert drain(pipeline) == [[3, 4, 5], [9, 2], [8, 1, 1], [4]]
     assert agg.flushed == 1
 
 

@@ -427,6 +427,12 @@ class PipelineBuilder:
     on an event loop the pipeline owns; native ops (`ferrofeed.ops`) run in Rust without
     the GIL. Output order equals source order unless a stage says ``ordered=False``.
 
+    When a stage or the source fails, the consumer first receives every item that precedes
+    the failing one in output order, then `PipelineError`. Stages may also be generator
+    functions (flat maps), calls in a `concurrent.futures.Executor`, lookup tables, custom
+    aggregators and `disaggregate`; ``pipe`` stages may carry a ``timeout`` and SPDL-style
+    task ``hooks``.
+
     Example:
         >>> from ferrofeed import PipelineBuilder
         >>> pipeline = (

@@ -995,3 +995,38 @@ fn the_stall_watch_names_the_stage_that_holds_the_pipeline() {
     assert!(stalls.iter().all(|s| s.stage == "hangs"), "{stalls:?}");
     assert!(stalls[0].idle >= Duration::from_millis(150));
 }
+
+#[test]
+fn an_accumulate_stage_emits_when_it_has_a_result_and_flushes_at_the_end() {
+    // Sums items until they reach 10; the flush sends on what is left.
+    let held = Arc::new(std::sync::Mutex::new(Vec::<u64>::new()));
+    let stage = |held: &Arc<std::sync::Mutex<Vec<u64>>>, flush: bool| {
+        let (h1, h2) = (Arc::clone(held), Arc::clone(held));
+        let accumulate: ItemFn<u64, String> = Arc::new(move |x| {
+            let mut held = h1.lock().unwrap();
+            held.push(x);
+            if held.iter().sum::<u64>() >= 10 {
+                let sum = held.drain(..).sum();
+                return Ok(Some(sum));
+            }
+            Ok(None)
+        });
+        let flush: Option<FlushFn<u64, String>> = flush.then(|| -> FlushFn<u64, String> {
+            Arc::new(move || {
+                let mut held = h2.lock().unwrap();
+                Ok((!held.is_empty()).then(|| held.drain(..).sum()))
+            })
+        });
+        Stage::Accumulate(AccumulateStage {
+            name: "sum".into(),
+            accumulate,
+            flush,
+        })
+    };
+    let src = || IterSource([3u64, 4, 5, 9, 2, 8, 1].into_iter().map(Ok));
+    let mut p = P::new(src(), vec![stage(&held, true)], config(2), None).unwrap();
+    assert_eq!(drain(&mut p).unwrap(), vec![12, 11, 9]);
+    held.lock().unwrap().clear();
+    let mut p = P::new(src(), vec![stage(&held, false)], config(2), None).unwrap();
+    assert_eq!(drain(&mut p).unwrap(), vec![12, 11]);
+}
