@@ -451,7 +451,7 @@ impl<T, E> Pool<T, E> {
                         if self.timeout.is_some() {
                             outbox.running[me] = None;
                         }
-                        if outbox.expired.remove(&seq) {
+                        if self.timeout.is_some() && outbox.expired.remove(&seq) {
                             self.ctx.shared.abandon(std::thread::current().id(), false);
                         } else {
                             outbox.put(self.ordered, seq, result);
