@@ -754,14 +754,34 @@ def test_stalled_source_is_named(
         .add_sink()
         .build(stall_warning_after=0.2)
     )
-    p.start()
+    it = iter(p)
+    assert next(it) == 1  # handed on at once, though the source then blocks
     deadline = time.monotonic() + 10
     while not stall_records(caplog):
         assert time.monotonic() < deadline, "no stall warning"
         time.sleep(0.05)
     assert "'source'" in stall_records(caplog)[0].message
     release.set()
-    assert drain(p) == [1, 2]
+    assert list(it) == [2]
+
+
+@pytest.mark.timeout(30)
+def test_a_slow_source_hands_each_item_on_as_it_comes() -> None:
+    def trickle() -> Iterator[int]:
+        for i in range(5):
+            time.sleep(0.3)
+            yield i
+
+    p = PipelineBuilder().add_source(trickle()).pipe(lambda x: x).add_sink().build()
+    t0 = time.monotonic()
+    arrived = []
+    with p.auto_stop():
+        for x in p:
+            arrived.append((x, time.monotonic() - t0))
+    assert [x for x, _ in arrived] == [0, 1, 2, 3, 4]
+    # Each item comes out about when the source yields it, not when a batch of them
+    # is full (the first would then wait for all five, 1.5 s).
+    assert arrived[0][1] < 1.0, arrived
 
 
 @pytest.mark.timeout(30)

@@ -746,7 +746,10 @@ fn spawn_source<T: Send + 'static, E: Send + 'static>(
                 }
                 let room = cap.saturating_sub(out.tx.len()).clamp(1, MAX_BATCH);
                 let t = Instant::now();
-                let pulled = catch_unwind(AssertUnwindSafe(|| source.next_batch(room, &mut batch)));
+                let pulled = catch_unwind(AssertUnwindSafe(|| {
+                    source
+                        .next_batch_offering(room, &mut batch, &mut |item| out.try_emit(item).err())
+                }));
                 out.own.worked(t.elapsed());
                 // The items pulled before a failure go on, then the failure.
                 for item in batch.drain(..) {
@@ -1131,6 +1134,25 @@ impl<T, E> Emitter<T, E> {
         }
         stats.sent(t.elapsed(), self.tx.len());
         true
+    }
+
+    /// Sends an item on if that takes no waiting and no work (no fused
+    /// stages after it); else hands it back.
+    fn try_emit(&self, item: T) -> Result<(), T> {
+        if !self.chain.links.is_empty() {
+            return Err(item);
+        }
+        match self.tx.try_send(Msg::Item(item)) {
+            Ok(()) => {
+                self.own.sent(Duration::ZERO, self.tx.len());
+                Ok(())
+            }
+            Err(
+                flume::TrySendError::Full(Msg::Item(item))
+                | flume::TrySendError::Disconnected(Msg::Item(item)),
+            ) => Err(item),
+            Err(_) => unreachable!("only items are offered"),
+        }
     }
 
     /// Sends a fatal failure on, after what was sent before it. Nobody may

@@ -196,6 +196,27 @@ pub trait Source<T, E>: Send + 'static {
     ///
     /// The source's own error; it stops the pipeline.
     fn next_batch(&mut self, max: usize, out: &mut Vec<T>) -> Result<bool, E>;
+
+    /// [`Source::next_batch`], for a source that may take long between
+    /// items (one that waits on a stream or a queue): each item may be
+    /// offered to `offer` as soon as it is pulled, which sends it on at once
+    /// if it can without waiting and else hands it back (`Some`), to go into
+    /// `out` like every item after it (order is kept). So an item already
+    /// pulled never waits for the next one. The default pulls a batch.
+    ///
+    /// # Errors
+    ///
+    /// The source's own error; it stops the pipeline after the items pulled
+    /// before it.
+    fn next_batch_offering(
+        &mut self,
+        max: usize,
+        out: &mut Vec<T>,
+        offer: &mut dyn FnMut(T) -> Option<T>,
+    ) -> Result<bool, E> {
+        let _ = offer;
+        self.next_batch(max, out)
+    }
 }
 
 /// A [`Source`] over any iterator of results.

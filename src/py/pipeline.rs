@@ -314,15 +314,43 @@ struct PySource {
     native: bool,
 }
 
+impl PySource {
+    fn convert(&self, v: Bound<'_, PyAny>) -> Item {
+        if self.native {
+            Item::from_source(v)
+        } else {
+            Item::Py(v.unbind())
+        }
+    }
+}
+
 impl Source<Item, PyErr> for PySource {
     fn next_batch(&mut self, max: usize, out: &mut Vec<Item>) -> PyResult<bool> {
+        self.next_batch_offering(max, out, &mut Some)
+    }
+
+    /// Pulls up to `max` items in one GIL acquisition, offering each as it
+    /// comes: an iterator that is slow to yield (a stream, a queue) has each
+    /// item go on as soon as it is pulled, not when a batch is full.
+    fn next_batch_offering(
+        &mut self,
+        max: usize,
+        out: &mut Vec<Item>,
+        offer: &mut dyn FnMut(Item) -> Option<Item>,
+    ) -> PyResult<bool> {
         Python::attach(|py| {
             let mut it = self.iter.bind(py).clone();
             for _ in 0..max {
-                match it.next() {
-                    Some(v) if self.native => out.push(Item::from_source(v?)),
-                    Some(v) => out.push(Item::Py(v?.unbind())),
-                    None => return Ok(false),
+                let Some(v) = it.next() else {
+                    return Ok(false);
+                };
+                let item = self.convert(v?);
+                if out.is_empty() {
+                    // Refused (the queue is full): the engine sends it, and
+                    // what follows, when the GIL is let go.
+                    out.extend(offer(item));
+                } else {
+                    out.push(item);
                 }
             }
             Ok(true)
