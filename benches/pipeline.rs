@@ -22,6 +22,7 @@ fn noop_stage(i: usize) -> Stage<u64, String> {
         concurrency: 1,
         ordered: true,
         on_error: ErrorPolicy::Raise,
+        timeout: None,
     })
 }
 

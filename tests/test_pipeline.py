@@ -522,13 +522,18 @@ def test_failed_pipeline_iterated_again_raises() -> None:
 
 @pytest.mark.timeout(30)
 def test_stopped_pipeline_iterated_again_raises() -> None:
-    """After ``break`` inside ``auto_stop()`` the pipeline is finished; it must say so."""
+    """After ``break`` inside ``auto_stop()`` the pipeline is finished: what it had finished
+    (in its sink) can still be read, then iterating it again says so."""
     p = PipelineBuilder().add_source(range(1000)).pipe(lambda x: x).add_sink().build()
     with p.auto_stop():
         for x in p:
             if x == 3:
+                time.sleep(0.2)  # the sink fills meanwhile
                 break
     assert p.finished
+    rest = list(p)
+    assert len(rest) >= 3  # the sink's buffer_size
+    assert rest == list(range(4, 4 + len(rest)))
     with pytest.raises(RuntimeError, match="finished"):
         list(p)
 

@@ -181,14 +181,25 @@ class Pipeline:
         runner: Any = None,
         report_interval: float | None = None,
         native_source: bool = False,
+        stall_warning: float | None = None,
+        stage_hooks: Any = None,
     ) -> Self: ...
     def start(self) -> None:
         """Start the pipeline's threads (iteration starts it too)."""
     def stop(self) -> None:
-        """Stop every stage and join every thread; idempotent."""
+        """Stop every stage and join every thread; idempotent.
+
+        The finished items the consumer has not read yet (those in the sink's buffer) stay
+        readable: iterating yields them, then ends. In a forked child it touches nothing of
+        the parent's (runtime, threads, event loop): they are forgotten.
+        """
     def __iter__(self) -> Self: ...
     def __next__(self) -> Any:
-        """Return the next item; waits in short GIL-free slices, so Ctrl-C works."""
+        """Return the next item; waits in short GIL-free slices, so Ctrl-C works.
+
+        When a stage or the source fails, every item before the failing one (in output
+        order) comes first, then `ferrofeed.PipelineError`.
+        """
     @property
     def finished(self) -> bool:
         """Whether every item was delivered, or the pipeline stopped or failed."""

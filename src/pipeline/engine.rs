@@ -10,8 +10,8 @@ use futures_util::stream::{self, StreamExt};
 
 use super::error::{panic_message, Failure, FailureKind, PipelineError};
 use super::stage::{
-    AggregateStage, AsyncItemFn, BoxFuture, ErrorPolicy, ItemFn, MapStage, SkipHook, Source, Stage,
-    Work,
+    AccumulateStage, AggregateStage, AsyncItemFn, BoxFuture, DisaggregateStage, ErrorPolicy,
+    ItemFn, MapStage, SkipHook, Source, Stage, StageTimeout, Work,
 };
 use super::stats::{StageStats, StatsSnapshot};
 
@@ -33,6 +33,25 @@ const JOIN_DEADLINE: Duration = Duration::from_secs(2);
 
 /// The outcome of one call of a stage function: `Err` holds a panic message.
 type Outcome<T, E> = Result<Result<Option<T>, E>, String>;
+
+/// What travels on the channels between stages: items, and at most one
+/// failure, after the items that precede it in output order.
+pub(super) enum Msg<T, E> {
+    /// An item.
+    Item(T),
+    /// A fatal failure upstream: nothing follows it.
+    Fail(Failure<E>),
+}
+
+/// What became of one outcome of a stage function.
+pub(super) enum Handled<T, E> {
+    /// An item to send on.
+    Send(T),
+    /// Nothing to send (dropped, or skipped under the skip policy).
+    Nothing,
+    /// A fatal failure: send it on after what came before, and stop.
+    Fatal(Failure<E>),
+}
 
 /// Settings of a pipeline.
 #[derive(Debug, Clone)]
@@ -63,6 +82,33 @@ pub struct StatsReporter {
     pub report: ReportFn,
 }
 
+/// A pipeline that made no progress for a while: what the watch says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stall {
+    /// The stage that holds the pipeline: the furthest downstream map stage
+    /// with items in flight, or `"source"` when none has (the source is
+    /// waiting for its next item).
+    pub stage: String,
+    /// Items that stage has taken and not passed on (queued or running).
+    pub in_flight: u64,
+    /// How long nothing has moved.
+    pub idle: Duration,
+}
+
+/// Receives [`Stall`] reports.
+pub type StallFn = Arc<dyn Fn(&Stall) + Send + Sync>;
+
+/// Watching for stalls: when no stage takes, passes on, drops or fails an
+/// item for `after` while the consumer is not the one holding things up
+/// (the sink is not full), `report` hears which stage holds the pipeline;
+/// again every `after` while it stays stuck.
+pub struct StallWatch {
+    /// How long without progress makes a stall.
+    pub after: Duration,
+    /// Receives the reports (on the watch's own thread).
+    pub report: StallFn,
+}
+
 /// What [`Pipeline::next_timeout`] returns.
 #[derive(Debug)]
 pub enum Next<T, E> {
@@ -81,12 +127,36 @@ pub(super) struct Shared<E> {
     failed: AtomicBool,
     stop: AtomicBool,
     aborts: Mutex<Vec<tokio::task::AbortHandle>>,
+    /// Threads stuck in a call that ran past its stage's timeout: stopping
+    /// does not wait for them.
+    abandoned: Mutex<std::collections::HashSet<std::thread::ThreadId>>,
 }
 
 impl<E> Shared<E> {
     /// Whether the pipeline is stopping (stopped, failed or finished).
     pub(super) fn stopping(&self) -> bool {
         self.stop.load(Ordering::Acquire)
+    }
+
+    /// Marks (or, with `false`, unmarks) a thread as stuck in a call that
+    /// ran past its timeout.
+    pub(super) fn abandon(&self, thread: std::thread::ThreadId, stuck: bool) {
+        let mut set = self
+            .abandoned
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if stuck {
+            set.insert(thread);
+        } else {
+            set.remove(&thread);
+        }
+    }
+
+    fn is_abandoned(&self, thread: std::thread::ThreadId) -> bool {
+        self.abandoned
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(&thread)
     }
 
     fn fail(&self, stage: &str, kind: FailureKind<E>) {
@@ -131,11 +201,15 @@ struct Plan<T, E> {
     stages: Vec<Stage<T, E>>,
     hook: Option<SkipHook<E>>,
     reporter: Option<StatsReporter>,
+    stall: Option<StallWatch>,
 }
 
 struct Running {
     runtime: tokio::runtime::Runtime,
     threads: Vec<JoinHandle<()>>,
+    /// The stall watch's thread: it parks between looks, and is woken to
+    /// leave at once when the pipeline stops.
+    watch: Option<JoinHandle<()>>,
 }
 
 /// A pipeline: a source, stages linked by bounded channels, and a sink the
@@ -173,6 +247,7 @@ struct Running {
 ///     concurrency: 1,
 ///     ordered: true,
 ///     on_error: ErrorPolicy::Raise,
+///     timeout: None,
 /// })];
 /// let source = IterSource((0..5u64).map(Ok));
 /// let mut p = Pipeline::new(source, stages, PipelineConfig::default(), None)?;
@@ -192,7 +267,13 @@ pub struct Pipeline<T: Send + 'static, E: Send + 'static> {
     config: PipelineConfig,
     plan: Option<Plan<T, E>>,
     running: Option<Running>,
-    sink: Option<flume::Receiver<T>>,
+    sink: Option<flume::Receiver<Msg<T, E>>>,
+    /// A failure taken from the sink by [`Pipeline::try_next`], for the next
+    /// [`Pipeline::next_timeout`].
+    stashed: Option<Failure<E>>,
+    /// Finished items the consumer had not taken when the pipeline was
+    /// stopped: still handed out, then [`Next::Finished`].
+    leftovers: std::collections::VecDeque<T>,
     shared: Arc<Shared<E>>,
     /// source, stages..., sink
     stats: Vec<Arc<StageStats>>,
@@ -275,14 +356,18 @@ impl<T: Send + 'static, E: Send + 'static> Pipeline<T, E> {
                 stages,
                 hook: on_skip,
                 reporter: None,
+                stall: None,
             }),
             running: None,
             sink: None,
+            stashed: None,
+            leftovers: std::collections::VecDeque::new(),
             shared: Arc::new(Shared {
                 failure: Mutex::new(None),
                 failed: AtomicBool::new(false),
                 stop: AtomicBool::new(false),
                 aborts: Mutex::new(Vec::new()),
+                abandoned: Mutex::new(std::collections::HashSet::new()),
             }),
             stats,
             capacities,
@@ -294,6 +379,13 @@ impl<T: Send + 'static, E: Send + 'static> Pipeline<T, E> {
     pub fn set_reporter(&mut self, reporter: StatsReporter) {
         if let Some(plan) = &mut self.plan {
             plan.reporter = Some(reporter);
+        }
+    }
+
+    /// Watches for stalls while the pipeline runs (set before start).
+    pub fn set_stall_watch(&mut self, watch: StallWatch) {
+        if let Some(plan) = &mut self.plan {
+            plan.stall = Some(watch);
         }
     }
 
@@ -331,12 +423,17 @@ impl<T: Send + 'static, E: Send + 'static> Pipeline<T, E> {
             .map_err(PipelineError::Start)?;
         let mut threads = Vec::new();
         let mut aborts = Vec::new();
+        let maps: Vec<bool> = plan
+            .stages
+            .iter()
+            .map(|s| matches!(s, Stage::Map(_)))
+            .collect();
         let mut stages = plan.stages.into_iter().enumerate().peekable();
         let hook = plan.hook;
         // Takes the fusable stages that follow, as the chain of their
         // upstream producer; returns it and the index of the channel after it.
         let (chain, next) = take_chain(&mut stages, 0, &self.shared, &self.stats, hook.as_ref());
-        let (tx, mut rx) = flume::bounded::<T>(self.capacities[next]);
+        let (tx, mut rx) = flume::bounded::<Msg<T, E>>(self.capacities[next]);
         let emitter = Emitter {
             chain,
             tx,
@@ -355,7 +452,7 @@ impl<T: Send + 'static, E: Send + 'static> Pipeline<T, E> {
             };
             let (chain, next) =
                 take_chain(&mut stages, i + 1, &self.shared, &self.stats, hook.as_ref());
-            let (tx, next_rx) = flume::bounded::<T>(self.capacities[next]);
+            let (tx, next_rx) = flume::bounded::<Msg<T, E>>(self.capacities[next]);
             let out = Emitter {
                 chain,
                 tx,
@@ -379,6 +476,8 @@ impl<T: Send + 'static, E: Send + 'static> Pipeline<T, E> {
                     Box::pin(run_map(m, work, rx, out, ctx))
                 }
                 Stage::Aggregate(a) => Box::pin(run_aggregate(a, rx, out, ctx)),
+                Stage::Disaggregate(d) => Box::pin(run_disaggregate(d, rx, out, ctx)),
+                Stage::Accumulate(a) => Box::pin(run_accumulate(a, rx, out, ctx)),
             };
             aborts.push(runtime.spawn(task).abort_handle());
             rx = next_rx;
@@ -391,16 +490,34 @@ impl<T: Send + 'static, E: Send + 'static> Pipeline<T, E> {
             .aborts
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = aborts;
+        let watch = match plan.stall {
+            Some(w) => Some(spawn_stall_watch(
+                Arc::clone(&self.shared),
+                self.stats.clone(),
+                maps,
+                self.config.sink_buffer,
+                w,
+            )?),
+            None => None,
+        };
         self.sink = Some(rx);
-        self.running = Some(Running { runtime, threads });
+        self.running = Some(Running {
+            runtime,
+            threads,
+            watch,
+        });
         Ok(())
     }
 
     /// Waits up to `timeout` for the next finished item, starting the
     /// pipeline first if needed.
     ///
-    /// Once it returns [`Next::Finished`] or [`Next::Failed`], the
-    /// pipeline is stopped and its threads joined.
+    /// When a stage (or the source) fails, the items that precede the
+    /// failing one in output order come first, then [`Next::Failed`]. Once
+    /// it returns [`Next::Finished`] or [`Next::Failed`], the pipeline is
+    /// stopped and its threads joined. After [`Pipeline::stop`], it hands
+    /// out the finished items the consumer had not taken, then
+    /// [`Next::Finished`].
     pub fn next_timeout(&mut self, timeout: Duration) -> Next<T, E> {
         if self.plan.is_some() {
             if let Err(e) = self.start() {
@@ -411,58 +528,129 @@ impl<T: Send + 'static, E: Send + 'static> Pipeline<T, E> {
                 });
             }
         }
-        if let Some(f) = self.shared.take_failure() {
-            self.stop();
+        if let Some(item) = self.leftovers.pop_front() {
+            return Next::Item(item);
+        }
+        if let Some(f) = self.stashed.take() {
+            self.halt();
             return Next::Failed(f);
         }
         let Some(rx) = &self.sink else {
             return Next::Finished;
         };
         let t = Instant::now();
-        match rx.recv_timeout(timeout) {
-            Ok(item) => {
+        let received = if self.shared.failed.load(Ordering::Acquire) {
+            // A thread failed the pipeline abruptly (a panic): what reached
+            // the sink still goes out, then the failure, without waiting.
+            rx.try_recv()
+                .map_err(|_| flume::RecvTimeoutError::Disconnected)
+        } else {
+            rx.recv_timeout(timeout)
+        };
+        match received {
+            Ok(Msg::Item(item)) => {
                 self.stats[self.stats.len() - 1].received(t.elapsed());
                 Next::Item(item)
+            }
+            Ok(Msg::Fail(f)) => {
+                self.halt();
+                Next::Failed(f)
             }
             Err(flume::RecvTimeoutError::Timeout) => Next::Timeout,
             Err(flume::RecvTimeoutError::Disconnected) => {
                 let failure = self.shared.take_failure();
-                self.stop();
+                self.halt();
                 failure.map_or(Next::Finished, Next::Failed)
             }
         }
     }
 
     /// The next item if one is ready now, without waiting; `None` when the
-    /// consumer should wait with [`Pipeline::next_timeout`].
+    /// consumer should wait with [`Pipeline::next_timeout`] (which also
+    /// reports a failure found here).
     pub fn try_next(&mut self) -> Option<T> {
-        if self.shared.failed.load(Ordering::Acquire) {
+        if let Some(item) = self.leftovers.pop_front() {
+            return Some(item);
+        }
+        if self.stashed.is_some() || self.shared.failed.load(Ordering::Acquire) {
             return None;
         }
-        let item = self.sink.as_ref()?.try_recv().ok()?;
-        self.stats[self.stats.len() - 1].received(Duration::ZERO);
-        Some(item)
+        match self.sink.as_ref()?.try_recv().ok()? {
+            Msg::Item(item) => {
+                self.stats[self.stats.len() - 1].received(Duration::ZERO);
+                Some(item)
+            }
+            Msg::Fail(f) => {
+                self.stashed = Some(f);
+                None
+            }
+        }
     }
 
-    /// Stops every stage and joins every thread. Items not yet taken are
-    /// dropped. Idempotent.
+    /// Whether finished items are still to be handed out after a stop.
+    pub fn has_leftovers(&self) -> bool {
+        !self.leftovers.is_empty()
+    }
+
+    /// Stops every stage and joins every thread. The finished items the
+    /// consumer has not taken yet (those in the sink) stay readable through
+    /// [`Pipeline::next_timeout`] and [`Pipeline::try_next`]; a failure
+    /// among them is dropped (the consumer asked to stop). Idempotent.
+    ///
+    /// In a forked child (see [`Pipeline::is_in_creator_process`]) it
+    /// touches nothing the parent's threads shared: the runtime, the
+    /// channels and the task handles are forgotten, not dropped, since a
+    /// lock among them may have been held by a thread that does not exist
+    /// in the child.
     pub fn stop(&mut self) {
+        if self.is_in_creator_process() {
+            if let Some(rx) = &self.sink {
+                for msg in rx.try_iter() {
+                    if let Msg::Item(item) = msg {
+                        self.leftovers.push_back(item);
+                    }
+                }
+            }
+        }
+        self.halt();
+    }
+
+    /// Stops every stage and joins every thread; what the sink holds is
+    /// dropped.
+    fn halt(&mut self) {
+        self.plan = None;
+        if !self.is_in_creator_process() {
+            // Forked child: the threads, the runtime and the channels are
+            // the parent's. Dropping the sink would lock the channel, aborting
+            // a task would lock the runtime's scheduler, and either lock may
+            // have been held at the fork by a thread that is gone: forget
+            // them. (`Shared` outlives this pipeline: the tasks and threads
+            // that hold it never end in the child.)
+            self.shared.stop.store(true, Ordering::Release);
+            std::mem::forget(self.sink.take());
+            std::mem::forget(self.running.take());
+            self.stashed = None;
+            return;
+        }
         self.shared.stop.store(true, Ordering::Release);
         self.shared.abort_all();
-        self.plan = None;
         self.sink = None;
         let Some(running) = self.running.take() else {
             return;
         };
-        if !self.is_in_creator_process() {
-            // Forked child: the threads are the parent's; nothing to join.
-            std::mem::forget(running);
-            return;
+        if let Some(w) = running.watch {
+            w.thread().unpark();
+            let _ = w.join();
         }
         running.runtime.shutdown_timeout(JOIN_DEADLINE);
         let deadline = Instant::now() + JOIN_DEADLINE;
         for t in running.threads {
-            while !t.is_finished() && Instant::now() < deadline {
+            // A thread stuck in a call that ran past its timeout is not
+            // waited for: it returns when the call does.
+            while !t.is_finished()
+                && Instant::now() < deadline
+                && !self.shared.is_abandoned(t.thread().id())
+            {
                 std::thread::sleep(Duration::from_millis(1));
             }
             if t.is_finished() {
@@ -481,7 +669,7 @@ impl<T: Send + 'static, E: Send + 'static> Pipeline<T, E> {
 
 impl<T: Send + 'static, E: Send + 'static> Drop for Pipeline<T, E> {
     fn drop(&mut self) {
-        self.stop();
+        self.halt();
     }
 }
 
@@ -558,27 +746,92 @@ fn spawn_source<T: Send + 'static, E: Send + 'static>(
                 }
                 let room = cap.saturating_sub(out.tx.len()).clamp(1, MAX_BATCH);
                 let t = Instant::now();
-                let pulled = catch_unwind(AssertUnwindSafe(|| source.next_batch(room, &mut batch)));
-                let more = match pulled {
-                    Ok(Ok(more)) => more,
-                    Ok(Err(e)) => {
-                        shared.fail("source", FailureKind::Item(e));
-                        return;
-                    }
-                    Err(p) => {
-                        shared.fail("source", FailureKind::Panicked(panic_message(&*p)));
-                        return;
-                    }
-                };
+                let pulled = catch_unwind(AssertUnwindSafe(|| {
+                    source
+                        .next_batch_offering(room, &mut batch, &mut |item| out.try_emit(item).err())
+                }));
                 out.own.worked(t.elapsed());
+                // The items pulled before a failure go on, then the failure.
                 for item in batch.drain(..) {
                     if !out.emit_blocking(item) {
                         return;
                     }
                 }
-                if !more {
+                let kind = match pulled {
+                    Ok(Ok(true)) => continue,
+                    Ok(Ok(false)) => return,
+                    Ok(Err(e)) => FailureKind::Item(e),
+                    Err(p) => FailureKind::Panicked(panic_message(&*p)),
+                };
+                out.fail_blocking(Failure {
+                    stage: "source".into(),
+                    kind,
+                });
+                return;
+            }
+        })
+        .map_err(PipelineError::Start)
+}
+
+/// Starts the stall watch: it looks every quarter of `watch.after` (at most
+/// every 250 ms) until the pipeline stops. `maps[j]` tells whether stage `j`
+/// is a map stage (an aggregate legitimately holds a partial group).
+fn spawn_stall_watch<E: Send + 'static>(
+    shared: Arc<Shared<E>>,
+    stats: Vec<Arc<StageStats>>,
+    maps: Vec<bool>,
+    sink_capacity: usize,
+    watch: StallWatch,
+) -> Result<JoinHandle<()>, PipelineError> {
+    let tick = (watch.after / 4).clamp(Duration::from_millis(5), Duration::from_millis(250));
+    std::thread::Builder::new()
+        .name("ff-stall-watch".into())
+        .spawn(move || {
+            let n = stats.len();
+            let progress = || stats.iter().map(|s| s.progress()).sum::<u64>();
+            let mut last = progress();
+            let mut since = Instant::now();
+            let mut reported: Option<Instant> = None;
+            loop {
+                std::thread::park_timeout(tick);
+                if shared.stopping() {
                     return;
                 }
+                let now = progress();
+                // Items in the sink: sent by the last stage (or the source),
+                // not yet taken by the consumer.
+                let in_sink = stats[n - 2]
+                    .items_out()
+                    .saturating_sub(stats[n - 1].items_in());
+                if now != last || in_sink >= sink_capacity as u64 {
+                    last = now;
+                    since = Instant::now();
+                    reported = None;
+                    continue;
+                }
+                let idle = since.elapsed();
+                if idle < watch.after || reported.is_some_and(|r| r.elapsed() < watch.after) {
+                    continue;
+                }
+                let holder = (0..maps.len())
+                    .rev()
+                    .filter(|&j| maps[j])
+                    .map(|j| &stats[j + 1])
+                    .find(|s| s.in_flight() > 0);
+                let stall = match holder {
+                    Some(s) => Stall {
+                        stage: s.name().to_owned(),
+                        in_flight: s.in_flight(),
+                        idle,
+                    },
+                    None => Stall {
+                        stage: "source".into(),
+                        in_flight: 0,
+                        idle,
+                    },
+                };
+                (watch.report)(&stall);
+                reported = Some(Instant::now());
             }
         })
         .map_err(PipelineError::Start)
@@ -618,56 +871,53 @@ pub(super) struct StageCtx<E> {
 }
 
 impl<E> StageCtx<E> {
-    /// Applies the error policy to a failed item; `false` when the stage
-    /// must stop.
-    fn on_error(&self, stage: &str, policy: ErrorPolicy, e: E) -> bool {
+    /// Applies the error policy to a failed item: `Some` when it is fatal.
+    pub(super) fn on_error(&self, stage: &str, policy: ErrorPolicy, e: E) -> Option<Failure<E>> {
         let count = self.stats.failed();
-        match policy {
-            ErrorPolicy::Raise => {
-                self.shared.fail(stage, FailureKind::Item(e));
-                false
-            }
+        let kind = match policy {
+            ErrorPolicy::Raise => FailureKind::Item(e),
             ErrorPolicy::Skip { max_failures } => {
                 if let Some(hook) = &self.hook {
                     hook(stage, &e);
                 }
                 match max_failures {
-                    Some(limit) if count > limit => {
-                        self.shared.fail(
-                            stage,
-                            FailureKind::TooManyFailures {
-                                limit,
-                                count,
-                                last: e,
-                            },
-                        );
-                        false
-                    }
-                    _ => true,
+                    Some(limit) if count > limit => FailureKind::TooManyFailures {
+                        limit,
+                        count,
+                        last: e,
+                    },
+                    _ => return None,
                 }
             }
-        }
+        };
+        Some(Failure {
+            stage: stage.to_owned(),
+            kind,
+        })
     }
 
-    /// Handles an outcome that sends nothing: `Some(continue?)`; `None` for
-    /// an item to send.
-    pub(super) fn handle_no_send<T>(
+    /// What to do with one outcome of the stage's function.
+    pub(super) fn handle<T>(
         &self,
         stage: &str,
         policy: ErrorPolicy,
         outcome: Outcome<T, E>,
-    ) -> Option<bool> {
+    ) -> Handled<T, E> {
         match outcome {
-            Ok(Ok(Some(_))) => None,
+            Ok(Ok(Some(v))) => Handled::Send(v),
             Ok(Ok(None)) => {
                 self.stats.dropped();
-                Some(true)
+                Handled::Nothing
             }
-            Ok(Err(e)) => Some(self.on_error(stage, policy, e)),
+            Ok(Err(e)) => self
+                .on_error(stage, policy, e)
+                .map_or(Handled::Nothing, Handled::Fatal),
             Err(msg) => {
                 self.stats.failed();
-                self.shared.fail(stage, FailureKind::Panicked(msg));
-                Some(false)
+                Handled::Fatal(Failure {
+                    stage: stage.to_owned(),
+                    kind: FailureKind::Panicked(msg),
+                })
             }
         }
     }
@@ -690,7 +940,7 @@ enum TaskWork<T, E> {
 async fn run_map<T: Send + 'static, E: Send + 'static>(
     stage: MapStage<T, E>,
     work: TaskWork<T, E>,
-    rx: flume::Receiver<T>,
+    rx: flume::Receiver<Msg<T, E>>,
     out: Emitter<T, E>,
     ctx: StageCtx<E>,
 ) {
@@ -699,51 +949,89 @@ async fn run_map<T: Send + 'static, E: Send + 'static>(
         concurrency,
         ordered,
         on_error,
+        timeout,
         ..
     } = stage;
+    let timeout = timeout.map(|t| (t, name.clone()));
     // Handles one outcome; false when the stage must stop.
     let handle = |outcome: Outcome<T, E>| {
         let (ctx, out, name) = (&ctx, &out, &name);
         async move {
-            match outcome {
-                Ok(Ok(Some(v))) => out.emit(v).await,
-                other => ctx.handle_no_send(name, on_error, other).unwrap_or(true),
+            match ctx.handle(name, on_error, outcome) {
+                Handled::Send(v) => out.emit(v).await,
+                Handled::Nothing => true,
+                Handled::Fatal(f) => {
+                    out.fail(f).await;
+                    false
+                }
             }
         }
     };
+    // The input ends after an upstream failure: nothing follows it.
     let stats = Arc::clone(&ctx.stats);
-    let inputs = stream::unfold(rx, move |rx| {
+    let inputs = stream::unfold(Some(rx), move |rx| {
         let stats = Arc::clone(&stats);
         async move {
+            let rx = rx?;
             let t = Instant::now();
-            let item = rx.recv_async().await.ok()?;
-            stats.received(t.elapsed());
-            Some((item, rx))
+            match rx.recv_async().await.ok()? {
+                Msg::Item(item) => {
+                    stats.received(t.elapsed());
+                    Some((Msg::Item(item), Some(rx)))
+                }
+                fail @ Msg::Fail(_) => Some((fail, None)),
+            }
         }
     });
     let stats = Arc::clone(&ctx.stats);
-    let calls = inputs.map(move |item| invoke(&work, item, &stats));
+    let calls = inputs.map(move |msg| -> BoxFuture<Result<Outcome<T, E>, Failure<E>>> {
+        match msg {
+            Msg::Item(item) => {
+                let call = invoke(&work, item, &stats, timeout.as_ref());
+                Box::pin(async move { Ok(call.await) })
+            }
+            Msg::Fail(f) => Box::pin(std::future::ready(Err(f))),
+        }
+    });
+    // An upstream failure goes on after every item that came before it
+    // (an unordered stage lets those in flight finish first).
+    let mut upstream = None;
     if ordered {
         let mut outs = std::pin::pin!(calls.buffered(concurrency));
         while let Some(o) = outs.next().await {
-            if !handle(o).await {
-                return;
+            match o {
+                Ok(o) => {
+                    if !handle(o).await {
+                        return;
+                    }
+                }
+                Err(f) => upstream = Some(f),
             }
         }
     } else {
         let mut outs = std::pin::pin!(calls.buffer_unordered(concurrency));
         while let Some(o) = outs.next().await {
-            if !handle(o).await {
-                return;
+            match o {
+                Ok(o) => {
+                    if !handle(o).await {
+                        return;
+                    }
+                }
+                Err(f) => upstream = Some(f),
             }
         }
+    }
+    if let Some(f) = upstream {
+        out.fail(f).await;
     }
 }
 
 /// Whether a stage is fused into its upstream stage's emit path (see
 /// [`Chain`]): cheap native work ([`Work::Inline`]) on one item at a time.
 fn is_fusable<T, E>(stage: &Stage<T, E>) -> bool {
-    matches!(stage, Stage::Map(m) if m.concurrency == 1 && matches!(m.work, Work::Inline(_)))
+    matches!(stage, Stage::Map(m) if m.concurrency == 1
+        && m.timeout.is_none()
+        && matches!(m.work, Work::Inline(_)))
 }
 
 /// A fused stage: it runs inside its upstream stage's emit path.
@@ -760,28 +1048,25 @@ struct Chain<T, E> {
 }
 
 /// What became of an item passed through a [`Chain`].
-enum Passed<T> {
+enum Passed<T, E> {
     /// It came out: send it on.
     Out(T),
     /// A stage dropped or skipped it.
     Gone,
-    /// A stage failed it fatally: stop.
-    Stop,
+    /// A stage failed it fatally: send the failure on, and stop.
+    Fatal(Failure<E>),
 }
 
 impl<T, E> Chain<T, E> {
-    fn pass(&self, mut item: T) -> Passed<T> {
+    fn pass(&self, mut item: T) -> Passed<T, E> {
         let last = self.links.len().saturating_sub(1);
         for (li, link) in self.links.iter().enumerate() {
             link.ctx.stats.received(Duration::ZERO);
-            match timed(&link.ctx.stats, || (link.f)(item)) {
-                Ok(Ok(Some(v))) => item = v,
-                other => {
-                    return match link.ctx.handle_no_send(&link.name, link.policy, other) {
-                        Some(false) => Passed::Stop,
-                        _ => Passed::Gone,
-                    };
-                }
+            let outcome = timed(&link.ctx.stats, || (link.f)(item));
+            match link.ctx.handle(&link.name, link.policy, outcome) {
+                Handled::Send(v) => item = v,
+                Handled::Nothing => return Passed::Gone,
+                Handled::Fatal(f) => return Passed::Fatal(f),
             }
             if li < last {
                 link.ctx.stats.sent(Duration::ZERO, 0);
@@ -795,22 +1080,22 @@ impl<T, E> Chain<T, E> {
 /// its output channel.
 pub(super) struct Emitter<T, E> {
     chain: Chain<T, E>,
-    tx: flume::Sender<T>,
+    tx: flume::Sender<Msg<T, E>>,
     /// The emitting stage's counters.
     own: Arc<StageStats>,
 }
 
 impl<T, E> Emitter<T, E> {
-    /// Runs the chain; `Err(go_on)` when nothing is to be sent.
-    fn through_chain(&self, item: T) -> Result<(T, &StageStats), bool> {
+    /// Runs the chain: the item to send and the counters of the stage that
+    /// sends it, or `Err` with what to do instead.
+    fn through_chain(&self, item: T) -> Result<(T, &StageStats), Passed<T, E>> {
         let Some(last) = self.chain.links.last() else {
             return Ok((item, &self.own));
         };
         self.own.sent(Duration::ZERO, 0);
         match self.chain.pass(item) {
             Passed::Out(v) => Ok((v, &last.ctx.stats)),
-            Passed::Gone => Err(true),
-            Passed::Stop => Err(false),
+            other => Err(other),
         }
     }
 
@@ -818,10 +1103,14 @@ impl<T, E> Emitter<T, E> {
     async fn emit(&self, item: T) -> bool {
         let (item, stats) = match self.through_chain(item) {
             Ok(x) => x,
-            Err(go_on) => return go_on,
+            Err(Passed::Fatal(f)) => {
+                self.fail(f).await;
+                return false;
+            }
+            Err(_) => return true,
         };
         let t = Instant::now();
-        if self.tx.send_async(item).await.is_err() {
+        if self.tx.send_async(Msg::Item(item)).await.is_err() {
             return false;
         }
         stats.sent(t.elapsed(), self.tx.len());
@@ -833,28 +1122,70 @@ impl<T, E> Emitter<T, E> {
     pub(super) fn emit_blocking(&self, item: T) -> bool {
         let (item, stats) = match self.through_chain(item) {
             Ok(x) => x,
-            Err(go_on) => return go_on,
+            Err(Passed::Fatal(f)) => {
+                self.fail_blocking(f);
+                return false;
+            }
+            Err(_) => return true,
         };
         let t = Instant::now();
-        if self.tx.send(item).is_err() {
+        if self.tx.send(Msg::Item(item)).is_err() {
             return false;
         }
         stats.sent(t.elapsed(), self.tx.len());
         true
     }
+
+    /// Sends an item on if that takes no waiting and no work (no fused
+    /// stages after it); else hands it back.
+    fn try_emit(&self, item: T) -> Result<(), T> {
+        if !self.chain.links.is_empty() {
+            return Err(item);
+        }
+        match self.tx.try_send(Msg::Item(item)) {
+            Ok(()) => {
+                self.own.sent(Duration::ZERO, self.tx.len());
+                Ok(())
+            }
+            Err(
+                flume::TrySendError::Full(Msg::Item(item))
+                | flume::TrySendError::Disconnected(Msg::Item(item)),
+            ) => Err(item),
+            Err(_) => unreachable!("only items are offered"),
+        }
+    }
+
+    /// Sends a fatal failure on, after what was sent before it. Nobody may
+    /// be left to receive it (the consumer stopped, or a stage downstream
+    /// failed first, on an earlier item): then it is dropped.
+    async fn fail(&self, failure: Failure<E>) {
+        let _ = self.tx.send_async(Msg::Fail(failure)).await;
+    }
+
+    /// [`Emitter::fail`] from a thread.
+    pub(super) fn fail_blocking(&self, failure: Failure<E>) {
+        let _ = self.tx.send(Msg::Fail(failure));
+    }
 }
 
-/// Starts one call of a stage function on `item`, where its [`Work`] says.
+/// Starts one call of a stage function on `item`, where its [`Work`] says,
+/// bounded by the stage's timeout (with the stage's name) if it has one.
 fn invoke<T: Send + 'static, E: Send + 'static>(
     work: &TaskWork<T, E>,
     item: T,
     stats: &Arc<StageStats>,
+    timeout: Option<&(StageTimeout<E>, String)>,
 ) -> BoxFuture<Outcome<T, E>> {
     let stats = Arc::clone(stats);
-    match work {
+    let call: BoxFuture<Outcome<T, E>> = match work {
         TaskWork::Inline(f) => {
+            let t = Instant::now();
             let out = timed(&stats, || f(item));
-            Box::pin(std::future::ready(out))
+            // Inline work cannot be interrupted: checked when it returns.
+            return Box::pin(std::future::ready(match timeout {
+                Some((to, name)) if t.elapsed() > to.limit => Ok(Err((to.error)(name, to.limit))),
+                _ => out,
+            }));
         }
         TaskWork::Blocking(f) => {
             let f = Arc::clone(f);
@@ -872,6 +1203,19 @@ fn invoke<T: Send + 'static, E: Send + 'static>(
                 let out = AssertUnwindSafe(fut).catch_unwind_compat().await;
                 stats.worked(t.elapsed());
                 out
+            })
+        }
+    };
+    match timeout {
+        None => call,
+        Some((to, name)) => {
+            let (limit, error, name) = (to.limit, Arc::clone(&to.error), name.clone());
+            Box::pin(async move {
+                // Past the limit, the call's future is dropped: async work is
+                // cancelled, a blocking call runs on and its result is lost.
+                tokio::time::timeout(limit, call)
+                    .await
+                    .unwrap_or_else(|_| Ok(Err(error(&name, limit))))
             })
         }
     }
@@ -902,7 +1246,7 @@ impl<F: std::future::Future + std::panic::UnwindSafe> CatchUnwindCompat for F {
 
 async fn run_aggregate<T: Send + 'static, E: Send + 'static>(
     stage: AggregateStage<T, E>,
-    rx: flume::Receiver<T>,
+    rx: flume::Receiver<Msg<T, E>>,
     out: Emitter<T, E>,
     ctx: StageCtx<E>,
 ) {
@@ -915,12 +1259,12 @@ async fn run_aggregate<T: Send + 'static, E: Send + 'static>(
     let emit = |group: Vec<T>| {
         let (ctx, out, name, combine) = (&ctx, &out, &name, &combine);
         async move {
-            match timed(&ctx.stats, || combine(group).map(Some)) {
-                Ok(Ok(Some(v))) => out.emit(v).await,
-                Ok(Ok(None)) => true,
-                Ok(Err(e)) => ctx.on_error(name, ErrorPolicy::Raise, e),
-                Err(msg) => {
-                    ctx.shared.fail(name, FailureKind::Panicked(msg));
+            let outcome = timed(&ctx.stats, || combine(group).map(Some));
+            match ctx.handle(name, ErrorPolicy::Raise, outcome) {
+                Handled::Send(v) => out.emit(v).await,
+                Handled::Nothing => true,
+                Handled::Fatal(f) => {
+                    out.fail(f).await;
                     false
                 }
             }
@@ -928,16 +1272,28 @@ async fn run_aggregate<T: Send + 'static, E: Send + 'static>(
     };
     let mut group = Vec::with_capacity(size);
     let mut ready = Vec::with_capacity(MAX_BATCH);
-    loop {
+    let mut upstream = None;
+    'recv: loop {
         let t = Instant::now();
-        let Ok(item) = rx.recv_async().await else {
+        let Ok(first) = rx.recv_async().await else {
             break;
         };
-        ctx.stats.received(t.elapsed());
-        ready.push(item);
-        for item in rx.try_iter().take(MAX_BATCH - 1) {
-            ctx.stats.received(Duration::ZERO);
-            ready.push(item);
+        let waited = t.elapsed();
+        for (k, msg) in std::iter::once(first)
+            .chain(rx.try_iter().take(MAX_BATCH - 1))
+            .enumerate()
+        {
+            match msg {
+                Msg::Item(item) => {
+                    ctx.stats
+                        .received(if k == 0 { waited } else { Duration::ZERO });
+                    ready.push(item);
+                }
+                Msg::Fail(f) => {
+                    upstream = Some(f);
+                    break;
+                }
+            }
         }
         for item in ready.drain(..) {
             group.push(item);
@@ -947,8 +1303,117 @@ async fn run_aggregate<T: Send + 'static, E: Send + 'static>(
                 return;
             }
         }
+        if upstream.is_some() {
+            break 'recv;
+        }
+    }
+    // After a failure upstream, the groups completed before it go on, then
+    // the failure; the partial group does not (its items did not end).
+    if let Some(f) = upstream {
+        out.fail(f).await;
+        return;
     }
     if !group.is_empty() && !drop_last && !ctx.shared.failed.load(Ordering::Acquire) {
         emit(group).await;
+    }
+}
+
+async fn run_disaggregate<T: Send + 'static, E: Send + 'static>(
+    stage: DisaggregateStage<T, E>,
+    rx: flume::Receiver<Msg<T, E>>,
+    out: Emitter<T, E>,
+    ctx: StageCtx<E>,
+) {
+    let DisaggregateStage { name, split } = stage;
+    loop {
+        let t = Instant::now();
+        let item = match rx.recv_async().await {
+            Ok(Msg::Item(item)) => item,
+            Ok(Msg::Fail(f)) => {
+                out.fail(f).await;
+                return;
+            }
+            Err(_) => return,
+        };
+        ctx.stats.received(t.elapsed());
+        let t = Instant::now();
+        let parts = catch_unwind(AssertUnwindSafe(|| split(item)));
+        ctx.stats.worked(t.elapsed());
+        let parts = match parts {
+            Ok(Ok(parts)) => parts,
+            Ok(Err(e)) => {
+                ctx.stats.failed();
+                let kind = FailureKind::Item(e);
+                out.fail(Failure { stage: name, kind }).await;
+                return;
+            }
+            Err(p) => {
+                ctx.stats.failed();
+                let kind = FailureKind::Panicked(panic_message(&*p));
+                out.fail(Failure { stage: name, kind }).await;
+                return;
+            }
+        };
+        if parts.is_empty() {
+            ctx.stats.dropped();
+        }
+        for part in parts {
+            if !out.emit(part).await {
+                return;
+            }
+        }
+    }
+}
+
+async fn run_accumulate<T: Send + 'static, E: Send + 'static>(
+    stage: AccumulateStage<T, E>,
+    rx: flume::Receiver<Msg<T, E>>,
+    out: Emitter<T, E>,
+    ctx: StageCtx<E>,
+) {
+    let AccumulateStage {
+        name,
+        accumulate,
+        flush,
+    } = stage;
+    // Sends on what one call gave; false when the stage must stop.
+    let handle = |outcome: Outcome<T, E>| {
+        let (ctx, out, name) = (&ctx, &out, &name);
+        async move {
+            match outcome {
+                Ok(Ok(Some(v))) => out.emit(v).await,
+                Ok(Ok(None)) => true,
+                failed => match ctx.handle(name, ErrorPolicy::Raise, failed) {
+                    Handled::Fatal(f) => {
+                        out.fail(f).await;
+                        false
+                    }
+                    _ => true,
+                },
+            }
+        }
+    };
+    loop {
+        let t = Instant::now();
+        let item = match rx.recv_async().await {
+            Ok(Msg::Item(item)) => item,
+            Ok(Msg::Fail(f)) => {
+                // What the aggregator holds did not end: no flush.
+                out.fail(f).await;
+                return;
+            }
+            Err(_) => break,
+        };
+        ctx.stats.received(t.elapsed());
+        let outcome = tokio::task::block_in_place(|| timed(&ctx.stats, || accumulate(item)));
+        if !handle(outcome).await {
+            return;
+        }
+    }
+    if let Some(flush) = flush {
+        if !ctx.shared.failed.load(Ordering::Acquire) {
+            let outcome = tokio::task::block_in_place(|| timed(&ctx.stats, || flush()));
+            handle(outcome).await;
+        }
     }
 }

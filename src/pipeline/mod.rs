@@ -61,11 +61,14 @@ mod stage;
 mod stats;
 mod threads;
 
-pub use engine::{Next, Pipeline, PipelineConfig, ReportFn, StatsReporter};
+pub use engine::{
+    Next, Pipeline, PipelineConfig, ReportFn, Stall, StallFn, StallWatch, StatsReporter,
+};
 pub use error::{Failure, FailureKind, PipelineError};
 pub use stage::{
-    AggregateStage, AsyncItemFn, BoxFuture, CombineFn, ErrorPolicy, ItemFn, IterSource, MapStage,
-    SessionFn, SkipHook, Source, Stage, Work,
+    AccumulateStage, AggregateStage, AsyncItemFn, BoxFuture, CombineFn, DisaggregateStage,
+    ErrorPolicy, FlushFn, ItemFn, IterSource, MapStage, SessionFn, SkipHook, Source, SplitFn,
+    Stage, StageTimeout, TimeoutErrorFn, Work,
 };
 pub use stats::{format_table, StageStats, StatsSnapshot};
 

@@ -3,6 +3,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// A boxed, sendable future.
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
@@ -62,6 +63,36 @@ pub enum ErrorPolicy {
     },
 }
 
+/// Makes the error of a call that ran past its stage's timeout, from the
+/// stage's name and the limit.
+pub type TimeoutErrorFn<E> = Arc<dyn Fn(&str, Duration) -> E + Send + Sync>;
+
+/// How long one call of a stage's function may run.
+///
+/// A call that runs longer fails with `error(stage, limit)`, under the
+/// stage's [`ErrorPolicy`], as soon as the limit passes, and the items after
+/// it go on. What happens to the call itself depends on the [`Work`]:
+/// async work is dropped (cancelled at its next await point); a call on the
+/// blocking pool or on a stage thread cannot be interrupted, so it runs on
+/// and its result is thrown away (the thread is busy meanwhile: a stage
+/// whose every thread is stuck in a call stalls); inline work is checked
+/// when the call returns.
+pub struct StageTimeout<E> {
+    /// The longest a call may run.
+    pub limit: Duration,
+    /// The error of a call that ran longer.
+    pub error: TimeoutErrorFn<E>,
+}
+
+impl<E> Clone for StageTimeout<E> {
+    fn clone(&self) -> Self {
+        Self {
+            limit: self.limit,
+            error: Arc::clone(&self.error),
+        }
+    }
+}
+
 /// A stage that maps each item to zero or one item.
 pub struct MapStage<T, E> {
     /// Name shown in stats and errors.
@@ -74,6 +105,8 @@ pub struct MapStage<T, E> {
     pub ordered: bool,
     /// What to do with a failing item.
     pub on_error: ErrorPolicy,
+    /// How long one call may run (none: no limit).
+    pub timeout: Option<StageTimeout<E>>,
 }
 
 /// Turns a group of items into one (a list, a batch).
@@ -91,12 +124,46 @@ pub struct AggregateStage<T, E> {
     pub combine: CombineFn<T, E>,
 }
 
+/// Splits an item into the items it holds, in order.
+pub type SplitFn<T, E> = Arc<dyn Fn(T) -> Result<Vec<T>, E> + Send + Sync>;
+
+/// A stage that sends on, one by one, the items each item holds (the
+/// inverse of an aggregate; a flat map after a map).
+pub struct DisaggregateStage<T, E> {
+    /// Name shown in stats and errors.
+    pub name: String,
+    /// Splits an item; runs inline in the stage's task. An error is fatal.
+    pub split: SplitFn<T, E>,
+}
+
+/// Ends a custom aggregation: the last result, if there is one.
+pub type FlushFn<T, E> = Arc<dyn Fn() -> Result<Option<T>, E> + Send + Sync>;
+
+/// A custom aggregation: a stateful function fed every item in order,
+/// which emits a result whenever it has one (SPDL's `Aggregator`).
+pub struct AccumulateStage<T, E> {
+    /// Name shown in stats and errors.
+    pub name: String,
+    /// Takes the next item; `Some` is a result to send on, `None` means
+    /// "nothing yet". Runs on the stage's task, one item at a time (inside
+    /// `block_in_place`, so it may block, or wait for a lock such as the GIL,
+    /// without holding up other tasks). An error is fatal.
+    pub accumulate: ItemFn<T, E>,
+    /// Called once at the end of the input (never after a failure), for
+    /// what is still held; `None` drops it.
+    pub flush: Option<FlushFn<T, E>>,
+}
+
 /// One step of a pipeline.
 pub enum Stage<T, E> {
     /// Map each item.
     Map(MapStage<T, E>),
     /// Group items.
     Aggregate(AggregateStage<T, E>),
+    /// Split items.
+    Disaggregate(DisaggregateStage<T, E>),
+    /// Aggregate items with a stateful function.
+    Accumulate(AccumulateStage<T, E>),
 }
 
 impl<T, E> Stage<T, E> {
@@ -105,13 +172,15 @@ impl<T, E> Stage<T, E> {
         match self {
             Self::Map(m) => &m.name,
             Self::Aggregate(a) => &a.name,
+            Self::Disaggregate(d) => &d.name,
+            Self::Accumulate(a) => &a.name,
         }
     }
 
     pub(crate) fn concurrency(&self) -> usize {
         match self {
             Self::Map(m) => m.concurrency,
-            Self::Aggregate(_) => 1,
+            Self::Aggregate(_) | Self::Disaggregate(_) | Self::Accumulate(_) => 1,
         }
     }
 }
@@ -127,6 +196,27 @@ pub trait Source<T, E>: Send + 'static {
     ///
     /// The source's own error; it stops the pipeline.
     fn next_batch(&mut self, max: usize, out: &mut Vec<T>) -> Result<bool, E>;
+
+    /// [`Source::next_batch`], for a source that may take long between
+    /// items (one that waits on a stream or a queue): each item may be
+    /// offered to `offer` as soon as it is pulled, which sends it on at once
+    /// if it can without waiting and else hands it back (`Some`), to go into
+    /// `out` like every item after it (order is kept). So an item already
+    /// pulled never waits for the next one. The default pulls a batch.
+    ///
+    /// # Errors
+    ///
+    /// The source's own error; it stops the pipeline after the items pulled
+    /// before it.
+    fn next_batch_offering(
+        &mut self,
+        max: usize,
+        out: &mut Vec<T>,
+        offer: &mut dyn FnMut(T) -> Option<T>,
+    ) -> Result<bool, E> {
+        let _ = offer;
+        self.next_batch(max, out)
+    }
 }
 
 /// A [`Source`] over any iterator of results.

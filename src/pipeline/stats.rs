@@ -41,6 +41,31 @@ impl StageStats {
         &self.name
     }
 
+    /// Everything that counts as progress: items taken, passed on,
+    /// dropped or failed.
+    pub(crate) fn progress(&self) -> u64 {
+        self.items_in.load(Relaxed)
+            + self.items_out.load(Relaxed)
+            + self.dropped.load(Relaxed)
+            + self.failures.load(Relaxed)
+    }
+
+    /// Items taken and not yet passed on, dropped or failed (for a map
+    /// stage: queued or running).
+    pub(crate) fn in_flight(&self) -> u64 {
+        self.items_in.load(Relaxed).saturating_sub(
+            self.items_out.load(Relaxed) + self.dropped.load(Relaxed) + self.failures.load(Relaxed),
+        )
+    }
+
+    pub(crate) fn items_in(&self) -> u64 {
+        self.items_in.load(Relaxed)
+    }
+
+    pub(crate) fn items_out(&self) -> u64 {
+        self.items_out.load(Relaxed)
+    }
+
     pub(crate) fn received(&self, waited: Duration) {
         self.items_in.fetch_add(1, Relaxed);
         self.wait_up_ns.fetch_add(nanos(waited), Relaxed);

@@ -20,6 +20,7 @@ fn map(
         concurrency,
         ordered,
         on_error: ErrorPolicy::Raise,
+        timeout: None,
     })
 }
 
@@ -29,7 +30,7 @@ fn with_policy(stage: Stage<u64, String>, policy: ErrorPolicy) -> Stage<u64, Str
             m.on_error = policy;
             Stage::Map(m)
         }
-        s @ Stage::Aggregate(_) => s,
+        s => s,
     }
 }
 
@@ -747,4 +748,285 @@ fn thread_stage_runs_concurrency_calls_that_wait_for_each_other() {
             assert_eq!(drain(&mut p).unwrap(), (0..n).collect::<Vec<_>>());
         }
     }
+}
+
+/// Every kind of work, for the tests that run one stage of each.
+fn every_work(f: &ItemFn<u64, String>) -> Vec<(&'static str, Work<u64, String>, usize)> {
+    vec![
+        ("inline-fused", Work::Inline(f.clone()), 1),
+        ("inline", Work::Inline(f.clone()), 3),
+        ("blocking", Work::Blocking(f.clone()), 3),
+        ("dedicated-1", Work::Dedicated(f.clone(), None), 1),
+        ("dedicated-4", Work::Dedicated(f.clone(), None), 4),
+    ]
+}
+
+#[test]
+fn a_failure_comes_after_every_item_before_it() {
+    // The source fails after 10 items: they all come out, through every
+    // kind of stage, then the source's failure.
+    let id: ItemFn<u64, String> = Arc::new(|x| Ok(Some(x)));
+    for (kind, work, conc) in every_work(&id) {
+        for _ in 0..20 {
+            let src = IterSource((0..20u64).map(|x| {
+                if x == 10 {
+                    Err("source broke".to_string())
+                } else {
+                    Ok(x)
+                }
+            }));
+            let stages = vec![map("s", work.clone(), conc, true)];
+            let mut p = P::new(src, stages, config(1), None).unwrap();
+            let mut got = Vec::new();
+            let err = loop {
+                match p.next_timeout(Duration::from_secs(10)) {
+                    Next::Item(x) => got.push(x),
+                    Next::Failed(f) => break f,
+                    other => panic!("{kind}: {other:?}"),
+                }
+            };
+            assert_eq!(got, (0..10).collect::<Vec<_>>(), "{kind}");
+            assert_eq!(err.stage, "source", "{kind}");
+        }
+    }
+    // A stage fails on item 6 under max_failures: the items before it come
+    // out, through a later stage, then the trip.
+    let odd: ItemFn<u64, String> = Arc::new(|x| {
+        if x % 2 == 1 {
+            Err(format!("odd {x}"))
+        } else {
+            Ok(Some(x))
+        }
+    });
+    for (kind, work, conc) in every_work(&odd) {
+        for _ in 0..20 {
+            let stages = vec![
+                with_policy(
+                    map("odd", work.clone(), conc, true),
+                    ErrorPolicy::Skip {
+                        max_failures: Some(2),
+                    },
+                ),
+                map("then", Work::Dedicated(id.clone(), None), 2, true),
+            ];
+            let mut p = P::new(source(100), stages, config(1), None).unwrap();
+            let mut got = Vec::new();
+            let err = loop {
+                match p.next_timeout(Duration::from_secs(10)) {
+                    Next::Item(x) => got.push(x),
+                    Next::Failed(f) => break f,
+                    other => panic!("{kind}: {other:?}"),
+                }
+            };
+            assert_eq!(got, vec![0, 2, 4], "{kind}");
+            assert!(
+                matches!(err.kind, FailureKind::TooManyFailures { ref last, .. } if last == "odd 5"),
+                "{kind}: {err:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn stop_leaves_the_sink_readable() {
+    let id: ItemFn<u64, String> = Arc::new(|x| Ok(Some(x)));
+    let stages = vec![map("s", Work::Dedicated(id, None), 2, true)];
+    let mut p = P::new(source(1000), stages, config(4), None).unwrap();
+    assert!(matches!(
+        p.next_timeout(Duration::from_secs(10)),
+        Next::Item(0)
+    ));
+    let t = Instant::now();
+    while p.stats()[1].items_out < 5 && t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    p.stop();
+    assert!(p.has_leftovers());
+    let rest = drain(&mut p).unwrap();
+    assert!(rest.len() >= 4, "{rest:?}");
+    assert_eq!(rest, (1..=rest.len() as u64).collect::<Vec<_>>());
+    assert!(matches!(p.next_timeout(Duration::ZERO), Next::Finished));
+}
+
+#[test]
+fn disaggregate_splits_items_and_fails_after_what_came_before() {
+    let split: SplitFn<u64, String> = Arc::new(|x| {
+        if x == 4 {
+            Err("four".into())
+        } else {
+            Ok((0..x).map(|i| x * 10 + i).collect())
+        }
+    });
+    let stages = vec![Stage::Disaggregate(DisaggregateStage {
+        name: "split".into(),
+        split,
+    })];
+    let mut p = P::new(source(10), stages, config(2), None).unwrap();
+    let mut got = Vec::new();
+    let err = loop {
+        match p.next_timeout(Duration::from_secs(10)) {
+            Next::Item(x) => got.push(x),
+            Next::Failed(f) => break f,
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(got, vec![10, 20, 21, 30, 31, 32]);
+    assert_eq!(err.stage, "split");
+    assert!(matches!(err.kind, FailureKind::Item(ref e) if e == "four"));
+}
+
+fn timeout_error() -> StageTimeout<String> {
+    StageTimeout {
+        limit: Duration::from_millis(100),
+        error: Arc::new(|stage, limit| format!("{stage}: over {limit:?}")),
+    }
+}
+
+#[test]
+fn a_call_past_the_timeout_fails_and_the_rest_goes_on() {
+    let slow_at_3 = |long: Duration| -> ItemFn<u64, String> {
+        Arc::new(move |x| {
+            if x == 3 {
+                std::thread::sleep(long);
+            }
+            Ok(Some(x))
+        })
+    };
+    let long = Duration::from_millis(1500);
+    let nap: AsyncItemFn<u64, String> = Arc::new(move |x| {
+        Box::pin(async move {
+            if x == 3 {
+                tokio::time::sleep(long).await;
+            }
+            Ok(Some(x))
+        })
+    });
+    let cases = [
+        // Inline work is only checked when it returns.
+        (
+            "inline",
+            Work::Inline(slow_at_3(Duration::from_millis(300))),
+            1,
+        ),
+        ("blocking", Work::Blocking(slow_at_3(long)), 2),
+        ("async", Work::Async(nap), 2),
+        ("dedicated", Work::Dedicated(slow_at_3(long), None), 2),
+    ];
+    for (kind, work, conc) in cases {
+        let stage = Stage::Map(MapStage {
+            name: kind.into(),
+            work,
+            concurrency: conc,
+            ordered: true,
+            on_error: ErrorPolicy::Skip { max_failures: None },
+            timeout: Some(timeout_error()),
+        });
+        let t = Instant::now();
+        let mut p = P::new(source(10), vec![stage], config(2), None).unwrap();
+        let mut out = Vec::new();
+        let mut last_at = Duration::ZERO;
+        loop {
+            match p.next_timeout(Duration::from_secs(10)) {
+                Next::Item(x) => {
+                    out.push(x);
+                    last_at = t.elapsed();
+                }
+                Next::Finished => break,
+                other => panic!("{kind}: {other:?}"),
+            }
+        }
+        assert_eq!(out, vec![0, 1, 2, 4, 5, 6, 7, 8, 9], "{kind}");
+        assert_eq!(p.stats()[1].failures, 1, "{kind}");
+        // The items after it do not wait for the call (a blocking call may
+        // still hold up the end: the runtime's shutdown waits for it a while).
+        if kind != "inline" {
+            assert!(last_at < Duration::from_millis(1200), "{kind}: {last_at:?}");
+        }
+    }
+    // Under "raise", the items before it, then the timeout's error.
+    let stage = Stage::Map(MapStage {
+        name: "d".into(),
+        work: Work::Dedicated(slow_at_3(long), None),
+        concurrency: 1,
+        ordered: true,
+        on_error: ErrorPolicy::Raise,
+        timeout: Some(timeout_error()),
+    });
+    let mut p = P::new(source(10), vec![stage], config(2), None).unwrap();
+    let mut got = Vec::new();
+    let t = Instant::now();
+    let err = loop {
+        match p.next_timeout(Duration::from_secs(10)) {
+            Next::Item(x) => got.push(x),
+            Next::Failed(f) => break f,
+            other => panic!("{other:?}"),
+        }
+    };
+    assert!(t.elapsed() < Duration::from_millis(1200));
+    assert_eq!(got, vec![0, 1, 2]);
+    assert!(matches!(err.kind, FailureKind::Item(ref e) if e.starts_with("d: over")));
+}
+
+#[test]
+fn the_stall_watch_names_the_stage_that_holds_the_pipeline() {
+    let stalls = Arc::new(std::sync::Mutex::new(Vec::<Stall>::new()));
+    let hang: ItemFn<u64, String> = Arc::new(|x| {
+        if x == 2 {
+            std::thread::sleep(Duration::from_millis(700));
+        }
+        Ok(Some(x))
+    });
+    let id: ItemFn<u64, String> = Arc::new(|x| Ok(Some(x)));
+    let stages = vec![
+        map("first", Work::Dedicated(id.clone(), None), 1, true),
+        map("hangs", Work::Dedicated(hang, None), 2, true),
+        map("last", Work::Inline(id), 2, true),
+    ];
+    let mut p = P::new(source(5), stages, config(8), None).unwrap();
+    let seen = Arc::clone(&stalls);
+    p.set_stall_watch(StallWatch {
+        after: Duration::from_millis(150),
+        report: Arc::new(move |s| seen.lock().unwrap().push(s.clone())),
+    });
+    assert_eq!(drain(&mut p).unwrap(), vec![0, 1, 2, 3, 4]);
+    let stalls = stalls.lock().unwrap();
+    assert!(!stalls.is_empty());
+    assert!(stalls.iter().all(|s| s.stage == "hangs"), "{stalls:?}");
+    assert!(stalls[0].idle >= Duration::from_millis(150));
+}
+
+#[test]
+fn an_accumulate_stage_emits_when_it_has_a_result_and_flushes_at_the_end() {
+    // Sums items until they reach 10; the flush sends on what is left.
+    let held = Arc::new(std::sync::Mutex::new(Vec::<u64>::new()));
+    let stage = |held: &Arc<std::sync::Mutex<Vec<u64>>>, flush: bool| {
+        let (h1, h2) = (Arc::clone(held), Arc::clone(held));
+        let accumulate: ItemFn<u64, String> = Arc::new(move |x| {
+            let mut held = h1.lock().unwrap();
+            held.push(x);
+            if held.iter().sum::<u64>() >= 10 {
+                let sum = held.drain(..).sum();
+                return Ok(Some(sum));
+            }
+            Ok(None)
+        });
+        let flush: Option<FlushFn<u64, String>> = flush.then(|| -> FlushFn<u64, String> {
+            Arc::new(move || {
+                let mut held = h2.lock().unwrap();
+                Ok((!held.is_empty()).then(|| held.drain(..).sum()))
+            })
+        });
+        Stage::Accumulate(AccumulateStage {
+            name: "sum".into(),
+            accumulate,
+            flush,
+        })
+    };
+    let src = || IterSource([3u64, 4, 5, 9, 2, 8, 1].into_iter().map(Ok));
+    let mut p = P::new(src(), vec![stage(&held, true)], config(2), None).unwrap();
+    assert_eq!(drain(&mut p).unwrap(), vec![12, 11, 9]);
+    held.lock().unwrap().clear();
+    let mut p = P::new(src(), vec![stage(&held, false)], config(2), None).unwrap();
+    assert_eq!(drain(&mut p).unwrap(), vec![12, 11]);
 }

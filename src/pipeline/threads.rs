@@ -49,15 +49,15 @@
 //! that wait (for an item, for room in the window) look at the stop flag at
 //! least every [`POLL`].
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::engine::{thread_name, Emitter, StageCtx, UnwindGuard, BATCH_SLICE};
-use super::error::PipelineError;
-use super::stage::{ErrorPolicy, ItemFn, MapStage, SessionFn};
+use super::engine::{thread_name, Emitter, Handled, Msg, StageCtx, UnwindGuard, BATCH_SLICE};
+use super::error::{Failure, PipelineError};
+use super::stage::{ErrorPolicy, ItemFn, MapStage, SessionFn, StageTimeout};
 use super::stats::StageStats;
 
 /// Smallest window of a stage: the most items it holds at once (taken, not
@@ -79,38 +79,57 @@ const TAKE_SPINS: u32 = 100;
 /// What one call of the stage function returned.
 type Res<T, E> = Result<Option<T>, E>;
 
+/// What an item left in the outbox.
+enum Done<T, E> {
+    /// The result of the call on it.
+    Call(Res<T, E>),
+    /// It was an upstream failure, to send on after what came before it.
+    Upstream(Failure<E>),
+}
+
 /// The stage's input: the channel, and the numbering of what leaves it.
-struct Intake<T> {
-    rx: flume::Receiver<T>,
+struct Intake<T, E> {
+    rx: flume::Receiver<Msg<T, E>>,
     /// Items out of the channel, numbered, for whichever thread takes next
     /// (any thread in a session: none keeps items to itself).
-    pending: VecDeque<(u64, T)>,
+    pending: VecDeque<(u64, Msg<T, E>)>,
     /// The number of the next item taken out of the channel.
     next_seq: u64,
-    /// The channel is empty and every sender gone.
+    /// The channel is empty and every sender gone, or an upstream failure
+    /// came (nothing follows it).
     closed: bool,
 }
 
-impl<T> Intake<T> {
+impl<T, E> Intake<T, E> {
     /// Numbers `first` (if any, received after waiting `waited`) and what
     /// waits in the channel, up to `room` items in all, into `pending`: one
     /// pass over the channel's lock rather than one per item.
-    fn refill(&mut self, first: Option<(T, Duration)>, room: u64, stats: &StageStats) {
+    fn refill(&mut self, first: Option<(Msg<T, E>, Duration)>, room: u64, stats: &StageStats) {
+        if self.closed {
+            return;
+        }
         let room = usize::try_from(room).unwrap_or(usize::MAX);
         let Intake {
             rx,
             pending,
             next_seq,
-            ..
+            closed,
         } = self;
         let more = rx
             .try_iter()
             .take(room.saturating_sub(usize::from(first.is_some())));
         let more = more.map(|item| (item, Duration::ZERO));
-        for (item, waited) in first.into_iter().chain(more) {
-            stats.received(waited);
-            pending.push_back((*next_seq, item));
+        for (msg, waited) in first.into_iter().chain(more) {
+            let failure = matches!(msg, Msg::Fail(_));
+            if !failure {
+                stats.received(waited);
+            }
+            pending.push_back((*next_seq, msg));
             *next_seq += 1;
+            if failure {
+                *closed = true;
+                return;
+            }
         }
     }
 }
@@ -119,19 +138,33 @@ impl<T> Intake<T> {
 struct Outbox<T, E> {
     /// Ordered stage: the results of items `base..`, `None` where the item
     /// is still running.
-    slots: VecDeque<Option<Res<T, E>>>,
+    slots: VecDeque<Option<Done<T, E>>>,
     /// The number of the next item to send on (ordered stage).
     base: u64,
     /// Unordered stage: results as they came.
-    ready: Vec<Res<T, E>>,
+    ready: Vec<Done<T, E>>,
+    /// Unordered stage: results moved out so far.
+    taken: u64,
+    /// Unordered stage: an upstream failure and its number, sent on once
+    /// every item numbered before it is (they came before it).
+    upstream: Option<(u64, Failure<E>)>,
     /// A thread is sending results on; others leave theirs here for it.
     emitting: bool,
+    /// With a timeout: the call each thread runs (its item's number and
+    /// when it started).
+    running: Vec<Option<(u64, Instant, std::thread::ThreadId)>>,
+    /// With a timeout: items whose call ran past it and failed; the call's
+    /// own result is thrown away when it returns.
+    expired: HashSet<u64>,
 }
 
 impl<T, E> Outbox<T, E> {
-    fn put(&mut self, ordered: bool, seq: u64, result: Res<T, E>) {
+    fn put(&mut self, ordered: bool, seq: u64, result: Done<T, E>) {
         if !ordered {
-            self.ready.push(result);
+            match result {
+                Done::Upstream(f) => self.upstream = Some((seq, f)),
+                call @ Done::Call(_) => self.ready.push(call),
+            }
             return;
         }
         let i = usize::try_from(seq.saturating_sub(self.base)).unwrap_or(usize::MAX);
@@ -142,9 +175,15 @@ impl<T, E> Outbox<T, E> {
     }
 
     /// Moves the results that may be sent now into `into`.
-    fn take_ready(&mut self, ordered: bool, into: &mut Vec<Res<T, E>>) {
+    fn take_ready(&mut self, ordered: bool, into: &mut Vec<Done<T, E>>) {
         if !ordered {
+            self.taken += self.ready.len() as u64;
             into.append(&mut self.ready);
+            if matches!(self.upstream, Some((seq, _)) if seq == self.taken) {
+                if let Some((_, f)) = self.upstream.take() {
+                    into.push(Done::Upstream(f));
+                }
+            }
             return;
         }
         while let Some(Some(_)) = self.slots.front() {
@@ -165,9 +204,13 @@ struct Pool<T, E> {
     session: Option<SessionFn>,
     on_error: ErrorPolicy,
     ordered: bool,
+    timeout: Option<StageTimeout<E>>,
+    /// Threads still running [`Pool::run`]: the watchdog (with a timeout)
+    /// returns when none is.
+    live: AtomicUsize,
     /// Most items the stage holds at once (taken, not yet sent on).
     window: u64,
-    intake: Mutex<Intake<T>>,
+    intake: Mutex<Intake<T, E>>,
     /// Items sent on, dropped or failed.
     done: AtomicU64,
     /// Threads that left waiting for a session and have not yet tried to
@@ -185,7 +228,10 @@ struct Pool<T, E> {
     waiters: AtomicUsize,
     /// A thread waits for input inside `recv`, holding the intake lock.
     receiving: AtomicBool,
-    out: Emitter<T, E>,
+    /// Where results go; `None` once the watchdog let go of it because every
+    /// item was sent on while a thread was still stuck in a call that ran
+    /// past the timeout (so the stages downstream see the end at once).
+    out: Mutex<Option<Emitter<T, E>>>,
     ctx: StageCtx<E>,
     /// Sending on failed, or the policy said stop: every thread returns.
     dead: AtomicBool,
@@ -199,7 +245,7 @@ pub(super) fn spawn<T: Send + 'static, E: Send + 'static>(
     stage: MapStage<T, E>,
     f: ItemFn<T, E>,
     session: Option<SessionFn>,
-    rx: flume::Receiver<T>,
+    rx: flume::Receiver<Msg<T, E>>,
     out: Emitter<T, E>,
     ctx: StageCtx<E>,
     handles: &mut Vec<JoinHandle<()>>,
@@ -209,6 +255,7 @@ pub(super) fn spawn<T: Send + 'static, E: Send + 'static>(
         concurrency,
         ordered,
         on_error,
+        timeout,
         ..
     } = stage;
     let pool = Arc::new(Pool {
@@ -217,6 +264,8 @@ pub(super) fn spawn<T: Send + 'static, E: Send + 'static>(
         session,
         on_error,
         ordered,
+        timeout,
+        live: AtomicUsize::new(concurrency),
         window: concurrency.saturating_mul(2).max(MIN_WINDOW) as u64,
         intake: Mutex::new(Intake {
             rx,
@@ -230,13 +279,17 @@ pub(super) fn spawn<T: Send + 'static, E: Send + 'static>(
             slots: VecDeque::new(),
             base: 0,
             ready: Vec::new(),
+            taken: 0,
+            upstream: None,
             emitting: false,
+            running: vec![None; concurrency],
+            expired: HashSet::new(),
         }),
         signal: Mutex::new(0),
         changed: Condvar::new(),
         waiters: AtomicUsize::new(0),
         receiving: AtomicBool::new(false),
-        out,
+        out: Mutex::new(Some(out)),
         ctx,
         dead: AtomicBool::new(false),
     });
@@ -249,12 +302,30 @@ pub(super) fn spawn<T: Send + 'static, E: Send + 'static>(
                     shared: &pool.ctx.shared,
                     stage: &pool.name,
                 };
-                pool.run();
+                let _leaving = Leaving(&pool.live);
+                pool.run(i);
             })
             .map_err(PipelineError::Start)?;
         handles.push(thread);
     }
+    if pool.timeout.is_some() {
+        let pool = Arc::clone(&pool);
+        let thread = std::thread::Builder::new()
+            .name(thread_name(&pool.name, concurrency))
+            .spawn(move || pool.watch())
+            .map_err(PipelineError::Start)?;
+        handles.push(thread);
+    }
     Ok(())
+}
+
+/// Counts a thread out of [`Pool::live`] when it leaves, however it leaves.
+struct Leaving<'a>(&'a AtomicUsize);
+
+impl Drop for Leaving<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl<T, E> Pool<T, E> {
@@ -264,7 +335,7 @@ impl<T, E> Pool<T, E> {
 
     /// Items the stage may take out of its channel now (with the intake
     /// lock held, so that nobody else takes any meanwhile).
-    fn room(&self, intake: &Intake<T>) -> u64 {
+    fn room(&self, intake: &Intake<T, E>) -> u64 {
         let held = intake
             .next_seq
             .saturating_sub(self.done.load(Ordering::Acquire));
@@ -291,8 +362,61 @@ impl<T, E> Pool<T, E> {
         }
     }
 
-    /// One thread's life: wait for work, run a session, send results on.
-    fn run(&self) {
+    /// The watchdog of a stage with a timeout: fails the calls that run past
+    /// it and sends their failures on (the stage's threads may all be stuck
+    /// in calls, so none of them would). Returns when the stage is over.
+    fn watch(&self) {
+        let Some(timeout) = &self.timeout else {
+            return;
+        };
+        let tick = (timeout.limit / 10).clamp(Duration::from_millis(1), POLL);
+        let mut overdue = Vec::new();
+        while !self.stopping() && self.live.load(Ordering::Acquire) > 0 {
+            std::thread::sleep(tick);
+            {
+                let mut outbox = self.lock_outbox();
+                for slot in &mut outbox.running {
+                    if let Some((seq, started, thread)) = *slot {
+                        if started.elapsed() >= timeout.limit {
+                            *slot = None;
+                            overdue.push(seq);
+                            self.ctx.shared.abandon(thread, true);
+                        }
+                    }
+                }
+                for seq in overdue.drain(..) {
+                    outbox.expired.insert(seq);
+                    let error = (timeout.error)(&self.name, timeout.limit);
+                    outbox.put(self.ordered, seq, Done::Call(Err(error)));
+                }
+            }
+            if !self.emit() {
+                return;
+            }
+            // Every item taken was sent on and no more will come, though a
+            // thread may still be stuck in a call that ran past the timeout:
+            // let go of the output, so that the stages downstream end now.
+            let complete = {
+                let intake = self.intake.lock().unwrap_or_else(PoisonError::into_inner);
+                intake.closed
+                    && intake.pending.is_empty()
+                    && self.done.load(Ordering::Acquire) == intake.next_seq
+            };
+            if complete {
+                drop(
+                    self.out
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .take(),
+                );
+                return;
+            }
+        }
+    }
+
+    /// One thread's life (thread `me` of the stage): wait for work, run a
+    /// session, send results on.
+    fn run(&self, me: usize) {
         while self.wait_for_work() {
             let started = Instant::now();
             let mut session = || {
@@ -303,15 +427,36 @@ impl<T, E> Pool<T, E> {
                     // still there: let idle threads look again.
                     self.wake_idle();
                 }
-                while let Some((seq, item)) = next {
-                    let t = Instant::now();
-                    let result = (self.f)(item);
-                    self.ctx.stats.worked(t.elapsed());
+                while let Some((seq, msg)) = next {
+                    let result = match msg {
+                        Msg::Item(item) => {
+                            let t = Instant::now();
+                            if self.timeout.is_some() {
+                                self.lock_outbox().running[me] =
+                                    Some((seq, t, std::thread::current().id()));
+                            }
+                            let result = (self.f)(item);
+                            self.ctx.stats.worked(t.elapsed());
+                            Done::Call(result)
+                        }
+                        Msg::Fail(f) => Done::Upstream(f),
+                    };
                     // Into the outbox at once, not kept by this thread: its
                     // next call may wait (without the GIL) for other calls
                     // or for the consumer, and must not hold back what is
-                    // done meanwhile.
-                    self.lock_outbox().put(self.ordered, seq, result);
+                    // done meanwhile. A call the watchdog failed (it ran past
+                    // the timeout) has its failure there already.
+                    {
+                        let mut outbox = self.lock_outbox();
+                        if self.timeout.is_some() {
+                            outbox.running[me] = None;
+                        }
+                        if self.timeout.is_some() && outbox.expired.remove(&seq) {
+                            self.ctx.shared.abandon(std::thread::current().id(), false);
+                        } else {
+                            outbox.put(self.ordered, seq, result);
+                        }
+                    }
                     if started.elapsed() >= BATCH_SLICE || self.stopping() {
                         break;
                     }
@@ -331,7 +476,7 @@ impl<T, E> Pool<T, E> {
     /// The next item for a thread in its session, if there is one it may
     /// take now. Never blocks: the thread may hold the GIL, which whoever
     /// holds the intake lock may be waiting for (a Python source).
-    fn take(&self) -> Option<(u64, T)> {
+    fn take(&self) -> Option<(u64, Msg<T, E>)> {
         let mut spins = 0;
         let mut intake = loop {
             match self.intake.try_lock() {
@@ -443,6 +588,16 @@ impl<T, E> Pool<T, E> {
         }
     }
 
+    /// Lets go of the input channel once the stage is over, so that the
+    /// stages upstream stop sending at once (rather than when the last of
+    /// this stage's threads returns from a long call).
+    fn close_input(&self) {
+        let mut intake = self.intake.lock().unwrap_or_else(PoisonError::into_inner);
+        intake.rx = flume::bounded(1).1; // a channel whose sender is gone
+        intake.closed = true;
+        intake.pending.clear();
+    }
+
     /// Unless another thread is at it, sends on whatever results may go
     /// (looping while others leave more); called out of a session. `false`
     /// when the stage must stop.
@@ -466,25 +621,47 @@ impl<T, E> Pool<T, E> {
                 return true;
             }
             drop(outbox);
+            // Uncontended: one thread emits at a time, and the watchdog takes
+            // it only when nothing is left to send.
+            let out_guard = self.out.lock().unwrap_or_else(PoisonError::into_inner);
+            let Some(out) = out_guard.as_ref() else {
+                self.lock_outbox().emitting = false;
+                return false;
+            };
             let mut go_on = true;
             for result in sending.drain(..) {
                 if !go_on {
                     continue; // dropped: the stage is stopping
                 }
-                go_on = match result {
-                    Ok(Some(v)) => self.out.emit_blocking(v),
-                    other => self
-                        .ctx
-                        .handle_no_send(&self.name, self.on_error, Ok(other))
-                        .unwrap_or(true),
+                let fatal = match result {
+                    Done::Call(result) => {
+                        match self.ctx.handle(&self.name, self.on_error, Ok(result)) {
+                            Handled::Send(v) => {
+                                go_on = out.emit_blocking(v);
+                                None
+                            }
+                            Handled::Nothing => None,
+                            Handled::Fatal(f) => Some(f),
+                        }
+                    }
+                    Done::Upstream(f) => Some(f),
                 };
+                if let Some(f) = fatal {
+                    // After everything before it, and nothing after it.
+                    out.fail_blocking(f);
+                    go_on = false;
+                }
                 // Room in the window for each item as it goes.
                 self.done.fetch_add(1, Ordering::AcqRel);
             }
+            drop(out_guard);
             self.wake_idle();
-            outbox = self.lock_outbox();
             if !go_on {
                 self.dead.store(true, Ordering::Release);
+                self.close_input();
+            }
+            outbox = self.lock_outbox();
+            if !go_on {
                 outbox.emitting = false;
                 return false;
             }

@@ -14,9 +14,10 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyIterator, PyList, PyRange, PyRangeMethods, PyTuple};
 
 use crate::pipeline::{
-    format_table, AggregateStage, AsyncItemFn, CombineFn, ErrorPolicy, Failure, FailureKind,
-    ItemFn, MapStage, Next, Pipeline, PipelineConfig, ReportFn, SessionFn, SkipHook, Source, Stage,
-    StatsReporter, StatsSnapshot, Work,
+    format_table, AccumulateStage, AggregateStage, AsyncItemFn, CombineFn, DisaggregateStage,
+    ErrorPolicy, Failure, FailureKind, FlushFn, ItemFn, MapStage, Next, Pipeline, PipelineConfig,
+    ReportFn, SessionFn, SkipHook, Source, SplitFn, Stage, StageTimeout, Stall, StallFn,
+    StallWatch, StatsReporter, StatsSnapshot, TimeoutErrorFn, Work,
 };
 
 /// Bumped in every child right after a fork (see `_after_fork_in_child`):
@@ -314,15 +315,43 @@ struct PySource {
     native: bool,
 }
 
+impl PySource {
+    fn convert(&self, v: Bound<'_, PyAny>) -> Item {
+        if self.native {
+            Item::from_source(v)
+        } else {
+            Item::Py(v.unbind())
+        }
+    }
+}
+
 impl Source<Item, PyErr> for PySource {
     fn next_batch(&mut self, max: usize, out: &mut Vec<Item>) -> PyResult<bool> {
+        self.next_batch_offering(max, out, &mut Some)
+    }
+
+    /// Pulls up to `max` items in one GIL acquisition, offering each as it
+    /// comes: an iterator that is slow to yield (a stream, a queue) has each
+    /// item go on as soon as it is pulled, not when a batch is full.
+    fn next_batch_offering(
+        &mut self,
+        max: usize,
+        out: &mut Vec<Item>,
+        offer: &mut dyn FnMut(Item) -> Option<Item>,
+    ) -> PyResult<bool> {
         Python::attach(|py| {
             let mut it = self.iter.bind(py).clone();
             for _ in 0..max {
-                match it.next() {
-                    Some(v) if self.native => out.push(Item::from_source(v?)),
-                    Some(v) => out.push(Item::Py(v?.unbind())),
-                    None => return Ok(false),
+                let Some(v) = it.next() else {
+                    return Ok(false);
+                };
+                let item = self.convert(v?);
+                if out.is_empty() {
+                    // Refused (the queue is full): the engine sends it, and
+                    // what follows, when the GIL is let go.
+                    out.extend(offer(item));
+                } else {
+                    out.push(item);
                 }
             }
             Ok(true)
@@ -494,6 +523,77 @@ fn parse_native_aggregate(spec: &Bound<'_, PyTuple>) -> PyResult<Stage<Item, PyE
     }))
 }
 
+/// `("map", kind, op, concurrency, name, on_error, max_failures, ordered,
+/// timeout)` from the Python builder.
+type MapSpec = (
+    String,
+    String,
+    Py<PyAny>,
+    usize,
+    String,
+    String,
+    Option<u64>,
+    bool,
+    Option<f64>,
+);
+
+/// A stage's `timeout=` (seconds): calls that run longer fail with
+/// `TimeoutError`.
+fn parse_timeout(secs: f64) -> PyResult<StageTimeout<PyErr>> {
+    let limit = Duration::try_from_secs_f64(secs)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "timeout must be a positive number of seconds, not {secs}"
+            ))
+        })?;
+    let error: TimeoutErrorFn<PyErr> = Arc::new(|stage: &str, limit: Duration| {
+        pyo3::exceptions::PyTimeoutError::new_err(format!(
+            "a call of stage {stage:?} ran longer than timeout={} s",
+            limit.as_secs_f64()
+        ))
+    });
+    Ok(StageTimeout { limit, error })
+}
+
+/// A `("disaggregate", name)` stage: a native group splits without the GIL;
+/// a Python object is iterated (a list, a tuple, any iterable) with it.
+fn parse_disaggregate(spec: &Bound<'_, PyTuple>) -> PyResult<Stage<Item, PyErr>> {
+    let (_, name): (String, String) = spec.extract()?;
+    let split: SplitFn<Item, PyErr> = Arc::new(|item| match item {
+        Item::List(items) => Ok(items),
+        other => Python::attach(|py| {
+            let obj = other.into_py(py)?;
+            obj.bind(py)
+                .try_iter()?
+                .map(|v| v.map(|v| Item::Py(v.unbind())))
+                .collect()
+        }),
+    });
+    Ok(Stage::Disaggregate(DisaggregateStage { name, split }))
+}
+
+/// An `("accumulate", accumulate, flush, name)` stage: a custom aggregator
+/// (`flush` is `None` under `drop_last`).
+fn parse_accumulate(spec: &Bound<'_, PyTuple>) -> PyResult<Stage<Item, PyErr>> {
+    let (_, accumulate, flush, name): (String, Py<PyAny>, Option<Py<PyAny>>, String) =
+        spec.extract()?;
+    let flush = flush.map(|flush| -> FlushFn<Item, PyErr> {
+        Arc::new(move || {
+            Python::attach(|py| {
+                let out = flush.bind(py).call0()?;
+                Ok((!out.is_none()).then(|| Item::Py(out.unbind())))
+            })
+        })
+    });
+    Ok(Stage::Accumulate(AccumulateStage {
+        name,
+        accumulate: Arc::new(move |item| call_python(&accumulate, item)),
+        flush,
+    }))
+}
+
 /// A stage specification from the Python builder.
 fn parse_stage(
     py: Python<'_>,
@@ -504,16 +604,9 @@ fn parse_stage(
     let kind: String = spec.get_item(0)?.extract()?;
     match kind.as_str() {
         "map" => {
-            let (_, op_kind, op, concurrency, name, on_error, max_failures, ordered): (
-                String,
-                String,
-                Py<PyAny>,
-                usize,
-                String,
-                String,
-                Option<u64>,
-                bool,
-            ) = spec.extract()?;
+            let (_, op_kind, op, concurrency, name, on_error, max_failures, ordered, timeout): MapSpec =
+                spec.extract()?;
+            let timeout = timeout.map(parse_timeout).transpose()?;
             let on_error = match on_error.as_str() {
                 "raise" => ErrorPolicy::Raise,
                 "skip" => ErrorPolicy::Skip { max_failures },
@@ -573,9 +666,12 @@ fn parse_stage(
                 concurrency,
                 ordered,
                 on_error,
+                timeout,
             }))
         }
         "aggregate_native" => parse_native_aggregate(spec),
+        "disaggregate" => parse_disaggregate(spec),
+        "accumulate" => parse_accumulate(spec),
         "aggregate" => {
             let (_, size, drop_last, name): (String, usize, bool, String) = spec.extract()?;
             let combine: CombineFn<Item, PyErr> = Arc::new(|items: Vec<Item>| {
@@ -634,6 +730,32 @@ fn failure_to_pyerr(py: Python<'_>, failure: Failure<PyErr>) -> PyErr {
     build().unwrap_or_else(|e| e)
 }
 
+/// `stall_warning_after=secs`: a WARNING on the `ferrofeed.pipeline` logger
+/// naming the stage that holds a stalled pipeline.
+fn stall_watch(secs: f64) -> PyResult<StallWatch> {
+    let after = Duration::try_from_secs_f64(secs)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| PyValueError::new_err("stall_warning_after must be > 0"))?;
+    let report: StallFn = Arc::new(|stall: &Stall| {
+        Python::attach(|py| {
+            let _ = logger(py).and_then(|l| {
+                l.call_method1(
+                    "warning",
+                    (
+                        "pipeline made no progress for %.1f s; stage %r holds it \
+                         (%d items in flight)",
+                        stall.idle.as_secs_f64(),
+                        &stall.stage,
+                        stall.in_flight,
+                    ),
+                )
+            });
+        });
+    });
+    Ok(StallWatch { after, report })
+}
+
 fn snapshot_dict<'py>(py: Python<'py>, s: &StatsSnapshot) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("concurrency", s.concurrency)?;
@@ -663,6 +785,9 @@ pub(crate) struct PyPipeline {
     inner: Mutex<Inner>,
     /// The fork generation the pipeline was built in.
     generation: u64,
+    /// The stages' task hooks, as one object whose `enter()` the start calls
+    /// (their `stage_hook()`s) and whose `exit()` the stop calls.
+    stage_hooks: Option<Py<PyAny>>,
 }
 
 impl PyPipeline {
@@ -670,15 +795,29 @@ impl PyPipeline {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Whether this is the process (and fork generation) that built the
+    /// pipeline: in a forked child, its threads, runtime and event loop are
+    /// the parent's.
+    fn in_creator(&self, inner: &Inner) -> bool {
+        self.generation == fork_generation() && inner.pipeline.is_in_creator_process()
+    }
+
     /// Stops the engine, the feeder and the runner (call detached from the
-    /// GIL for the joins, attached for the runner).
+    /// GIL for the joins, attached for the runner). The finished items the
+    /// consumer has not taken stay readable.
     fn shutdown(&self, py: Python<'_>) -> PyResult<()> {
-        let (feeder, runner) = py.detach(|| {
+        let (feeder, runner, in_creator) = py.detach(|| {
             let mut inner = self.lock();
-            // A stopped pipeline is finished: iterating it again says so.
-            inner.exhausted = true;
             inner.pipeline.stop();
-            (inner.feeder.take(), inner.runner.take())
+            // A stopped pipeline is finished once its leftovers are read:
+            // iterating it again then says so.
+            inner.exhausted = !inner.pipeline.has_leftovers();
+            if self.in_creator(&inner) {
+                (inner.feeder.take(), inner.runner.take(), true)
+            } else {
+                forget_in_child(&mut inner);
+                (None, None, false)
+            }
         });
         let result = match &runner {
             Some(r) => r.bind(py).call_method0("stop").map(drop),
@@ -693,14 +832,19 @@ impl PyPipeline {
                 });
             }
         }
-        result
+        // After every stage is stopped: the stage hooks end (once).
+        let hooks = match &self.stage_hooks {
+            Some(h) if in_creator => h.bind(py).call_method0("exit").map(drop),
+            _ => Ok(()),
+        };
+        result.and(hooks)
     }
 }
 
 #[pymethods]
 impl PyPipeline {
     #[new]
-    #[pyo3(signature = (source, stages, *, sink_buffer=3, num_threads=None, runner=None, report_interval=None, native_source=false))]
+    #[pyo3(signature = (source, stages, *, sink_buffer=3, num_threads=None, runner=None, report_interval=None, native_source=false, stall_warning=None, stage_hooks=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -711,6 +855,8 @@ impl PyPipeline {
         runner: Option<Py<PyAny>>,
         report_interval: Option<f64>,
         native_source: bool,
+        stall_warning: Option<f64>,
+        stage_hooks: Option<Py<PyAny>>,
     ) -> PyResult<Self> {
         let mut feeder = None;
         let stages = stages
@@ -780,6 +926,9 @@ impl PyPipeline {
                 report,
             });
         }
+        if let Some(secs) = stall_warning {
+            pipeline.set_stall_watch(stall_watch(secs)?);
+        }
         Ok(Self {
             inner: Mutex::new(Inner {
                 pipeline,
@@ -788,6 +937,7 @@ impl PyPipeline {
                 exhausted: false,
             }),
             generation: fork_generation(),
+            stage_hooks,
         })
     }
 
@@ -805,6 +955,10 @@ impl PyPipeline {
             }
             inner.runner.as_ref().map(|r| r.clone_ref(py))
         };
+        if let Some(h) = &self.stage_hooks {
+            // Before any item moves (once: `enter` does nothing the second time).
+            h.bind(py).call_method0("enter")?;
+        }
         if let Some(r) = runner {
             r.bind(py).call_method0("start")?;
         }
@@ -915,9 +1069,30 @@ impl PyPipeline {
     }
 }
 
+/// In a forked child: forgets the parent's feeder thread and event loop
+/// rather than stop them. Their threads do not exist here (joining one would
+/// wait on a thread id that names nothing), the feeder's channel may have
+/// been locked at the fork, and the loop's self-pipe is the parent's.
+fn forget_in_child(inner: &mut Inner) {
+    std::mem::forget(inner.feeder.take());
+    std::mem::forget(inner.runner.take());
+}
+
 impl Drop for PyPipeline {
     fn drop(&mut self) {
+        let in_creator = self.generation == fork_generation()
+            && self
+                .inner
+                .get_mut()
+                .unwrap_or_else(PoisonError::into_inner)
+                .pipeline
+                .is_in_creator_process();
         let inner = self.inner.get_mut().unwrap_or_else(PoisonError::into_inner);
+        if !in_creator {
+            // The engine forgets what is the parent's on its own.
+            forget_in_child(inner);
+            return;
+        }
         // Joins happen detached when the GIL is held by this thread.
         let stop = |inner: &mut Inner| {
             inner.pipeline.stop();
@@ -929,11 +1104,15 @@ impl Drop for PyPipeline {
                 }
             }
         };
+        let hooks = self.stage_hooks.take();
         Python::attach(|py| {
             if let Some(r) = inner.runner.take() {
                 let _ = r.bind(py).call_method0("stop");
             }
             py.detach(|| stop(inner));
+            if let Some(h) = hooks {
+                let _ = h.bind(py).call_method0("exit");
+            }
         });
     }
 }
