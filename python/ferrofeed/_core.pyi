@@ -291,6 +291,25 @@ def pinned_memory_status() -> tuple[bool | None, str | None]:
 
 ImageSource = bytes | bytearray | memoryview | str | PathLike[str]
 
+def set_max_image_pixels(pixels: int) -> int:
+    """Set the pixel budget per image (width x height) for every later decode in this
+    process; return the previous one.
+
+    An image whose header announces more pixels fails with `ImageDecodeError` (naming the
+    file) before anything is allocated for it. The default, 178956970, is Pillow's
+    decompression-bomb limit; at most ``2**32``.
+
+    Example:
+        >>> import ferrofeed.io
+        >>> old = ferrofeed.io.set_max_image_pixels(4096 * 4096)
+        >>> ferrofeed.io.get_max_image_pixels()
+        16777216
+        >>> _ = ferrofeed.io.set_max_image_pixels(old)
+    """
+
+def get_max_image_pixels() -> int:
+    """The pixel budget per image (see `set_max_image_pixels`)."""
+
 def decode_image(
     src: ImageSource,
     /,

@@ -1,0 +1,175 @@
+"""Fault and hostile-input tests (issue 12): nothing a file or another process does may
+abort the process, leak an arena, or delete someone else's file.
+
+Every test that could crash the interpreter runs its probe in a subprocess (``run_python``),
+so a crash fails one test instead of taking the suite down.
+"""
+
+from __future__ import annotations
+
+import io
+import signal
+import struct
+import sys
+import zlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import last_json_line, run_python
+
+Image = pytest.importorskip("PIL.Image")
+
+# --------------------------------------------------------------------------------------
+# hostile images: tiny files whose headers claim 13000 x 13000 pixels
+
+BIG = 13000
+
+
+def _png_chunk(kind: bytes, body: bytes) -> bytes:
+    return (
+        struct.pack(">I", len(body))
+        + kind
+        + body
+        + struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF)
+    )
+
+
+def huge_png(width: int = BIG, height: int = BIG, depth: int = 8, color: int = 2) -> bytes:
+    """A PNG of a few dozen bytes whose header claims ``width`` x ``height`` pixels."""
+    ihdr = struct.pack(">IIBBBBB", width, height, depth, color, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + _png_chunk(b"IHDR", ihdr)
+        + _png_chunk(b"IDAT", zlib.compress(b"\x00" * 8))
+        + _png_chunk(b"IEND", b"")
+    )
+
+
+def _pil(img: Any, fmt: str, **kw: Any) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, fmt, **kw)
+    return buf.getvalue()
+
+
+def huge_jpeg(progressive: bool = False) -> bytes:
+    """A small JPEG with its frame header (SOF) patched to claim 13000 x 13000."""
+    data = bytearray(_pil(Image.new("RGB", (16, 16), (90, 20, 200)), "JPEG", progressive=progressive))
+    sof = b"\xff\xc2" if progressive else b"\xff\xc0"
+    at = data.index(sof)
+    # FF Cn, length (2), precision (1), height (2), width (2).
+    data[at + 5 : at + 9] = struct.pack(">HH", BIG, BIG)
+    return bytes(data)
+
+
+def huge_webp_lossless() -> bytes:
+    """A 1x1 lossless WebP whose VP8L header claims 13000 x 13000."""
+    data = bytearray(_pil(Image.new("RGB", (1, 1), (1, 2, 3)), "WEBP", lossless=True))
+    at = data.index(b"VP8L") + 8  # chunk tag, chunk size
+    assert data[at] == 0x2F
+    bits = int.from_bytes(data[at + 1 : at + 5], "little")
+    bits = (bits & ~((1 << 28) - 1)) | (BIG - 1) | ((BIG - 1) << 14)
+    data[at + 1 : at + 5] = bits.to_bytes(4, "little")
+    return bytes(data)
+
+
+def huge_webp_lossy() -> bytes:
+    """A 16x16 lossy WebP whose VP8 frame header claims 13000 x 13000."""
+    data = bytearray(_pil(Image.new("RGB", (16, 16), (1, 2, 3)), "WEBP", quality=50))
+    at = data.index(b"VP8 ") + 8
+    # 3-byte frame tag, start code 9d 01 2a, then 14-bit width and height (+2 scale bits).
+    assert data[at + 3 : at + 6] == b"\x9d\x01\x2a"
+    data[at + 6 : at + 10] = struct.pack("<HH", BIG, BIG)
+    return bytes(data)
+
+
+def huge_bmp_rle8() -> bytes:
+    """An 8-bit RLE BMP of 13000 x 13000 pixels whose data is one end-of-bitmap code."""
+    palette = b"\x00\x00\x00\x00" * 256
+    pixels = b"\x00\x01"
+    offset = 14 + 40 + len(palette)
+    info = struct.pack("<IiiHHIIiiII", 40, BIG, BIG, 1, 8, 1, 0, 2835, 2835, 256, 0)
+    head = b"BM" + struct.pack("<IHHI", offset + len(pixels), 0, 0, offset)
+    return head + info + palette + pixels
+
+
+HOSTILE = {
+    "png": huge_png,
+    "png16": lambda: huge_png(depth=16, color=6),
+    "jpeg": huge_jpeg,
+    "jpeg_progressive": lambda: huge_jpeg(progressive=True),
+    "webp_lossless": huge_webp_lossless,
+    "webp_lossy": huge_webp_lossy,
+    "bmp_rle8": huge_bmp_rle8,
+}
+
+# Caps the child's address space a little above what it uses once ferrofeed is imported,
+# so that a decoder allocating what the header claims (0.5 to 1.4 GB) fails to allocate:
+# the situation of a loader on a machine (or in a container) short of memory. Each image is
+# decoded on the calling thread (no new thread stacks or malloc arenas under the cap).
+_LIMITED_DECODE = """
+import json, resource, sys
+import ferrofeed.io as fio
+
+def vm_bytes():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmSize")
+
+fio.decode_image(sys.argv[2], size=8)  # warm up: first-use allocations before the cap
+limit = vm_bytes() + 256 * 2**20
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+try:
+    fio.decode_image(sys.argv[1], size=64)
+    print(json.dumps({"result": "decoded"}))
+except fio.ImageDecodeError as e:
+    print(json.dumps({"result": "ImageDecodeError", "message": str(e)}))
+except MemoryError as e:
+    print(json.dumps({"result": "MemoryError", "message": str(e)}))
+"""
+
+
+@pytest.mark.parametrize("kind", sorted(HOSTILE))
+def test_tiny_file_claiming_huge_size_is_an_error_not_an_abort(kind: str, tmp_path: Path) -> None:
+    path = tmp_path / f"bomb-{kind}.img"
+    path.write_bytes(HOSTILE[kind]())
+    ok = tmp_path / "ok.png"
+    ok.write_bytes(_pil(Image.new("RGB", (4, 4)), "PNG"))
+    proc = run_python(_LIMITED_DECODE, args=[str(path), str(ok)], check=False)
+    assert proc.returncode == 0, (
+        f"the process died ({proc.returncode}, {signal.Signals(-proc.returncode).name if proc.returncode < 0 else ''})"
+        f"\n{proc.stderr[-2000:]}"
+    )
+    out = last_json_line(proc.stdout)
+    assert out["result"] == "ImageDecodeError", out
+    assert str(path) in out["message"]
+
+
+def test_pixel_budget_is_settable_and_names_the_file(tmp_path: Path) -> None:
+    import ferrofeed.io as fio
+
+    path = tmp_path / "wide.png"
+    path.write_bytes(_pil(Image.new("RGB", (300, 200), (5, 6, 7)), "PNG"))
+    default = fio.get_max_image_pixels()
+    assert default >= 2**27
+    try:
+        fio.set_max_image_pixels(300 * 200)
+        assert fio.decode_image(path).shape == (200, 300, 3)
+        fio.set_max_image_pixels(300 * 200 - 1)
+        assert fio.get_max_image_pixels() == 300 * 200 - 1
+        with pytest.raises(fio.ImageDecodeError, match=r"wide\.png.*300x200.*59999"):
+            fio.decode_image(path)
+        with pytest.raises(fio.ImageDecodeError, match="wide.png"):
+            fio.load_images([path], size=8)
+        with pytest.raises(ValueError, match="positive"):
+            fio.set_max_image_pixels(0)
+    finally:
+        fio.set_max_image_pixels(default)
+    assert fio.decode_image(path).shape == (200, 300, 3)
+
+
+if sys.platform != "linux":  # pragma: no cover
+    pytest.skip("fault tests use /dev/shm and Linux signals", allow_module_level=True)
