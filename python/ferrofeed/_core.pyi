@@ -33,6 +33,8 @@ class Arena:
         """Return the header fields and layout."""
     def close(self) -> None:
         """Unmap (once no view remains) and, in the owner, remove the file."""
+    def _unlink(self) -> None:
+        """In the owner, remove the file now but keep the mapping (internal)."""
     @property
     def path(self) -> str:
         """The file's path."""
@@ -292,12 +294,12 @@ def pinned_memory_status() -> tuple[bool | None, str | None]:
 ImageSource = bytes | bytearray | memoryview | str | PathLike[str]
 
 def set_max_image_pixels(pixels: int) -> int:
-    """Set the pixel budget per image (width x height) for every later decode in this
-    process; return the previous one.
+    """Set the pixel budget per image (width x height); return the previous one.
 
-    An image whose header announces more pixels fails with `ImageDecodeError` (naming the
-    file) before anything is allocated for it. The default, 178956970, is Pillow's
-    decompression-bomb limit; at most ``2**32``.
+    The budget holds for every later decode in this process. An image whose header
+    announces more pixels fails with `ImageDecodeError` (naming the file) before anything
+    is allocated for it. The default, 178956970, is Pillow's decompression-bomb limit; at
+    most ``2**32``.
 
     Example:
         >>> import ferrofeed.io

@@ -123,6 +123,28 @@ fn owner_removes_file_on_drop_and_readers_keep_mapping() {
 }
 
 #[test]
+fn owner_leaves_a_file_renamed_over_its_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let owned = build(dir.path(), &sample());
+    let path = owned.path().to_path_buf();
+    // Someone else's file takes the path (rename is atomic, as a second
+    // arena's publication would be).
+    let other = dir.path().join("other.tmp");
+    std::fs::write(&other, b"not yours").unwrap();
+    std::fs::rename(&other, &path).unwrap();
+    owned.remove_file().unwrap();
+    assert_eq!(std::fs::read(&path).unwrap(), b"not yours");
+    drop(owned);
+    assert_eq!(std::fs::read(&path).unwrap(), b"not yours");
+    // And its own file it does remove.
+    std::fs::remove_file(&path).unwrap();
+    let owned = build(dir.path(), &sample());
+    let path = owned.path().to_path_buf();
+    owned.remove_file().unwrap();
+    assert!(!path.exists());
+}
+
+#[test]
 fn remove_file_is_idempotent() {
     let dir = tempfile::tempdir().unwrap();
     let owned = build(dir.path(), &sample());
@@ -191,6 +213,16 @@ fn corrupt_files_are_refused_with_distinct_errors() {
     );
     let e = open_patched(&a, |b| b[12] = 0).unwrap_err();
     assert!(matches!(e, ArenaError::Incomplete { .. }), "{e}");
+    // Flag bits this version does not know, alone or with "complete".
+    for flags in [3u32, 0x8000_0001, 0x100] {
+        let e = open_patched(&a, |b| b[12..16].copy_from_slice(&flags.to_le_bytes())).unwrap_err();
+        assert!(
+            matches!(e, ArenaError::UnknownFlags { unknown, .. } if unknown == flags & !1),
+            "{e}"
+        );
+        assert!(e.is_corrupt());
+        assert!(e.to_string().contains("unknown flag bits"), "{e}");
+    }
     let e = open_patched(&a, |b| b.truncate(len - 1)).unwrap_err();
     assert!(matches!(e, ArenaError::Truncated { .. }), "{e}");
     let e = open_patched(&a, |b| b.truncate(10)).unwrap_err();

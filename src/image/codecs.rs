@@ -121,11 +121,11 @@ pub(crate) fn zeroed(len: usize) -> Result<Vec<u8>, ImageError> {
         return Err(oom());
     }
     // SAFETY: `ptr` comes from the global allocator with `layout`, which is
-    // `len` bytes aligned as `u8` (what a `Vec<u8>` of capacity `len`
-    // allocates, so the `Vec` frees it with the same layout); all `len`
-    // bytes are initialized (zeroed); `len <= isize::MAX` (checked by
-    // `Layout::array`); nothing else owns the block.
-    Ok(unsafe { Vec::from_raw_parts(ptr, len, len) })
+    // the layout of a `[u8]` of `len` elements (so the box frees it with the
+    // same layout); all `len` bytes are initialized (zeroed); `len <=
+    // isize::MAX` (checked by `Layout::array`); nothing else owns the block.
+    let boxed = unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(ptr, len)) };
+    Ok(boxed.into_vec())
 }
 
 /// Checks that `bytes` more can be allocated now, before calling a decoder
