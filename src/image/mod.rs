@@ -602,3 +602,55 @@ fn finish(slot: &mut [u8], p: &plan::Plan, c: usize, flip: bool) {
         ops::flip_horizontal(slot, p.out_w, c);
     }
 }
+
+/// Runs `data` through every decode path, for the fuzz targets (`fuzz/`)
+/// and their corpus replay test: into a batch slot (RGB, and gray with a
+/// resize, crop and flip), to a full-size image, and for a JPEG through
+/// zune-jpeg as well as libjpeg-turbo. Errors are expected (the input is
+/// arbitrary); a decoder panic is not, and is returned. An image whose
+/// header announces more than `max_pixels` pixels is not decoded (a
+/// fuzzer's memory limit is small; the budget check is tested on its own).
+///
+/// # Errors
+///
+/// The first [`ImageError::DecoderPanic`]: a bug in a decoder.
+#[doc(hidden)]
+pub fn fuzz_every_path(data: &[u8], max_pixels: usize) -> Result<(), ImageError> {
+    if let Ok(info) = probe(data, "fuzz") {
+        if info.width.saturating_mul(info.height) > max_pixels {
+            return Ok(());
+        }
+    }
+    let keep_panics = |r: Result<(), ImageError>| match r {
+        Err(e @ ImageError::DecoderPanic { .. }) => Err(e),
+        _ => Ok(()),
+    };
+    let rgb = Transform {
+        size: Some((16, 16)),
+        ..Transform::default()
+    };
+    let mut slot = [0u8; 16 * 16 * 3];
+    keep_panics(decode_into(data, "fuzz", &rgb, &mut slot).map(drop))?;
+    let gray = Transform {
+        mode: ColorMode::Gray,
+        resize_shorter: Some(20),
+        crop: Some(Crop::Center {
+            height: 12,
+            width: 10,
+        }),
+        size: Some((8, 8)),
+        flip: true,
+        dct_scaling: true,
+    };
+    let mut slot = [0u8; 8 * 8];
+    keep_panics(decode_into(data, "fuzz", &gray, &mut slot).map(drop))?;
+    keep_panics(decode(data, "fuzz", &Transform::default()).map(drop))?;
+    if codecs::sniff(data) == Some(Format::Jpeg) {
+        keep_panics(guarded("fuzz", || {
+            let info = probe_inner(data)?;
+            let mut buf = codecs::zeroed(info.width * info.height * 3)?;
+            codecs::jpeg_zune::decode_into(data, ColorMode::Rgb, &mut buf, info.width * 3).map(drop)
+        }))?;
+    }
+    Ok(())
+}
