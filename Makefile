@@ -120,6 +120,13 @@ sanitize: ## Unit tests of the arena, staging and DLPack code under AddressSanit
 		cargo $(NIGHTLY) test --lib --target $(HOST_TRIPLE) --target-dir target/asan \
 		--no-default-features --features cuda -- arena:: staging:: dlpack::
 
+.PHONY: valgrind
+valgrind: build-deps ## The image unit tests (libjpeg-turbo's C code included) under valgrind memcheck
+	@command -v valgrind >/dev/null 2>&1 || { echo "valgrind is not installed"; exit 1; }
+	bin=$$(cargo test --lib --no-run --message-format=json 2>/dev/null | \
+		sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | head -1); \
+	JSIMD_FORCENONE=1 valgrind -q --error-exitcode=99 "$$bin" image:: --test-threads=1
+
 .PHONY: miri
 miri: ## The DLPack export and deleters under Miri (nightly, with the miri component)
 	cargo $(NIGHTLY) miri test --lib --no-default-features -- dlpack::export
