@@ -129,6 +129,47 @@ test-python: ## pytest against the installed wheel
 .PHONY: test
 test: install-test test-rust test-python ## Install what the tests need, then run every test
 
+# --- reliability: fuzzing and sanitizers (nightly toolchain; see RELIABILITY.md) ---
+NIGHTLY ?= +nightly
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS := arena decode
+HOST_TRIPLE = $(shell rustc -vV | sed -n 's/^host: //p')
+
+.PHONY: fuzz-deps
+fuzz-deps: ## Install cargo-fuzz when missing
+	@command -v cargo-fuzz >/dev/null 2>&1 || cargo install cargo-fuzz --locked
+
+.PHONY: fuzz
+fuzz: fuzz-deps build-deps ## Run each fuzz target for FUZZ_SECONDS (default 60) from its corpus
+	cd fuzz && for t in $(FUZZ_TARGETS); do \
+		cargo $(NIGHTLY) fuzz run -O $$t corpus/$$t -- \
+			-max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -timeout=20; \
+	done
+
+.PHONY: fuzz-replay
+fuzz-replay: fuzz-deps build-deps ## Run the fuzz targets once over their corpus and regression inputs
+	cd fuzz && for t in $(FUZZ_TARGETS); do \
+		dirs="corpus/$$t"; [ -d regressions/$$t ] && dirs="$$dirs regressions/$$t"; \
+		cargo $(NIGHTLY) fuzz run -O $$t $$dirs -- -runs=0 -rss_limit_mb=2048; \
+	done
+
+.PHONY: sanitize
+sanitize: ## Unit tests of the arena, staging and DLPack code under AddressSanitizer (nightly)
+	RUSTFLAGS="-Zsanitizer=address" ASAN_OPTIONS=detect_leaks=1 \
+		cargo $(NIGHTLY) test --lib --target $(HOST_TRIPLE) --target-dir target/asan \
+		--no-default-features --features cuda -- arena:: staging:: dlpack::
+
+.PHONY: valgrind
+valgrind: build-deps ## The image unit tests (libjpeg-turbo's C code included) under valgrind memcheck
+	@command -v valgrind >/dev/null 2>&1 || { echo "valgrind is not installed"; exit 1; }
+	bin=$$(cargo test --lib --no-run --message-format=json 2>/dev/null | \
+		sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | head -1); \
+	JSIMD_FORCENONE=1 valgrind -q --error-exitcode=99 "$$bin" image:: --test-threads=1
+
+.PHONY: miri
+miri: ## The DLPack export and deleters under Miri (nightly, with the miri component)
+	cargo $(NIGHTLY) miri test --lib --no-default-features -- dlpack::export
+
 .PHONY: bench-deps
 bench-deps: ## Install FFmpeg 5's shared libraries (SPDL's image decoding) with apt-get, when missing
 	@if ! ldconfig -p | grep 'libavcodec\.so\.59' >/dev/null; then \

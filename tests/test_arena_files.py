@@ -189,8 +189,7 @@ def test_sweep_keeps_files_held_by_live_processes(arena_dir: Path, procs: Procs)
             assert os.path.exists(path_c)
             assert os.path.exists(sl1.path)  # ours, alive, in this very process
             assert sl1[0] == "new1"
-            owner_c.send_signal(signal.SIGTERM)  # dies without running its cleanup
-            owner_c.wait(10)
+            procs.kill9(owner_c)  # dies without running its cleanup (SIGTERM would run it)
             assert os.path.exists(path_c)
             with SharedList(["new3"], path=arena_dir) as sl3:
                 assert not os.path.exists(path_c)

@@ -33,6 +33,8 @@ class Arena:
         """Return the header fields and layout."""
     def close(self) -> None:
         """Unmap (once no view remains) and, in the owner, remove the file."""
+    def _unlink(self) -> None:
+        """In the owner, remove the file now but keep the mapping (internal)."""
     @property
     def path(self) -> str:
         """The file's path."""
@@ -332,6 +334,25 @@ def pinned_memory_status() -> tuple[bool | None, str | None]:
     """(available, reason): None while no pool has asked for pinned memory yet."""
 
 ImageSource = bytes | bytearray | memoryview | str | PathLike[str]
+
+def set_max_image_pixels(pixels: int) -> int:
+    """Set the pixel budget per image (width x height); return the previous one.
+
+    The budget holds for every later decode in this process. An image whose header
+    announces more pixels fails with `ImageDecodeError` (naming the file) before anything
+    is allocated for it. The default, 178956970, is Pillow's decompression-bomb limit; at
+    most ``2**32``.
+
+    Example:
+        >>> import ferrofeed.io
+        >>> old = ferrofeed.io.set_max_image_pixels(4096 * 4096)
+        >>> ferrofeed.io.get_max_image_pixels()
+        16777216
+        >>> _ = ferrofeed.io.set_max_image_pixels(old)
+    """
+
+def get_max_image_pixels() -> int:
+    """The pixel budget per image (see `set_max_image_pixels`)."""
 
 def decode_image(
     src: ImageSource,

@@ -84,9 +84,10 @@ class ImageFolder(ImageFiles):
     """Images laid out one subfolder per class, as torchvision's ``ImageFolder``.
 
     ``root/dog/1.jpg`` has the label of ``dog``: classes are the subfolders' names in
-    sorted order, numbered from 0. Files are found recursively (following symbolic links)
-    and sorted; hidden files and folders are left out, and so are files whose names do
-    not end in one of ``extensions`` (case-insensitive).
+    sorted order, numbered from 0. Files are found recursively (following symbolic links,
+    each folder visited once per class even when links make a loop) and sorted; hidden
+    files and folders are left out, and so are files whose names do not end in one of
+    ``extensions`` (case-insensitive).
 
     Raises:
         FileNotFoundError: ``root`` is not a folder, has no class subfolders, or no images.
@@ -114,8 +115,22 @@ class ImageFolder(ImageFiles):
         labels: list[int] = []
         for label, name in enumerate(self.classes):
             found: list[str] = []
+            # Symbolic links are followed, so a link to a parent folder would make a loop
+            # (os.walk would go round it until the path is too long): each folder is
+            # visited once, by device and inode, the first time it is reached in sorted
+            # order.
+            seen: set[tuple[int, int]] = set()
             for folder, dirs, files in os.walk(os.path.join(root, name), followlinks=True):
-                dirs[:] = [d for d in dirs if not d.startswith(".")]
+                try:
+                    st = os.stat(folder)
+                except OSError:
+                    dirs[:] = []
+                    continue
+                if (st.st_dev, st.st_ino) in seen:
+                    dirs[:] = []
+                    continue
+                seen.add((st.st_dev, st.st_ino))
+                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
                 found.extend(
                     os.path.join(folder, f)
                     for f in files

@@ -7,11 +7,13 @@ import contextlib
 import fcntl
 import os
 import re
+import signal
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Self, TypeVar, overload
 
 from . import _core
@@ -56,6 +58,51 @@ def _close_owned_at_exit() -> None:
             arena.close()
 
 
+# The SIGTERM handler that was in place when ours was installed (None: not yet installed).
+_PREVIOUS_SIGTERM: Callable[[int, FrameType | None], object] | int | None = None
+_SIGTERM_LOCK = threading.Lock()
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    """Remove this process's owned arena files, then do what the previous handler would.
+
+    Only the files go: the mappings stay, so a previous handler that shuts down gracefully
+    (finishing a step, saving a checkpoint) still reads every SharedList it holds.
+    """
+    for arena in list(_OWNED):
+        with contextlib.suppress(Exception):
+            arena._unlink()
+    previous = _PREVIOUS_SIGTERM
+    if callable(previous):
+        previous(signum, frame)
+        return
+    # The default action: terminate, with the SIGTERM status the parent expects.
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _install_sigterm_handler() -> None:
+    """Remove owned arenas on SIGTERM too (atexit does not run on a fatal signal).
+
+    Installed once, when the process first owns an arena, and only from the main thread
+    (Python sets signal handlers there only). It chains the handler already in place: a
+    Python handler is called after the arenas are removed; the default action then
+    terminates the process with SIGTERM as before. Where SIGTERM is ignored, or handled by
+    non-Python code, nothing is installed: that handler's behaviour is kept as it is.
+    """
+    global _PREVIOUS_SIGTERM
+    if threading.current_thread() is not threading.main_thread():
+        return
+    with _SIGTERM_LOCK:
+        if _PREVIOUS_SIGTERM is not None:
+            return
+        current = signal.getsignal(signal.SIGTERM)
+        if current is signal.SIG_IGN or current is None or current is _on_sigterm:
+            return
+        _PREVIOUS_SIGTERM = current
+        signal.signal(signal.SIGTERM, _on_sigterm)
+
+
 class SharedList(_core.Arena, Sequence[T]):
     """A read-only list whose items live once per node, in a memory-mapped file.
 
@@ -68,8 +115,11 @@ class SharedList(_core.Arena, Sequence[T]):
     NumPy arrays inside items come back as zero-copy, read-only views into the arena.
 
     The process that creates a SharedList owns its file and removes it on `close`, when
-    the object is garbage collected, and at interpreter exit. A pickled SharedList is
-    just its path: unpickling maps the same file (not an owner).
+    the object is garbage collected, at interpreter exit, and on SIGTERM (a handler that
+    then chains to the one already installed, or terminates the process as SIGTERM
+    would). A pickled SharedList is just its path: unpickling maps the same file (not an
+    owner). Arenas left by a process killed with SIGKILL are removed by the next arena
+    created in their directory, or on demand by ``ferrofeed clean``.
 
     Args:
         items: any iterable of picklable objects; consumed once, streaming.
@@ -97,6 +147,7 @@ class SharedList(_core.Arena, Sequence[T]):
         # remember owned ones to remove their files at interpreter exit.
         if self.owner:
             _OWNED.add(self)
+            _install_sigterm_handler()
 
     if TYPE_CHECKING:
 

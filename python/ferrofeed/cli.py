@@ -1,12 +1,15 @@
 """The ``ferrofeed`` command line.
 
 ``ferrofeed demo`` runs the main job end to end and prints what it measured;
-``ferrofeed inspect ARENA`` validates an arena file and prints its header.
+``ferrofeed inspect ARENA`` validates an arena file and prints its header;
+``ferrofeed clean [DIR ...]`` removes the orphaned arenas (no process holds them) of the
+arena directory, or of each ``DIR``, and prints what it removed.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 __all__ = ["main"]
@@ -43,15 +46,51 @@ def _inspect(argv: list[str]) -> int:
     return 0
 
 
+def _clean(argv: list[str]) -> int:
+    from . import _core
+    from ._shared_list import default_arena_dir
+
+    parser = argparse.ArgumentParser(
+        prog="ferrofeed clean",
+        description=(
+            "Remove orphaned arenas: arena files that no process maps any more (their "
+            "owner was killed before it could remove them), and half-written ones of dead "
+            "writers. Arenas in use are never touched."
+        ),
+    )
+    parser.add_argument(
+        "dirs",
+        nargs="*",
+        metavar="DIR",
+        help="directories to clean (default: the arena directory, $FERROFEED_ARENA_DIR or "
+        "/dev/shm)",
+    )
+    args = parser.parse_args(argv)
+    dirs = args.dirs or [str(default_arena_dir())]
+    status = 0
+    total = 0
+    for d in dirs:
+        if not os.path.isdir(d):
+            print(f"ferrofeed clean: {d}: not a directory", file=sys.stderr)
+            status = 1
+            continue
+        for path in _core.sweep(d):
+            print(f"removed {path}")
+            total += 1
+    print(f"ferrofeed clean: removed {total} orphaned arena file{'s' if total != 1 else ''}")
+    return status
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the ``ferrofeed`` command line."""
     argv = sys.argv[1:] if argv is None else argv
     commands = {
         "demo": "run the main job on generated data and print what it measured",
         "inspect": "validate an arena file and print its header",
+        "clean": "remove orphaned arenas (that no process holds) and print what went",
     }
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
-        print("usage: ferrofeed {demo,inspect} ...\n")
+        print("usage: ferrofeed {demo,inspect,clean} ...\n")
         for name, text in commands.items():
             print(f"  {name:<9}{text}")
         return 0 if argv and argv[0] in ("-h", "--help") else 2
@@ -59,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         from ._demo import main as demo
 
         return demo(argv[1:])
+    if argv[0] == "clean":
+        return _clean(argv[1:])
     return _inspect(argv[1:])
 
 

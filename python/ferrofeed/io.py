@@ -6,6 +6,12 @@ EXIF orientation and take the same transform arguments, applied in this order: o
 ``resize_shorter``, ``crop``, ``size``, ``flip``. Resizing is antialiased bilinear, as
 Pillow's ``Image.resize(..., Image.BILINEAR)``.
 
+No input aborts the process: an image whose header announces more pixels than the budget
+(`set_max_image_pixels`, default 178956970, Pillow's decompression-bomb limit), a file too
+short for the size it claims, or an image whose buffers cannot be allocated is an
+`ImageDecodeError` naming the file. The budget applies to every decode in the process
+(`decode_image`, `load_images`, the decode ops of pipelines and `DataLoader`).
+
 Example:
     >>> import ferrofeed.io
     >>> png = bytes.fromhex(  # a 1x1 red PNG
@@ -19,7 +25,15 @@ Example:
 
 from __future__ import annotations
 
-from ._core import decode_image, load_images
+from ._core import decode_image, get_max_image_pixels, load_images, set_max_image_pixels
 from ._errors import ImageDecodeError, ImageError, ImageReadError
 
-__all__ = ["ImageDecodeError", "ImageError", "ImageReadError", "decode_image", "load_images"]
+__all__ = [
+    "ImageDecodeError",
+    "ImageError",
+    "ImageReadError",
+    "decode_image",
+    "get_max_image_pixels",
+    "load_images",
+    "set_max_image_pixels",
+]

@@ -79,6 +79,22 @@ pub enum ArenaError {
         /// The version supported.
         supported: u32,
     },
+    /// The header sets flag bits this build does not know: a later format
+    /// that this reader cannot read safely.
+    #[error(
+        "arena {path:?} sets unknown flag bits {unknown:#x} (flags {flags:#x}); this build \
+         knows only {known:#x}: it was written by a newer ferrofeed, or it is corrupt"
+    )]
+    UnknownFlags {
+        /// The file.
+        path: PathBuf,
+        /// The whole flags field.
+        flags: u32,
+        /// The bits this build does not know.
+        unknown: u32,
+        /// The bits this build knows.
+        known: u32,
+    },
     /// The complete flag is not set: the writer died or is still writing.
     #[error("arena {path:?} is incomplete (its writer did not finish)")]
     Incomplete {
@@ -125,6 +141,7 @@ impl ArenaError {
             Self::Truncated { .. }
                 | Self::BadMagic { .. }
                 | Self::UnsupportedVersion { .. }
+                | Self::UnknownFlags { .. }
                 | Self::Incomplete { .. }
                 | Self::SizeMismatch { .. }
                 | Self::BadLayout { .. }

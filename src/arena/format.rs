@@ -4,7 +4,7 @@
 //! offset 0     header (64 bytes, little-endian)
 //!   0  magic         8 bytes  b"FFARENA\0"
 //!   8  version       u32      FORMAT_VERSION
-//!   12 flags         u32      bit 0: complete
+//!   12 flags         u32      bit 0: complete; other bits 0 (readers refuse them)
 //!   16 item_count    u64      n
 //!   24 data_offset   u64      multiple of 64, >= 64
 //!   32 index_offset  u64      multiple of 8
@@ -34,6 +34,9 @@ pub const ITEM_ALIGN: u64 = 64;
 pub const INDEX_ALIGN: u64 = 8;
 /// `flags` bit set once the file is completely written.
 pub const FLAG_COMPLETE: u32 = 1;
+/// Every `flags` bit this version knows; a reader refuses a file that sets
+/// any other (a later format whose meaning it cannot honour).
+pub const KNOWN_FLAGS: u32 = FLAG_COMPLETE;
 
 /// The fixed 64-byte header, read in place from the mapping.
 ///

@@ -10,7 +10,9 @@ use zerocopy::little_endian::U64;
 use zerocopy::FromBytes;
 
 use super::error::{ArenaError, Result};
-use super::format::{align_up, Header, FORMAT_VERSION, HEADER_LEN, INDEX_ALIGN, ITEM_ALIGN, MAGIC};
+use super::format::{
+    align_up, Header, FORMAT_VERSION, HEADER_LEN, INDEX_ALIGN, ITEM_ALIGN, KNOWN_FLAGS, MAGIC,
+};
 use super::lock;
 
 /// Where the regions of a validated arena lie, in bytes from the file start.
@@ -44,8 +46,9 @@ pub struct Layout {
 #[derive(Debug)]
 pub struct Arena {
     map: Mmap,
-    /// Holds the shared lock that marks the file as in use.
-    _file: File,
+    /// Holds the shared lock that marks the file as in use; its inode is
+    /// what [`Arena::remove_file`] removes.
+    file: File,
     path: PathBuf,
     layout: Layout,
     /// The pid of the process that created the file and must remove it.
@@ -112,7 +115,7 @@ impl Arena {
         let layout = validate(&path, &map)?;
         Ok(Self {
             map,
-            _file: file,
+            file,
             path,
             layout,
             owner_pid,
@@ -188,8 +191,10 @@ impl Arena {
         self.owner_pid == Some(std::process::id())
     }
 
-    /// Removes the file if this process owns it; does nothing otherwise, and
-    /// nothing the second time. The mapping stays valid: processes that map
+    /// Removes the file if this process owns it and it is still the file at
+    /// [`Arena::path`] (same device and inode: a file someone renamed over
+    /// the path is left alone); does nothing otherwise, and nothing the
+    /// second time. The mapping stays valid: processes that map
     /// the arena keep reading it until they unmap it.
     ///
     /// In a child forked from the owner the inherited value is not the owner
@@ -201,6 +206,19 @@ impl Arena {
     pub fn remove_file(&self) -> Result<()> {
         if !self.is_owner() || self.removed.swap(true, Ordering::AcqRel) {
             return Ok(());
+        }
+        // Only our own file: someone may have renamed another file over the
+        // path since (a stale handle's close must not delete a newer arena
+        // made at the same path). Compare device and inode of what sits at
+        // the path with the file this value maps. (A file renamed over the
+        // path between this check and the unlink is still removed: POSIX has
+        // no unlink-if-same-inode; the window is a few microseconds.)
+        let ours = rustix::fs::fstat(&self.file)
+            .map_err(|e| ArenaError::io("stat", &self.path, e.into()))?;
+        match rustix::fs::lstat(&self.path) {
+            Ok(there) if (there.st_dev, there.st_ino) == (ours.st_dev, ours.st_ino) => {}
+            Ok(_) | Err(rustix::io::Errno::NOENT) => return Ok(()),
+            Err(e) => return Err(ArenaError::io("stat", &self.path, e.into())),
         }
         match std::fs::remove_file(&self.path) {
             Ok(()) => Ok(()),
@@ -257,6 +275,15 @@ pub fn validate(path: &Path, bytes: &[u8]) -> Result<Layout> {
             path: path.to_path_buf(),
             found: header.version.get(),
             supported: FORMAT_VERSION,
+        });
+    }
+    let flags = header.flags.get();
+    if flags & !KNOWN_FLAGS != 0 {
+        return Err(ArenaError::UnknownFlags {
+            path: path.to_path_buf(),
+            flags,
+            unknown: flags & !KNOWN_FLAGS,
+            known: KNOWN_FLAGS,
         });
     }
     if !header.is_complete() {

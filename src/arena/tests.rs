@@ -123,6 +123,28 @@ fn owner_removes_file_on_drop_and_readers_keep_mapping() {
 }
 
 #[test]
+fn owner_leaves_a_file_renamed_over_its_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let owned = build(dir.path(), &sample());
+    let path = owned.path().to_path_buf();
+    // Someone else's file takes the path (rename is atomic, as a second
+    // arena's publication would be).
+    let other = dir.path().join("other.tmp");
+    std::fs::write(&other, b"not yours").unwrap();
+    std::fs::rename(&other, &path).unwrap();
+    owned.remove_file().unwrap();
+    assert_eq!(std::fs::read(&path).unwrap(), b"not yours");
+    drop(owned);
+    assert_eq!(std::fs::read(&path).unwrap(), b"not yours");
+    // And its own file it does remove.
+    std::fs::remove_file(&path).unwrap();
+    let owned = build(dir.path(), &sample());
+    let path = owned.path().to_path_buf();
+    owned.remove_file().unwrap();
+    assert!(!path.exists());
+}
+
+#[test]
 fn remove_file_is_idempotent() {
     let dir = tempfile::tempdir().unwrap();
     let owned = build(dir.path(), &sample());
@@ -191,6 +213,16 @@ fn corrupt_files_are_refused_with_distinct_errors() {
     );
     let e = open_patched(&a, |b| b[12] = 0).unwrap_err();
     assert!(matches!(e, ArenaError::Incomplete { .. }), "{e}");
+    // Flag bits this version does not know, alone or with "complete".
+    for flags in [3u32, 0x8000_0001, 0x100] {
+        let e = open_patched(&a, |b| b[12..16].copy_from_slice(&flags.to_le_bytes())).unwrap_err();
+        assert!(
+            matches!(e, ArenaError::UnknownFlags { unknown, .. } if unknown == flags & !1),
+            "{e}"
+        );
+        assert!(e.is_corrupt());
+        assert!(e.to_string().contains("unknown flag bits"), "{e}");
+    }
     let e = open_patched(&a, |b| b.truncate(len - 1)).unwrap_err();
     assert!(matches!(e, ArenaError::Truncated { .. }), "{e}");
     let e = open_patched(&a, |b| b.truncate(10)).unwrap_err();
@@ -380,4 +412,51 @@ proptest! {
     fn validate_never_panics_on_garbage(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
         let _ = validate(Path::new("garbage"), &bytes);
     }
+}
+
+/// Replays the committed fuzz inputs of the `arena` target (seeds and
+/// regression inputs): opened as files, read item by item, judged as
+/// the in-memory validation judges them.
+#[test]
+fn fuzz_corpus_replays_cleanly() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz");
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("input.bin");
+    let (mut n, mut valid) = (0, 0);
+    for dir in ["corpus/arena", "regressions/arena"] {
+        let Ok(entries) = std::fs::read_dir(root.join(dir)) else {
+            continue;
+        };
+        for entry in entries {
+            let path = entry.unwrap().path();
+            if dir.starts_with("corpus")
+                && !path
+                    .file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .starts_with("seed-")
+            {
+                continue; // a local fuzzing run's find: `make fuzz-replay` replays those
+            }
+            let data = std::fs::read(&path).unwrap();
+            std::fs::write(&file, &data).unwrap();
+            let opened = Arena::open(&file);
+            assert_eq!(
+                validate(&path, &data).is_ok(),
+                opened.is_ok(),
+                "{}",
+                path.display()
+            );
+            if let Ok(a) = opened {
+                for i in 0..a.len() {
+                    let span = a.span(i).unwrap();
+                    assert!(span.end <= a.as_bytes().len() && span.start % 64 == 0);
+                    assert_eq!(a.get(i).unwrap().len(), span.len());
+                }
+                valid += 1;
+            }
+            n += 1;
+        }
+    }
+    assert!(n >= 3 && valid >= 3, "{n} corpus files, {valid} valid");
 }

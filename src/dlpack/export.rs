@@ -14,32 +14,62 @@ use super::TensorDesc;
 
 /// The heap block behind one exported tensor. `repr(C)` with the managed
 /// struct first, so a pointer to the block is a pointer to the struct.
+///
+/// `dl_tensor.shape` and `dl_tensor.strides` point into `shape` and
+/// `strides`. They are taken only once the holder sits at its final heap
+/// address, through the raw pointer to it: nothing moves the holder or its
+/// vectors afterwards (a `Box<[i64]>` moved into the holder after its
+/// pointer was taken would, under Rust's aliasing rules, invalidate that
+/// pointer; `Vec`s also make no uniqueness claim when the holder is moved
+/// into its box).
 #[repr(C)]
 struct Holder<M, O> {
     managed: M,
     /// Backing store of `dl_tensor.shape`.
-    shape: Box<[i64]>,
+    shape: Vec<i64>,
     /// Backing store of `dl_tensor.strides`.
-    strides: Box<[i64]>,
+    strides: Vec<i64>,
     /// Keeps the data alive; dropped by the deleter.
     owner: O,
 }
 
-fn dl_tensor(
-    data: *mut c_void,
-    desc: &TensorDesc,
-    shape: &mut [i64],
-    strides: &mut [i64],
-) -> DLTensor {
+/// The `DLTensor` of `desc` over `data`, with null shape and strides (set
+/// by [`point_into`] once the holder is in place).
+fn dl_tensor(data: *mut c_void, desc: &TensorDesc) -> DLTensor {
     DLTensor {
         data,
         device: desc.device,
         // At most `MAX_NDIM` dimensions (checked by `TensorDesc::new`).
-        ndim: i32::try_from(shape.len()).expect("ndim fits in i32"),
+        ndim: i32::try_from(desc.shape.len()).expect("ndim fits in i32"),
         dtype: desc.dtype.to_dlpack(),
-        shape: shape.as_mut_ptr(),
-        strides: strides.as_mut_ptr(),
+        shape: std::ptr::null_mut(),
+        strides: std::ptr::null_mut(),
         byte_offset: desc.byte_offset,
+    }
+}
+
+/// Boxes `holder`, points its tensor's shape and strides into its own
+/// vectors (`tensor` picks the `DLTensor` out of the managed struct), sets
+/// `manager_ctx`, and leaks the box.
+fn leak<M, O>(
+    holder: Holder<M, O>,
+    tensor: impl FnOnce(*mut M) -> (*mut DLTensor, *mut *mut c_void),
+) -> NonNull<M> {
+    let raw = Box::into_raw(Box::new(holder));
+    // SAFETY: `raw` comes from `Box::into_raw`: non-null, aligned, pointing
+    // to an initialized holder that nothing else references. Every access
+    // below goes through `raw` (no reference to the holder outlives its
+    // statement), and the holder stays at this address until the deleter
+    // frees it, so the shape and strides pointers, derived from `raw` after
+    // the last move, stay valid for as long as the tensor lives.
+    unsafe {
+        let shape = (*raw).shape.as_mut_ptr();
+        let strides = (*raw).strides.as_mut_ptr();
+        let (dl, ctx) = tensor(&raw mut (*raw).managed);
+        (*dl).shape = shape;
+        (*dl).strides = strides;
+        *ctx = raw.cast::<c_void>();
+        NonNull::new_unchecked(raw.cast::<M>())
     }
 }
 
@@ -57,29 +87,23 @@ pub fn export_versioned<O: Send + 'static>(
     version: DLPackVersion,
     flags: u64,
 ) -> NonNull<DLManagedTensorVersioned> {
-    let mut shape: Box<[i64]> = desc.shape.clone().into_boxed_slice();
-    let mut strides: Box<[i64]> = desc.strides.clone().into_boxed_slice();
-    let managed = DLManagedTensorVersioned {
-        version,
-        manager_ctx: std::ptr::null_mut(),
-        deleter: Some(delete_versioned::<O>),
-        flags,
-        // The boxed slices keep their heap address when moved into the holder.
-        dl_tensor: dl_tensor(data, desc, &mut shape, &mut strides),
-    };
-    let holder = Box::new(Holder {
-        managed,
-        shape,
-        strides,
+    let holder = Holder {
+        managed: DLManagedTensorVersioned {
+            version,
+            manager_ctx: std::ptr::null_mut(),
+            deleter: Some(delete_versioned::<O>),
+            flags,
+            dl_tensor: dl_tensor(data, desc),
+        },
+        shape: desc.shape.clone(),
+        strides: desc.strides.clone(),
         owner,
-    });
-    let raw = Box::into_raw(holder);
-    // SAFETY: `raw` comes from `Box::into_raw`, so it is non-null, aligned
-    // and points to an initialized holder that nobody else references.
-    unsafe {
-        (*raw).managed.manager_ctx = raw.cast::<c_void>();
-        NonNull::new_unchecked(raw.cast::<DLManagedTensorVersioned>())
-    }
+    };
+    // SAFETY (of the closure's place projections): `m` points to the
+    // managed struct inside the live, leaked holder (see `leak`).
+    leak(holder, |m| unsafe {
+        (&raw mut (*m).dl_tensor, &raw mut (*m).manager_ctx)
+    })
 }
 
 /// Exports `data` described by `desc` as a legacy `DLManagedTensor` that
@@ -90,24 +114,20 @@ pub fn export_legacy<O: Send + 'static>(
     desc: &TensorDesc,
     owner: O,
 ) -> NonNull<DLManagedTensor> {
-    let mut shape: Box<[i64]> = desc.shape.clone().into_boxed_slice();
-    let mut strides: Box<[i64]> = desc.strides.clone().into_boxed_slice();
-    let managed = DLManagedTensor {
-        dl_tensor: dl_tensor(data, desc, &mut shape, &mut strides),
-        manager_ctx: std::ptr::null_mut(),
-        deleter: Some(delete_legacy::<O>),
-    };
-    let raw = Box::into_raw(Box::new(Holder {
-        managed,
-        shape,
-        strides,
+    let holder = Holder {
+        managed: DLManagedTensor {
+            dl_tensor: dl_tensor(data, desc),
+            manager_ctx: std::ptr::null_mut(),
+            deleter: Some(delete_legacy::<O>),
+        },
+        shape: desc.shape.clone(),
+        strides: desc.strides.clone(),
         owner,
-    }));
+    };
     // SAFETY: as in `export_versioned`.
-    unsafe {
-        (*raw).managed.manager_ctx = raw.cast::<c_void>();
-        NonNull::new_unchecked(raw.cast::<DLManagedTensor>())
-    }
+    leak(holder, |m| unsafe {
+        (&raw mut (*m).dl_tensor, &raw mut (*m).manager_ctx)
+    })
 }
 
 /// The deleter of [`export_versioned`] tensors: drops the holder, and so the

@@ -10,9 +10,10 @@ pub(crate) mod jpeg_turbo;
 #[cfg_attr(all(feature = "turbojpeg", not(test)), allow(dead_code))]
 pub(crate) mod jpeg_zune;
 
+use std::alloc::{self, Layout};
 use std::io::Cursor;
 
-use super::{ColorMode, Format, ImageError, MAX_PIXELS};
+use super::{max_pixels, ColorMode, Format, ImageError};
 
 /// At most this many progressive scans: a crafted progressive JPEG with
 /// thousands of tiny scans would otherwise take minutes to decode
@@ -72,7 +73,13 @@ pub(crate) fn sniff(data: &[u8]) -> Option<Format> {
     }
 }
 
-fn check_size(width: usize, height: usize, format: Format) -> Result<(), ImageError> {
+/// Refuses a zero size, or more pixels than `limit` (the budget).
+pub(crate) fn check_size(
+    width: usize,
+    height: usize,
+    format: Format,
+    limit: usize,
+) -> Result<(), ImageError> {
     if width == 0 || height == 0 {
         return Err(ImageError::Corrupt {
             name: String::new(),
@@ -80,12 +87,89 @@ fn check_size(width: usize, height: usize, format: Format) -> Result<(), ImageEr
             reason: format!("zero image size {width}x{height}"),
         });
     }
-    if width.saturating_mul(height) > MAX_PIXELS {
+    if width.saturating_mul(height) > limit {
         return Err(ImageError::TooLarge {
             name: String::new(),
             width,
             height,
+            limit,
         });
+    }
+    Ok(())
+}
+
+/// A zeroed buffer of `len` bytes, or [`ImageError::OutOfMemory`] when the
+/// allocator cannot give it, where `vec![0; len]` would abort the process.
+///
+/// Hand-written because std has no fallible zeroed `Vec` on stable
+/// (`Vec::try_reserve` then `resize` would write every byte, touching memory
+/// that `alloc_zeroed` gets from the kernel already zeroed and untouched: a
+/// tiny file claiming a huge size then costs address space, not RAM).
+pub(crate) fn zeroed(len: usize) -> Result<Vec<u8>, ImageError> {
+    let oom = || ImageError::OutOfMemory {
+        name: String::new(),
+        bytes: len,
+    };
+    if len == 0 {
+        return Ok(Vec::new());
+    }
+    let layout = Layout::array::<u8>(len).map_err(|_| oom())?;
+    // SAFETY: `layout` has a non-zero size (`len > 0`), as `alloc_zeroed`
+    // requires.
+    let ptr = unsafe { alloc::alloc_zeroed(layout) };
+    if ptr.is_null() {
+        return Err(oom());
+    }
+    // SAFETY: `ptr` comes from the global allocator with `layout`, which is
+    // the layout of a `[u8]` of `len` elements (so the box frees it with the
+    // same layout); all `len` bytes are initialized (zeroed); `len <=
+    // isize::MAX` (checked by `Layout::array`); nothing else owns the block.
+    let boxed = unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(ptr, len)) };
+    Ok(boxed.into_vec())
+}
+
+/// Checks that `bytes` more can be allocated now, before calling a decoder
+/// that allocates about that much inside (image-webp, zune-jpeg) with
+/// allocations that would abort the process on failure: a best effort (the
+/// memory is released before the decoder asks for it), which turns the
+/// common case, an address-space or memory limit far below what a hostile
+/// header claims, into an [`ImageError::OutOfMemory`].
+pub(crate) fn headroom(bytes: usize) -> Result<(), ImageError> {
+    let mut probe: Vec<u8> = Vec::new();
+    probe
+        .try_reserve_exact(bytes)
+        .map_err(|_| ImageError::OutOfMemory {
+            name: String::new(),
+            bytes,
+        })
+}
+
+/// Deflate's best compression ratio: a 258-byte match coded in 2 bits
+/// (1-bit length and distance codes) gives 1032 output bytes per input
+/// byte; no zlib stream decompresses to more.
+const DEFLATE_MAX_RATIO: usize = 1032;
+
+/// Refuses a PNG whose file is too short to hold the pixel data its header
+/// announces, even at deflate's best ratio: a truncated or hostile file
+/// (74 bytes claiming 13000 x 13000) fails before its buffers are allocated.
+fn check_png_plausible(data: &[u8], info: &png::Info<'_>) -> Result<(), ImageError> {
+    let samples = info.color_type.samples();
+    let bits = u64::from(info.bit_depth as u8) * samples as u64;
+    // Each row: a filter byte and the packed samples.
+    let row = (u64::from(info.width) * bits).div_ceil(8) + 1;
+    let raw = row.saturating_mul(u64::from(info.height));
+    let most = (data.len() as u64).saturating_mul(DEFLATE_MAX_RATIO as u64);
+    if raw > most {
+        return Err(corrupt(
+            Format::Png,
+            format!(
+                "truncated: a {}x{} image needs {raw} bytes of pixel data, more than the \
+                 {} bytes of the file can hold",
+                info.width,
+                info.height,
+                data.len()
+            ),
+        ));
     }
     Ok(())
 }
@@ -127,6 +211,7 @@ pub(crate) fn probe(data: &[u8], format: Format) -> Result<ImageInfo, ImageError
         Format::Png => {
             let mut decoder = png::Decoder::new(Cursor::new(data));
             let info = decoder.read_header_info().map_err(|e| corrupt(format, e))?;
+            check_png_plausible(data, info)?;
             (info.width as usize, info.height as usize, 1)
         }
         Format::Webp => {
@@ -140,7 +225,7 @@ pub(crate) fn probe(data: &[u8], format: Format) -> Result<ImageInfo, ImageError
             (w, h, 1)
         }
     };
-    check_size(width, height, format)?;
+    check_size(width, height, format, max_pixels())?;
     Ok(ImageInfo {
         format,
         width,
@@ -185,7 +270,7 @@ pub(crate) fn decode_jpeg_into(
 /// `pitch` bytes apart.
 fn write_inverted_cmyk(cmyk: &[u8], w: usize, mode: ColorMode, out: &mut [u8], pitch: usize) {
     let c = mode.channels();
-    let mut rgb = vec![0u8; w * 3];
+    let mut rgb = vec![0u8; w * 3]; // one row
     for (y, line) in cmyk.chunks_exact(w * 4).enumerate() {
         super::ops::inverted_cmyk_to_rgb(line, &mut rgb);
         let row = &mut out[y * pitch..y * pitch + w * c];
@@ -200,10 +285,11 @@ pub(crate) fn decode_png(data: &[u8]) -> Result<Pixels, ImageError> {
     let mut decoder = png::Decoder::new(Cursor::new(data));
     decoder.set_transformations(png::Transformations::normalize_to_color8());
     let mut reader = decoder.read_info().map_err(|e| corrupt(fmt, e))?;
+    check_png_plausible(data, reader.info())?;
     let size = reader
         .output_buffer_size()
         .ok_or_else(|| corrupt(fmt, "image too large"))?;
-    let mut buf = vec![0u8; size];
+    let mut buf = zeroed(size)?;
     let info = reader.next_frame(&mut buf).map_err(|e| corrupt(fmt, e))?;
     let channels = match info.color_type {
         png::ColorType::Grayscale => 1,
@@ -224,7 +310,12 @@ pub(crate) fn decode_png(data: &[u8]) -> Result<Pixels, ImageError> {
     if info.line_size == packed {
         buf.truncate(packed * height);
     } else {
-        let mut out = Vec::with_capacity(packed * height);
+        let mut out = Vec::new();
+        out.try_reserve_exact(packed * height)
+            .map_err(|_| ImageError::OutOfMemory {
+                name: String::new(),
+                bytes: packed * height,
+            })?;
         for row in buf.chunks(info.line_size).take(height) {
             out.extend_from_slice(&row[..packed]);
         }
@@ -254,7 +345,10 @@ pub(crate) fn decode_webp(data: &[u8]) -> Result<Pixels, ImageError> {
     let size = decoder
         .output_buffer_size()
         .ok_or_else(|| corrupt(fmt, "image too large"))?;
-    let mut buf = vec![0u8; size];
+    let mut buf = zeroed(size)?;
+    // image-webp allocates its own frame buffers (up to 4 bytes a pixel,
+    // infallibly): check that they fit first.
+    headroom((w as usize).saturating_mul(h as usize).saturating_mul(4))?;
     decoder.read_image(&mut buf).map_err(|e| corrupt(fmt, e))?;
     Ok(Pixels {
         data: buf,

@@ -63,12 +63,46 @@ mod tests;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 pub use codecs::ImageInfo;
 
-/// The largest image decoded, in pixels (Pillow's decompression-bomb error
-/// limit): larger headers are refused before any allocation.
+/// The default pixel budget of one image (Pillow's decompression-bomb error
+/// limit): headers announcing more pixels are refused before any
+/// allocation. See [`set_max_pixels`].
 pub const MAX_PIXELS: usize = 178_956_970;
+
+/// The largest pixel budget [`set_max_pixels`] accepts (`2^32`): pixel
+/// counts then stay exact in the `f64` geometry of the resampler.
+pub const MAX_PIXELS_CEILING: usize = 1 << 32;
+
+static PIXEL_BUDGET: AtomicUsize = AtomicUsize::new(MAX_PIXELS);
+
+/// The pixel budget per image, for every decode in this process: an image
+/// whose header announces more pixels (width times height) is an
+/// [`ImageError::TooLarge`], before anything is allocated for it.
+pub fn max_pixels() -> usize {
+    PIXEL_BUDGET.load(Ordering::Relaxed)
+}
+
+/// Sets the pixel budget per image (see [`max_pixels`]; default
+/// [`MAX_PIXELS`]) for every later decode in this process, and returns the
+/// previous one.
+///
+/// # Errors
+///
+/// [`ImageError::InvalidTransform`] when `pixels` is 0 or above
+/// [`MAX_PIXELS_CEILING`].
+pub fn set_max_pixels(pixels: usize) -> Result<usize, ImageError> {
+    if pixels == 0 || pixels > MAX_PIXELS_CEILING {
+        return Err(ImageError::InvalidTransform {
+            reason: format!(
+                "the pixel budget must be positive and at most {MAX_PIXELS_CEILING}, not {pixels}"
+            ),
+        });
+    }
+    Ok(PIXEL_BUDGET.swap(pixels, Ordering::Relaxed))
+}
 
 /// An image file format, recognized by its first bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -224,8 +258,11 @@ pub enum ImageError {
         /// What is not supported.
         reason: String,
     },
-    /// The header announces more than [`MAX_PIXELS`] pixels.
-    #[error("{name}: image of {width}x{height} pixels exceeds the limit of {MAX_PIXELS} pixels")]
+    /// The header announces more pixels than the budget ([`max_pixels`]).
+    #[error(
+        "{name}: image of {width}x{height} pixels exceeds the pixel budget of {limit} \
+         (see set_max_image_pixels)"
+    )]
     TooLarge {
         /// The source.
         name: String,
@@ -233,6 +270,18 @@ pub enum ImageError {
         width: usize,
         /// Height from the header.
         height: usize,
+        /// The pixel budget at the time.
+        limit: usize,
+    },
+    /// The memory to decode the image could not be allocated (the process
+    /// is short of memory, or the header claims a size the data cannot
+    /// hold): this image fails, the process goes on.
+    #[error("{name}: cannot allocate {bytes} bytes to decode the image")]
+    OutOfMemory {
+        /// The source.
+        name: String,
+        /// The size of the failed allocation.
+        bytes: usize,
     },
     /// Reading the file failed.
     #[error("{name}: cannot read the file: {source}")]
@@ -293,6 +342,7 @@ impl ImageError {
             | ImageError::Corrupt { name, .. }
             | ImageError::Unsupported { name, .. }
             | ImageError::TooLarge { name, .. }
+            | ImageError::OutOfMemory { name, .. }
             | ImageError::Io { name, .. }
             | ImageError::SlotSize { name, .. }
             | ImageError::DecoderPanic { name, .. } => {
@@ -313,6 +363,7 @@ impl ImageError {
             | ImageError::Corrupt { name, .. }
             | ImageError::Unsupported { name, .. }
             | ImageError::TooLarge { name, .. }
+            | ImageError::OutOfMemory { name, .. }
             | ImageError::Io { name, .. }
             | ImageError::SlotSize { name, .. }
             | ImageError::DecoderPanic { name, .. } => Some(name),
@@ -489,7 +540,7 @@ fn decode_inner(
                 8
             };
             let (sw, sh) = codecs::jpeg_scaled_size(&info, num);
-            let mut buf = vec![0u8; sw * sh * c];
+            let mut buf = codecs::zeroed(sw * sh * c)?;
             let (w, h) = codecs::decode_jpeg_into(data, num, transform.mode, &mut buf, sw * c)?;
             buf.truncate(w * h * c);
             (buf, w, h)
@@ -512,7 +563,7 @@ fn decode_inner(
                 finish(slot, &p, c, transform.flip);
                 return Ok((p.out_h, p.out_w, c));
             }
-            let mut buf = vec![0u8; px.width * px.height * c];
+            let mut buf = codecs::zeroed(px.width * px.height * c)?;
             ops::convert_channels(&px.data, px.channels, &mut buf, c);
             (buf, px.width, px.height)
         }
@@ -520,7 +571,7 @@ fn decode_inner(
     let (pixels, w, h) = if info.orientation == 1 {
         (pixels, w, h)
     } else {
-        ops::orient(&pixels, w, h, c, info.orientation)
+        ops::orient(&pixels, w, h, c, info.orientation)?
     };
     // The plan is in full-size oriented coordinates; the decoded image may
     // be DCT-scaled.
@@ -550,4 +601,56 @@ fn finish(slot: &mut [u8], p: &plan::Plan, c: usize, flip: bool) {
     if flip {
         ops::flip_horizontal(slot, p.out_w, c);
     }
+}
+
+/// Runs `data` through every decode path, for the fuzz targets (`fuzz/`)
+/// and their corpus replay test: into a batch slot (RGB, and gray with a
+/// resize, crop and flip), to a full-size image, and for a JPEG through
+/// zune-jpeg as well as libjpeg-turbo. Errors are expected (the input is
+/// arbitrary); a decoder panic is not, and is returned. An image whose
+/// header announces more than `max_pixels` pixels is not decoded (a
+/// fuzzer's memory limit is small; the budget check is tested on its own).
+///
+/// # Errors
+///
+/// The first [`ImageError::DecoderPanic`]: a bug in a decoder.
+#[doc(hidden)]
+pub fn fuzz_every_path(data: &[u8], max_pixels: usize) -> Result<(), ImageError> {
+    if let Ok(info) = probe(data, "fuzz") {
+        if info.width.saturating_mul(info.height) > max_pixels {
+            return Ok(());
+        }
+    }
+    let keep_panics = |r: Result<(), ImageError>| match r {
+        Err(e @ ImageError::DecoderPanic { .. }) => Err(e),
+        _ => Ok(()),
+    };
+    let rgb = Transform {
+        size: Some((16, 16)),
+        ..Transform::default()
+    };
+    let mut slot = [0u8; 16 * 16 * 3];
+    keep_panics(decode_into(data, "fuzz", &rgb, &mut slot).map(drop))?;
+    let gray = Transform {
+        mode: ColorMode::Gray,
+        resize_shorter: Some(20),
+        crop: Some(Crop::Center {
+            height: 12,
+            width: 10,
+        }),
+        size: Some((8, 8)),
+        flip: true,
+        dct_scaling: true,
+    };
+    let mut slot = [0u8; 8 * 8];
+    keep_panics(decode_into(data, "fuzz", &gray, &mut slot).map(drop))?;
+    keep_panics(decode(data, "fuzz", &Transform::default()).map(drop))?;
+    if codecs::sniff(data) == Some(Format::Jpeg) {
+        keep_panics(guarded("fuzz", || {
+            let info = probe_inner(data)?;
+            let mut buf = codecs::zeroed(info.width * info.height * 3)?;
+            codecs::jpeg_zune::decode_into(data, ColorMode::Rgb, &mut buf, info.width * 3).map(drop)
+        }))?;
+    }
+    Ok(())
 }

@@ -78,10 +78,10 @@ pub(crate) fn orient(
     h: usize,
     c: usize,
     orientation: u16,
-) -> (Vec<u8>, usize, usize) {
+) -> Result<(Vec<u8>, usize, usize), super::ImageError> {
     let transposed = orientation >= 5;
     let (ow, oh) = if transposed { (h, w) } else { (w, h) };
-    let mut out = vec![0u8; ow * oh * c];
+    let mut out = super::codecs::zeroed(ow * oh * c)?;
     for oy in 0..oh {
         for ox in 0..ow {
             let (sx, sy) = match orientation {
@@ -99,7 +99,7 @@ pub(crate) fn orient(
             out[d..d + c].copy_from_slice(&src[s..s + c]);
         }
     }
-    (out, ow, oh)
+    Ok((out, ow, oh))
 }
 
 fn pixel_type(c: usize) -> PixelType {
@@ -230,7 +230,7 @@ mod tests {
             (8, &[2, 5, 1, 4, 0, 3], 2),
         ];
         for (o, want, w) in cases {
-            let (out, ow, _) = orient(&src, 3, 2, 1, o);
+            let (out, ow, _) = orient(&src, 3, 2, 1, o).unwrap();
             assert_eq!((out.as_slice(), ow), (want, w), "orientation {o}");
         }
     }

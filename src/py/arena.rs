@@ -560,6 +560,24 @@ impl PyArena {
         Ok(())
     }
 
+    /// Removes the file now if this process owns it (and it is still the
+    /// file at the path), keeping the mapping: every view and item stays
+    /// readable, only new `open`s of the path fail. For the SIGTERM handler
+    /// of `SharedList`. Idempotent; a no-op once closed.
+    fn _unlink(&self, py: Python<'_>) -> PyResult<()> {
+        let arena = {
+            let guard = self
+                .state
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            guard.as_ref().map(|o| Arc::clone(&o.arena))
+        };
+        if let Some(arena) = arena {
+            py.detach(|| arena.remove_file())?;
+        }
+        Ok(())
+    }
+
     fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyTuple>> {
         let py = slf.py();
         let this = slf.get();

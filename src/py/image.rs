@@ -367,7 +367,22 @@ fn _synthetic_jpeg(
     Ok(pyo3::types::PyBytes::new(py, &jpeg).unbind())
 }
 
+/// Sets the pixel budget per image for every later decode in this process
+/// (see [`image::set_max_pixels`]); returns the previous budget.
+#[pyfunction]
+fn set_max_image_pixels(pixels: usize) -> PyResult<usize> {
+    image::set_max_pixels(pixels).map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
+/// The pixel budget per image (see [`image::max_pixels`]).
+#[pyfunction]
+fn get_max_image_pixels() -> usize {
+    image::max_pixels()
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(set_max_image_pixels, m)?)?;
+    m.add_function(wrap_pyfunction!(get_max_image_pixels, m)?)?;
     m.add_function(wrap_pyfunction!(_synthetic_jpeg, m)?)?;
     m.add_function(wrap_pyfunction!(decode_image, m)?)?;
     m.add_function(wrap_pyfunction!(load_images, m)?)?;

@@ -15,6 +15,22 @@ use crate::dlpack::{
 /// own reference to the buffer, so the memory stays valid while any consumer
 /// holds a view, after the `Tensor` and the pool are gone; the buffer goes
 /// back to its pool when the last of them lets go.
+///
+/// # Soundness
+///
+/// An export hands the buffer's address to a consumer that may write to it
+/// at any time, so safe code must never get a slice of a buffer that is or
+/// may be exported: the buffer itself (whose `Deref` gives a `&[u8]`) is not
+/// reachable from outside the crate, and [`Tensor::bytes_mut`] gives the
+/// bytes only while the buffer is not shared (never exported, never cloned).
+///
+/// ```compile_fail
+/// # use ferrofeed::dlpack::DType;
+/// # use ferrofeed::staging::{BufferPool, PoolConfig, Tensor};
+/// let pool = BufferPool::new(PoolConfig::default()).unwrap();
+/// let t = Tensor::zeros(&pool, &[4], DType::U8).unwrap();
+/// let bytes: &[u8] = &t.buffer()[..]; // not public: would alias an export
+/// ```
 #[derive(Debug, Clone)]
 pub struct Tensor {
     buffer: Arc<PooledBuffer>,
@@ -155,11 +171,6 @@ impl Tensor {
     /// The description (shape, strides in elements, dtype, device).
     pub fn desc(&self) -> &TensorDesc {
         &self.desc
-    }
-
-    /// The buffer.
-    pub fn buffer(&self) -> &Arc<PooledBuffer> {
-        &self.buffer
     }
 
     /// Whether the memory is pinned.

@@ -9,8 +9,8 @@ use zune_bmp::zune_core::colorspace::ColorSpace;
 use zune_bmp::zune_core::options::DecoderOptions;
 use zune_bmp::{BmpDecoder, BmpDecoderErrors};
 
-use super::{corrupt, ImageError, Pixels};
-use crate::image::{Format, MAX_PIXELS};
+use super::{corrupt, zeroed, ImageError, Pixels};
+use crate::image::{Format, MAX_PIXELS_CEILING};
 
 const FMT: Format = Format::Bmp;
 
@@ -22,10 +22,11 @@ fn error(e: BmpDecoderErrors) -> ImageError {
 }
 
 fn decoder(data: &[u8]) -> BmpDecoder<ZCursor<&[u8]>> {
-    // No size limit of zune's own: sizes are checked against MAX_PIXELS.
+    // No size limit of zune's own: sizes are checked against the pixel
+    // budget (`image::max_pixels`).
     let options = DecoderOptions::default()
-        .set_max_width(MAX_PIXELS)
-        .set_max_height(MAX_PIXELS);
+        .set_max_width(MAX_PIXELS_CEILING)
+        .set_max_height(MAX_PIXELS_CEILING);
     BmpDecoder::new_with_options(ZCursor::new(data), options)
 }
 
@@ -149,7 +150,7 @@ fn decode_low_depth(data: &[u8], h: &Header) -> Result<Pixels, ImageError> {
     let stride = h.stride().ok_or_else(|| corrupt(FMT, "image too large"))?;
     let per_byte = 8 / h.bpp;
     let mask = (1u8 << h.bpp) - 1;
-    let mut out = vec![0u8; h.width * h.height * 3];
+    let mut out = zeroed(h.width * h.height * 3)?;
     for (y, row) in out.chunks_exact_mut(h.width * 3).enumerate() {
         let stored = if h.top_down { y } else { h.height - 1 - y };
         let at = h.offset + stored * stride;
@@ -196,7 +197,7 @@ fn decode_16_bit(data: &[u8], h: &Header) -> Result<Pixels, ImageError> {
         (mask, shift, mask >> shift)
     });
     let stride = h.stride().ok_or_else(|| corrupt(FMT, "image too large"))?;
-    let mut out = vec![0u8; h.width * h.height * 3];
+    let mut out = zeroed(h.width * h.height * 3)?;
     for (y, row) in out.chunks_exact_mut(h.width * 3).enumerate() {
         let stored = if h.top_down { y } else { h.height - 1 - y };
         let at = h.offset + stored * stride;
@@ -256,10 +257,15 @@ pub(crate) fn decode(data: &[u8]) -> Result<Pixels, ImageError> {
             })
         }
     };
-    let data = d.decode().map_err(error)?;
-    if data.len() != width * height * channels {
-        return Err(corrupt(FMT, "decoded size differs from the header"));
-    }
+    // Into a buffer of ours, allocated fallibly (zune's `decode` allocates
+    // the whole image with `vec!`, which aborts the process when an RLE
+    // file of a few bytes claims a huge size and memory is short).
+    let size = d
+        .output_buf_size()
+        .filter(|&n| n == width * height * channels)
+        .ok_or_else(|| corrupt(FMT, "decoded size differs from the header"))?;
+    let mut data = zeroed(size)?;
+    d.decode_into(&mut data).map_err(error)?;
     Ok(Pixels {
         data,
         width,

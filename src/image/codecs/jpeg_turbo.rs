@@ -71,7 +71,7 @@ pub(crate) fn decode_into(
         if matches!(header.colorspace, Colorspace::CMYK | Colorspace::YCCK) {
             // libjpeg converts neither CMYK nor YCCK to RGB: take the
             // (Adobe-inverted) CMYK and convert it as Pillow does.
-            let mut buf = vec![0u8; w * h * 4];
+            let mut buf = super::zeroed(w * h * 4)?;
             let image = turbojpeg::Image {
                 pixels: buf.as_mut_slice(),
                 width: w,

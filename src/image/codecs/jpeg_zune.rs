@@ -12,7 +12,7 @@ use zune_jpeg::zune_core::colorspace::ColorSpace;
 use zune_jpeg::zune_core::options::DecoderOptions;
 use zune_jpeg::JpegDecoder;
 
-use super::{corrupt, ColorMode, ImageError, MAX_JPEG_SCANS};
+use super::{corrupt, headroom, zeroed, ColorMode, ImageError, MAX_JPEG_SCANS};
 use crate::image::Format;
 
 const FMT: Format = Format::Jpeg;
@@ -32,7 +32,8 @@ fn error(e: DecodeErrors) -> ImageError {
 
 /// Strict mode (a premature end of the data or a damaged scan is an error,
 /// as it is for libjpeg-turbo here, not a gray-filled image), the scan limit,
-/// and no size limit of zune's own: sizes are checked against `MAX_PIXELS`.
+/// and no size limit of zune's own: sizes are checked against the pixel
+/// budget (`image::max_pixels`).
 fn options(out: ColorSpace) -> DecoderOptions {
     DecoderOptions::default()
         .set_strict_mode(true)
@@ -103,10 +104,14 @@ pub(crate) fn decode_into(
     if out.len() < pitch * h.saturating_sub(1) + w * c || pitch < w * c {
         return Err(corrupt(FMT, "output buffer too small (a bug)"));
     }
+    // zune-jpeg allocates its own component and coefficient planes
+    // (infallibly; up to 2 bytes a sample for progressive JPEGs): check that
+    // they fit first.
+    headroom(w.saturating_mul(h).saturating_mul(8))?;
     let decoded = match input {
         ColorSpace::CMYK | ColorSpace::YCCK => {
             let (mut d, ..) = headers(data, input)?;
-            let mut buf = vec![0u8; w * h * 4];
+            let mut buf = zeroed(w * h * 4)?;
             d.decode_into(&mut buf).map_err(error)?;
             if input == ColorSpace::YCCK {
                 ycck_to_inverted_cmyk(&mut buf);
@@ -132,7 +137,7 @@ pub(crate) fn decode_into(
     let (mut d, ..) = headers(data, decoded)?;
     let got = decoded.num_components();
     if decoded == ColorSpace::YCbCr {
-        let mut buf = vec![0u8; w * h * 3];
+        let mut buf = zeroed(w * h * 3)?;
         d.decode_into(&mut buf).map_err(error)?;
         for (y, line) in buf.chunks_exact(w * 3).enumerate() {
             let row = &mut out[y * pitch..y * pitch + w];
@@ -144,7 +149,7 @@ pub(crate) fn decode_into(
         // One copy: zune writes straight into the slot.
         d.decode_into(&mut out[..w * h * c]).map_err(error)?;
     } else {
-        let mut buf = vec![0u8; w * h * got];
+        let mut buf = zeroed(w * h * got)?;
         d.decode_into(&mut buf).map_err(error)?;
         for (y, line) in buf.chunks_exact(w * got).enumerate() {
             let row = &mut out[y * pitch..y * pitch + w * c];
