@@ -873,7 +873,8 @@ def test_on_error_raise_gives_the_original_exception() -> None:
     with pytest.raises(ValueError, match="bad sample 5") as info:  # noqa: PT012
         for batch in loader:
             got.append(batch.tolist())
-    assert got == [[0, 1], [2, 3]][: len(got)]
+    # The batches before the failing one come out first, then the error.
+    assert got == [[0, 1], [2, 3]]
     original = info.value
     assert original is ds.raised[5], "the user's exception itself, not a wrapper"
     assert not isinstance(original, PipelineError)
@@ -881,6 +882,33 @@ def test_on_error_raise_gives_the_original_exception() -> None:
     assert any("5" in note and "sample" in note for note in notes), notes
     assert any("load" in note for note in notes), notes
     assert loader.stats()["skipped"] == []
+
+
+@pytest.mark.timeout(60)
+def test_thread_timeout_turns_a_stuck_sample_into_timeout_error() -> None:
+    release = threading.Event()
+
+    class Stuck:
+        def __len__(self) -> int:
+            return 8
+
+        def __getitem__(self, i: int) -> int:
+            if i == 5:
+                release.wait(30)
+            return i
+
+    loader = DataLoader(Stuck(), batch_size=2, num_threads=2, timeout=0.5)
+    got = []
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(TimeoutError, match="timeout") as info:  # noqa: PT012
+            for batch in loader:
+                got.append(batch.tolist())
+        assert time.monotonic() - t0 < 20, "the stuck call was waited for"
+    finally:
+        release.set()
+    assert got == [[0, 1], [2, 3]]
+    assert any("5" in note for note in getattr(info.value, "__notes__", [])), info.value
 
 
 def test_key_error_is_caught_by_except_key_error() -> None:

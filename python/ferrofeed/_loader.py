@@ -293,13 +293,19 @@ class DataLoader:
             them with `shutdown_workers`, or by dropping the loader).
         worker_init_fn: called with the worker's id once in each worker at start.
         prefetch_factor: batches in flight per worker.
-        timeout: seconds to wait for a worker's batch before raising
-            `WorkerTimeoutError` (default: wait as long as it takes).
+        timeout: seconds one unit of work may take before the loader raises (default:
+            as long as it takes): with workers, a batch (`WorkerTimeoutError`); on
+            threads, one sample's ``dataset[i]`` + ``transform`` (`TimeoutError`, the
+            stuck thread is left behind rather than waited for); on the native image
+            chain, one batch's decode (`TimeoutError`). A timeout raises under
+            ``on_error="skip"`` too: the stuck call cannot be interrupted, and skipping
+            it would quietly lose a thread or a worker each time.
 
     Raises (while iterating, with workers):
         WorkerDiedError: a worker was killed (a signal, the OOM killer) or exited; the
             error names its pid, the signal and the samples it held.
-        WorkerTimeoutError: a batch took longer than ``timeout``.
+        WorkerTimeoutError: a worker's batch took longer than ``timeout``.
+        TimeoutError: on threads, a sample (or a native batch) took longer than ``timeout``.
         The user's own exception, from ``dataset[i]``, ``transform`` or ``collate`` in a
         worker, with a note naming the sample and the worker's traceback.
 
@@ -416,6 +422,9 @@ class DataLoader:
         self._skipped: list[tuple[int, str]] = []
         self._skipped_lock = threading.Lock()
         self._failures = 0  # samples skipped in the current iteration
+        # Samples being loaded on threads, with when they started (to name the one a
+        # `timeout` caught).
+        self._loading: dict[int, float] = {}
         self._pipeline: _core.Pipeline | None = None
         self._pool: _core.BufferPool | None = None
         # The native image chain: image files with a native (or the default) transform.
@@ -651,6 +660,8 @@ class DataLoader:
     def _load(self, index: int) -> Any:
         transform = self.transform
         assert not isinstance(transform, _core.NativeOp)  # the native chain has no _load
+        loading = self._loading
+        loading[index] = time.monotonic()
         try:
             sample = self.dataset[index]
             return transform(sample) if transform is not None else sample
@@ -661,6 +672,8 @@ class DataLoader:
             reason = f"{type(e).__name__}: {e}"
             self._record_skip(index, reason)
             return _Skipped(index, reason)
+        finally:
+            loading.pop(index, None)
 
     def _record_skip(self, index: int, reason: str) -> None:
         """Note a sample skipped under ``on_error="skip"``; raise past ``max_failures``."""
@@ -702,17 +715,32 @@ class DataLoader:
         pipeline = (
             PipelineBuilder()
             .add_source(self._positions(epoch))
-            .pipe(self._load, concurrency=self.num_threads, name="load")
+            .pipe(self._load, concurrency=self.num_threads, name="load", timeout=self.timeout)
             .pipe(grouper, name="collate")
             .add_sink(self.prefetch)
             .build(num_threads=1)
         )
         self._pipeline = pipeline
+        self._loading.clear()
         with pipeline.auto_stop():
             try:
                 yield from pipeline
             except PipelineError as group:
-                raise _first_error(group) from None
+                error = _first_error(group)
+                if isinstance(error, TimeoutError) and self.timeout is not None:
+                    self._name_stuck_samples(error, self.timeout)
+                raise error from None
+
+    def _name_stuck_samples(self, error: TimeoutError, timeout: float) -> None:
+        """Add a note naming the samples whose load ran past ``timeout`` (threads)."""
+        now = time.monotonic()
+        stuck = sorted(i for i, t in list(self._loading.items()) if now - t >= timeout)
+        if stuck:
+            error.add_note(
+                f"while loading sample{'s' if len(stuck) > 1 else ''} "
+                f"{', '.join(map(str, stuck))} of the dataset (a stuck thread is left "
+                "behind: it cannot be interrupted; the loader does not wait for it)"
+            )
 
     def _worker_pool(self) -> WorkerPool:
         """The running worker processes (started now unless persistent ones are alive)."""
@@ -813,6 +841,7 @@ class DataLoader:
                 self._batch_op(epoch),
                 concurrency=max(1, self.num_threads // per_batch),
                 name="decode_batch",
+                timeout=self.timeout,
             )
             .add_sink(self.prefetch)
             .build(num_threads=1)

@@ -686,6 +686,31 @@ fn nothing_after_a_fatal_item_comes_out_of_a_thread_stage() {
     }
 }
 
+#[test]
+fn a_one_thread_stage_calls_nothing_after_a_fatal_item() {
+    // One thread runs several items per session: the session ends at a
+    // failure, so no call follows the failing item (a policy that stops on
+    // it, such as a failure budget, must not run more user code).
+    use std::sync::atomic::AtomicU64;
+    for _ in 0..20 {
+        let calls = Arc::new(AtomicU64::new(0));
+        let counted = Arc::clone(&calls);
+        let f: ItemFn<u64, String> = Arc::new(move |x| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            if x == 5 {
+                Err("bad".into())
+            } else {
+                Ok(Some(x))
+            }
+        });
+        let stage = map("f", Work::Dedicated(f, None), 1, true);
+        let mut p = P::new(source(1000), vec![stage], config(64), None).unwrap();
+        let err = drain(&mut p).unwrap_err();
+        assert!(matches!(err.kind, FailureKind::Item(_)), "{err:?}");
+        assert_eq!(calls.load(Ordering::SeqCst), 6);
+    }
+}
+
 /// A barrier for `n` threads that gives up after a timeout.
 struct TimedBarrier {
     n: usize,

@@ -441,6 +441,10 @@ impl<T, E> Pool<T, E> {
                         }
                         Msg::Fail(f) => Done::Upstream(f),
                     };
+                    // A failure may stop the stage (the policy decides when
+                    // it is sent on): no further call in this session before
+                    // that is known, so nothing runs past a fatal failure.
+                    let failed = matches!(result, Done::Call(Err(_)) | Done::Upstream(_));
                     // Into the outbox at once, not kept by this thread: its
                     // next call may wait (without the GIL) for other calls
                     // or for the consumer, and must not hold back what is
@@ -457,7 +461,7 @@ impl<T, E> Pool<T, E> {
                             outbox.put(self.ordered, seq, result);
                         }
                     }
-                    if started.elapsed() >= BATCH_SLICE || self.stopping() {
+                    if failed || started.elapsed() >= BATCH_SLICE || self.stopping() {
                         break;
                     }
                     next = self.take();
