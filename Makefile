@@ -188,6 +188,11 @@ bench: install-test bench-deps ## Criterion benches and the Python comparisons (
 	$(PY) benches/pipeline_overhead.py --spdl-n 20000
 	$(PY) benches/decode_vs_pillow.py
 	$(PY) benches/loader_images.py
+	$(PY) benches/loader_workers.py
+
+.PHONY: bench-workers
+bench-workers: install-test ## Python transforms in worker processes against PyTorch's DataLoader (benches/loader_workers.py)
+	$(PY) benches/loader_workers.py
 
 .PHONY: clean
 clean: ## Remove build outputs (keeps .venv)
