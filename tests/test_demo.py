@@ -41,6 +41,19 @@ def test_demo_on_generated_images_prints_its_figures() -> None:
     row = next(line for line in out.splitlines() if line.strip().startswith("decode_batch"))
     assert row.split()[2:4] == ["3", "3"], row
     assert re.search(r"batch buffers: \d+ allocated", out), out
+    # Side by side, each loader in its own interpreter; torch and Pillow are installed with
+    # the test extras, so PyTorch's DataLoader is among them, with ratios to it.
+    figures = r"\s+[\d,]+\s+[\d,]+ ms\s+[\d.]+ [KMG]iB"
+    for label in (
+        "ferrofeed, native chain",
+        "ferrofeed, Python transform, 2 workers",
+        "PyTorch DataLoader + Pillow, 2 workers",
+    ):
+        assert re.search(re.escape(label) + figures, out), out
+    ratios = re.findall(
+        r"x PyTorch's images/s, first batch [\d.]+x sooner, [\d.]+x its memory", out
+    )
+    assert len(ratios) == 2, out
     # The memory picture: a plain list against a SharedList in worker processes.
     assert "plain Python list" in out
     assert "ferrofeed.SharedList" in out
@@ -82,3 +95,23 @@ def test_demo_help_and_bad_arguments() -> None:
     proc = demo("--batch-size", "0")
     assert proc.returncode == 2
     assert "--batch-size must be at least 1" in proc.stderr
+
+
+@pytest.mark.timeout(180)
+def test_demo_without_torch_says_so() -> None:
+    # torch made unimportable in the demo's interpreter, as on a machine without it.
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from ferrofeed._demo import main\n"
+        f"sys.exit(main({[*SMALL, '--annotations', '0']!r}))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "ferrofeed, Python transform, 2 workers" in out, out
+    assert "PyTorch DataLoader + Pillow" not in out, out
+    assert re.search(
+        r"PyTorch's DataLoader: not run \(torch not installed here; pip install "
+        r"'ferrofeed\[torch\]' pillow",
+        out,
+    ), out

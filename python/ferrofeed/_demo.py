@@ -6,7 +6,11 @@
 2. Loading: `DataLoader` over that metadata through the native image chain (read, decode,
    resize, crop, collate in Rust, no GIL): time to first batch, images/s (per core too),
    and the pipeline's per-stage figures.
-3. Memory: this process and the batch buffer pool; then COCO-like annotation metadata
+3. Side by side, each in a fresh interpreter on the same images and job: the native
+   chain, a Python transform in ferrofeed's worker processes, and PyTorch's DataLoader
+   with Pillow when torch and Pillow are installed (a line says so when they are not):
+   images/s, time to first batch and the whole process tree's memory (PSS).
+4. Memory: this process and the batch buffer pool; then COCO-like annotation metadata
    read by several worker processes, first from a plain Python list, then from a
    `SharedList`, with each process's USS and PSS. Each variant runs in a fresh
    interpreter so that neither inherits the other's heap.
@@ -212,8 +216,238 @@ def _load(args: argparse.Namespace, files: list[tuple[str, int]]) -> None:
     )
 
 
+# --- part 3: loaders side by side ------------------------------------------------------------
+
+#: The loaders of the side-by-side part, in the order they are printed.
+LOADERS = {
+    "native": "ferrofeed, native chain",
+    "workers": "ferrofeed, Python transform, 2 workers",
+    "torch": "PyTorch DataLoader + Pillow, 2 workers",
+}
+
+
+def _center_box(w: int, h: int, size: int) -> tuple[int, int]:
+    """The top-left corner of a centered ``size`` x ``size`` crop of a ``w`` x ``h`` image."""
+    return (w - size) // 2, (h - size) // 2
+
+
+class _DecodeInPython:
+    """Map-style dataset whose ``__getitem__`` runs Python around ferrofeed's decoder.
+
+    As a user's own ``__getitem__`` would: ``ferrofeed.io.decode_image`` (the shorter side
+    resized in Rust), then the center crop in NumPy. At module level so that worker
+    processes started by spawn or forkserver can unpickle it.
+    """
+
+    def __init__(self, files: Sequence[tuple[str, int]], size: int) -> None:
+        self.files = list(files)
+        self.size = size
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        from .io import decode_image
+
+        path, label = self.files[index]
+        image = decode_image(path, resize_shorter=round(self.size * 256 / 224)).numpy()
+        left, top = _center_box(image.shape[1], image.shape[0], self.size)
+        return image[top : top + self.size, left : left + self.size], label
+
+
+class _PillowImages:
+    """Map-style dataset doing what torchvision's Resize(256) + CenterCrop(224) do, in Pillow."""
+
+    def __init__(self, files: Sequence[tuple[str, int]], size: int) -> None:
+        self.files = list(files)
+        self.size = size
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, index: int) -> tuple[Any, int] | None:
+        import numpy as np
+        from PIL import Image
+
+        path, label = self.files[index]
+        shorter = round(self.size * 256 / 224)
+        try:
+            with Image.open(path) as f:
+                im = f.convert("RGB")
+        except OSError:
+            return None  # unreadable: left out of its batch by _collate_readable
+        w, h = im.size
+        scale = shorter / min(w, h)
+        im = im.resize(
+            (max(shorter, round(w * scale)), max(shorter, round(h * scale))),
+            Image.Resampling.BILINEAR,
+        )
+        left, top = _center_box(im.width, im.height, self.size)
+        im = im.crop((left, top, left + self.size, top + self.size))
+        return np.array(im), label  # a copy, writable, as torchvision's to-tensor makes
+
+
+def _collate_readable(samples: list[Any]) -> Any:
+    """PyTorch's default collate over the samples that could be read (None: unreadable)."""
+    from torch.utils.data import default_collate
+
+    return default_collate([s for s in samples if s is not None])
+
+
+def _missing_for_torch() -> list[str]:
+    """The packages the PyTorch loader needs that are not installed here."""
+    import importlib.util
+
+    return [name for name in ("torch", "PIL") if importlib.util.find_spec(name) is None]
+
+
+def _tree_pss() -> int:
+    """Total PSS of this process and its children (worker processes), in bytes."""
+    me = os.getpid()
+    total = process_memory(me).pss
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                # The parent pid is the 2nd field after the command, which is in parentheses.
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if ppid == me:
+                total += process_memory(int(entry)).pss
+        except (OSError, ValueError, IndexError):
+            continue  # a process that ended meanwhile
+    return total
+
+
+def run_loader(
+    name: str, files: Sequence[tuple[str, int]], args: argparse.Namespace
+) -> dict[str, Any]:
+    """Build loader ``name`` over ``files``, run ``args.epochs`` epochs; return its figures.
+
+    The time to the first batch is taken from construction (worker start-up included);
+    images/s from the last epoch; the memory (PSS of this process and its workers) at the
+    end of the last epoch, with the workers still alive.
+    """
+    # Imports first: the time to the first batch is the loader's, not torch's import.
+    from . import DataLoader, ops
+
+    if name == "torch":
+        import torch.utils.data
+    t0 = time.perf_counter()
+    threads = args.threads or min(os.cpu_count() or 1, 8)
+    loader: Any
+    if name == "native":
+        shorter = round(args.size * 256 / 224)
+        loader = DataLoader(
+            list(files),
+            batch_size=args.batch_size,
+            shuffle=True,
+            seed=args.seed,
+            transform=ops.decode_image(resize_shorter=shorter, crop=args.size),
+            num_threads=threads,
+            on_error="skip",  # a user's folder may hold unreadable files
+            max_failures=None,
+        )
+    elif name == "workers":
+        loader = DataLoader(
+            _DecodeInPython(files, args.size),
+            batch_size=args.batch_size,
+            shuffle=True,
+            seed=args.seed,
+            num_workers=2,
+            persistent_workers=True,
+            on_error="skip",
+            max_failures=None,
+        )
+    elif name == "torch":
+        loader = torch.utils.data.DataLoader(
+            _PillowImages(files, args.size),  # type: ignore[arg-type]  # map-style, duck-typed
+            batch_size=args.batch_size,
+            shuffle=True,
+            num_workers=2,
+            persistent_workers=True,
+            collate_fn=_collate_readable,
+        )
+    else:
+        raise ValueError(f"unknown loader {name!r}")
+    first = rate = 0.0
+    images = 0
+    pss = 0
+    for epoch in range(args.epochs):
+        if hasattr(loader, "set_epoch"):
+            loader.set_epoch(epoch)
+        start = time.perf_counter()
+        images = 0
+        for batch in loader:
+            if epoch == 0 and images == 0:
+                first = time.perf_counter() - t0
+            images += len(batch[1])
+        took = time.perf_counter() - start
+        rate = images / took if took > 0 else float("inf")
+        if epoch == args.epochs - 1:
+            pss = _tree_pss()
+    return {
+        "loader": name,
+        "first_batch_s": first,
+        "images_per_s": rate,
+        "images": images,
+        "pss": pss,
+    }
+
+
+def _side_by_side(args: argparse.Namespace, files: list[tuple[str, int]]) -> None:
+    """Part 3: each loader in a fresh interpreter on the same images; a table and ratios."""
+    names = ["native", "workers"]
+    missing = _missing_for_torch()
+    if not missing:
+        names.append("torch")
+    print(
+        f"\nside by side, each loader in a fresh interpreter on the same {len(files)} images "
+        f"(shorter side to {round(args.size * 256 / 224)}, center crop {args.size}, uint8 "
+        f"batches of {args.batch_size}, {args.epochs} epochs; images/s of the last one):"
+    )
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(files, f)
+        listing = f.name
+    results = {}
+    try:
+        for name in names:
+            cmd = [
+                *(sys.executable, "-m", "ferrofeed", "demo", "--loader", name),
+                *(f"--files={listing}", f"--epochs={args.epochs}"),
+                *(f"--batch-size={args.batch_size}", f"--size={args.size}"),
+                f"--seed={args.seed}",
+            ]
+            if args.threads:
+                cmd.append(f"--threads={args.threads}")
+            out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True)
+            results[name] = json.loads(out.stdout.strip().splitlines()[-1])
+    finally:
+        os.unlink(listing)
+    print(f"  {'loader':<42}{'images/s':>10}{'first batch':>14}{'total PSS':>12}")
+    for name, r in results.items():
+        print(
+            f"  {LOADERS[name]:<42}{r['images_per_s']:>10,.0f}"
+            f"{r['first_batch_s'] * 1e3:>11,.0f} ms{format_bytes(r['pss']):>12}"
+        )
+    if "torch" not in results:
+        print(
+            f"  PyTorch's DataLoader: not run ({' and '.join(missing)} not installed here; "
+            "pip install 'ferrofeed[torch]' pillow to see it side by side)"
+        )
+        return
+    peer = results["torch"]
+    for name in ("native", "workers"):
+        r = results[name]
+        print(
+            f"  {LOADERS[name]}: {r['images_per_s'] / peer['images_per_s']:.2f}x PyTorch's "
+            f"images/s, first batch {peer['first_batch_s'] / r['first_batch_s']:.1f}x "
+            f"sooner, {r['pss'] / peer['pss']:.2f}x its memory"
+        )
+
+
 def _memory_study(args: argparse.Namespace) -> None:
-    """Part 3: annotation metadata in worker processes, plain list against SharedList."""
+    """Part 4: annotation metadata in worker processes, plain list against SharedList."""
     print(
         f"\nmetadata in worker processes: {args.annotations:,} COCO-like annotations read by "
         f"{args.workers} {args.start_method} workers"
@@ -287,8 +521,20 @@ def main(argv: list[str] | None = None) -> int:
         default="fork",
         help="how workers start (default fork, as PyTorch's DataLoader on Linux)",
     )
+    parser.add_argument(
+        "--no-compare",
+        action="store_true",
+        help="skip the side-by-side run of the loaders (and PyTorch's)",
+    )
     parser.add_argument("--variant", choices=["list", "shared"], help=argparse.SUPPRESS)
+    parser.add_argument("--loader", choices=list(LOADERS), help=argparse.SUPPRESS)
+    parser.add_argument("--files", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.loader:
+        with open(args.files) as f:
+            listing = [(str(p), int(label)) for p, label in json.load(f)]
+        print(json.dumps(run_loader(args.loader, listing, args)))
+        return 0
     if args.variant:
         result = run_variant(
             args.variant, args.annotations, args.workers, args.passes, args.start_method
@@ -325,6 +571,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{time.perf_counter() - t0:.1f} s)"
             )
         _load(args, files)
+        if not args.no_compare:
+            _side_by_side(args, files)
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
