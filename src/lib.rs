@@ -34,3 +34,6 @@ pub mod staging;
 
 #[cfg(feature = "python")]
 mod py;
+
+#[cfg(test)]
+mod fuzz_inputs;

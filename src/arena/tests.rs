@@ -419,44 +419,27 @@ proptest! {
 /// the in-memory validation judges them.
 #[test]
 fn fuzz_corpus_replays_cleanly() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz");
     let tmp = tempfile::tempdir().unwrap();
     let file = tmp.path().join("input.bin");
     let (mut n, mut valid) = (0, 0);
-    for dir in ["corpus/arena", "regressions/arena"] {
-        let Ok(entries) = std::fs::read_dir(root.join(dir)) else {
-            continue;
-        };
-        for entry in entries {
-            let path = entry.unwrap().path();
-            if dir.starts_with("corpus")
-                && !path
-                    .file_name()
-                    .unwrap()
-                    .to_string_lossy()
-                    .starts_with("seed-")
-            {
-                continue; // a local fuzzing run's find: `make fuzz-replay` replays those
+    for (path, data) in crate::fuzz_inputs::committed("arena") {
+        std::fs::write(&file, &data).unwrap();
+        let opened = Arena::open(&file);
+        assert_eq!(
+            validate(&path, &data).is_ok(),
+            opened.is_ok(),
+            "{}",
+            path.display()
+        );
+        if let Ok(a) = opened {
+            for i in 0..a.len() {
+                let span = a.span(i).unwrap();
+                assert!(span.end <= a.as_bytes().len() && span.start % 64 == 0);
+                assert_eq!(a.get(i).unwrap().len(), span.len());
             }
-            let data = std::fs::read(&path).unwrap();
-            std::fs::write(&file, &data).unwrap();
-            let opened = Arena::open(&file);
-            assert_eq!(
-                validate(&path, &data).is_ok(),
-                opened.is_ok(),
-                "{}",
-                path.display()
-            );
-            if let Ok(a) = opened {
-                for i in 0..a.len() {
-                    let span = a.span(i).unwrap();
-                    assert!(span.end <= a.as_bytes().len() && span.start % 64 == 0);
-                    assert_eq!(a.get(i).unwrap().len(), span.len());
-                }
-                valid += 1;
-            }
-            n += 1;
+            valid += 1;
         }
+        n += 1;
     }
     assert!(n >= 3 && valid >= 3, "{n} corpus files, {valid} valid");
 }

@@ -827,29 +827,12 @@ fn pixel_budget_is_checked_and_settable() {
 /// path: none may panic.
 #[test]
 fn fuzz_corpus_replays_without_a_decoder_panic() {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz");
-    let mut n = 0;
-    for dir in ["corpus/decode", "regressions/decode"] {
-        let Ok(entries) = std::fs::read_dir(root.join(dir)) else {
-            continue;
-        };
-        for entry in entries {
-            let path = entry.unwrap().path();
-            if dir.starts_with("corpus")
-                && !path
-                    .file_name()
-                    .unwrap()
-                    .to_string_lossy()
-                    .starts_with("seed-")
-            {
-                continue; // a local fuzzing run's find: `make fuzz-replay` replays those
-            }
-            let data = std::fs::read(&path).unwrap();
-            if let Err(e) = fuzz_every_path(&data, 1 << 22) {
-                panic!("{}: {e}", path.display());
-            }
-            n += 1;
+    let inputs = crate::fuzz_inputs::committed("decode");
+    for (path, data) in &inputs {
+        if let Err(e) = fuzz_every_path(data, 1 << 22) {
+            panic!("{}: {e}", path.display());
         }
     }
+    let n = inputs.len();
     assert!(n >= 20, "only {n} corpus files");
 }
