@@ -15,6 +15,7 @@ import gc
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -41,6 +42,12 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "leftovers_ok: the arena_dir fixture does not fail on files left behind"
     )
     config.addinivalue_line("markers", "gpu: needs a CUDA device; skipped without one")
+    # A shell starts background jobs (`make test &`) with SIGINT ignored, and an ignored
+    # signal stays ignored across exec: every interpreter the tests start would then ignore
+    # Ctrl-C, and the tests of what Ctrl-C does would hang. A handled signal is reset to
+    # its default at exec, so Python in the child installs its own handler again.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
