@@ -565,12 +565,14 @@ def release() -> Iterator[threading.Event]:
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("concurrency", [2, 4])
+@pytest.mark.parametrize("concurrency", [1, 2, 4])
 def test_sync_stage_timeout_skips_a_stuck_call_and_goes_on(
     release: threading.Event, concurrency: int
 ) -> None:
+    # Calls that never return while the test runs: each one's thread is replaced when
+    # it times out, so the stage keeps its concurrency, with one thread too.
     def stuck_at_3(x: int) -> int:
-        if x == 3:
+        if x in (3, 7):
             release.wait(20)
         return x
 
@@ -585,9 +587,9 @@ def test_sync_stage_timeout_skips_a_stuck_call_and_goes_on(
     got, err = take_until_error(p)
     elapsed = time.monotonic() - t0
     assert err is None
-    assert got == [x for x in range(20) if x != 3]
+    assert got == [x for x in range(20) if x not in (3, 7)]
     assert elapsed < 5, elapsed
-    assert p.stats()["s"]["failures"] == 1
+    assert p.stats()["s"]["failures"] == 2
 
 
 @pytest.mark.timeout(30)

@@ -517,9 +517,12 @@ class PipelineBuilder:
                 `TimeoutError` (raised or skipped per ``on_error``) as soon as the time is
                 up, and the items after it go on. An ``async def`` call is cancelled; a
                 call in a thread (a plain function, a native op, a call in ``executor``)
-                cannot be interrupted: it runs on, its result is thrown away, and its
-                thread stays busy until it returns (a stage whose every thread is stuck
-                stalls: see ``stall_warning_after`` in `build`).
+                cannot be interrupted: it runs on and its result is thrown away. On the
+                stage's own threads, a new thread takes the stuck one's place at once (the
+                stuck one leaves when its call returns), so the stage keeps its
+                concurrency; in an ``executor`` the stuck call holds its worker until it
+                returns (a stage whose every worker is stuck stalls: see
+                ``stall_warning_after`` in `build`).
             hooks: task hooks, as SPDL's ``TaskHook`` (see `TaskHook`): each hook's
                 ``stage_hook()`` context manager is entered when the pipeline starts and
                 exited when it stops; its ``task_hook()`` context manager wraps every call

@@ -152,7 +152,7 @@ impl<E> Shared<E> {
         }
     }
 
-    fn is_abandoned(&self, thread: std::thread::ThreadId) -> bool {
+    pub(super) fn is_abandoned(&self, thread: std::thread::ThreadId) -> bool {
         self.abandoned
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

@@ -994,6 +994,61 @@ fn a_call_past_the_timeout_fails_and_the_rest_goes_on() {
 }
 
 #[test]
+fn a_stuck_call_leaves_the_stage_its_concurrency() {
+    // One thread, and its call on item 3 never returns while the rest runs:
+    // a new thread takes its place when the call times out, so items 4.. come
+    // out at once (each of them also on one thread at a time), and item 10
+    // gets stuck too and is replaced again.
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let released = Arc::new(std::sync::Mutex::new(released));
+    let running = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let (in_calls, most_seen) = (Arc::clone(&running), Arc::clone(&most));
+    let f: ItemFn<u64, String> = Arc::new(move |x| {
+        let now = in_calls.fetch_add(1, Ordering::SeqCst) + 1;
+        most_seen.fetch_max(now, Ordering::SeqCst);
+        if x == 3 || x == 10 {
+            in_calls.fetch_sub(1, Ordering::SeqCst); // stuck: no longer the stage's
+            let _ = released
+                .lock()
+                .unwrap()
+                .recv_timeout(Duration::from_secs(30));
+            return Ok(Some(x));
+        }
+        std::thread::sleep(Duration::from_millis(2));
+        in_calls.fetch_sub(1, Ordering::SeqCst);
+        Ok(Some(x))
+    });
+    let stage = Stage::Map(MapStage {
+        name: "stuck".into(),
+        work: Work::Dedicated(f, None),
+        concurrency: 1,
+        ordered: true,
+        on_error: ErrorPolicy::Skip { max_failures: None },
+        timeout: Some(timeout_error()),
+    });
+    let started = Instant::now();
+    let mut p = P::new(source(20), vec![stage], config(2), None).unwrap();
+    let got = drain(&mut p).unwrap();
+    let took = started.elapsed();
+    let expected: Vec<u64> = (0..20).filter(|x| *x != 3 && *x != 10).collect();
+    assert_eq!(got, expected);
+    assert!(
+        took < Duration::from_secs(10),
+        "waited for the stuck calls: {took:?}"
+    );
+    assert_eq!(p.stats()[1].failures, 2);
+    assert_eq!(
+        most.load(Ordering::SeqCst),
+        1,
+        "more calls at once than the concurrency"
+    );
+    drop(p); // does not wait for the stuck threads
+    release.send(()).unwrap();
+    release.send(()).unwrap();
+}
+
+#[test]
 fn the_stall_watch_names_the_stage_that_holds_the_pipeline() {
     let stalls = Arc::new(std::sync::Mutex::new(Vec::<Stall>::new()));
     let hang: ItemFn<u64, String> = Arc::new(|x| {

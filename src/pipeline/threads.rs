@@ -235,6 +235,10 @@ struct Pool<T, E> {
     ctx: StageCtx<E>,
     /// Sending on failed, or the policy said stop: every thread returns.
     dead: AtomicBool,
+    /// Threads the watchdog started in place of ones stuck in a call that
+    /// ran past the timeout (joined by the watchdog when the stage is over,
+    /// unless stuck themselves).
+    replacements: Mutex<Vec<JoinHandle<()>>>,
 }
 
 /// Starts the `concurrency` threads of a [`Work::Dedicated`] stage; they
@@ -265,7 +269,7 @@ pub(super) fn spawn<T: Send + 'static, E: Send + 'static>(
         on_error,
         ordered,
         timeout,
-        live: AtomicUsize::new(concurrency),
+        live: AtomicUsize::new(0),
         window: concurrency.saturating_mul(2).max(MIN_WINDOW) as u64,
         intake: Mutex::new(Intake {
             rx,
@@ -292,21 +296,10 @@ pub(super) fn spawn<T: Send + 'static, E: Send + 'static>(
         out: Mutex::new(Some(out)),
         ctx,
         dead: AtomicBool::new(false),
+        replacements: Mutex::new(Vec::new()),
     });
     for i in 0..concurrency {
-        let pool = Arc::clone(&pool);
-        let thread = std::thread::Builder::new()
-            .name(thread_name(&pool.name, i))
-            .spawn(move || {
-                let _guard = UnwindGuard {
-                    shared: &pool.ctx.shared,
-                    stage: &pool.name,
-                };
-                let _leaving = Leaving(&pool.live);
-                pool.run(i);
-            })
-            .map_err(PipelineError::Start)?;
-        handles.push(thread);
+        handles.push(pool.start_thread(i).map_err(PipelineError::Start)?);
     }
     if pool.timeout.is_some() {
         let pool = Arc::clone(&pool);
@@ -328,44 +321,44 @@ impl Drop for Leaving<'_> {
     }
 }
 
-impl<T, E> Pool<T, E> {
-    fn stopping(&self) -> bool {
-        self.dead.load(Ordering::Acquire) || self.ctx.shared.stopping()
-    }
-
-    /// Items the stage may take out of its channel now (with the intake
-    /// lock held, so that nobody else takes any meanwhile).
-    fn room(&self, intake: &Intake<T, E>) -> u64 {
-        let held = intake
-            .next_seq
-            .saturating_sub(self.done.load(Ordering::Acquire));
-        self.window.saturating_sub(held)
-    }
-
-    fn lock_outbox(&self) -> MutexGuard<'_, Outbox<T, E>> {
-        self.outbox.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn lock_signal(&self) -> MutexGuard<'_, u64> {
-        self.signal.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Wakes the idle threads, if any, to look again. Never blocks for
-    /// long: the signal lock is only ever held for a moment.
-    fn wake_idle(&self) {
-        // Pairs with the fence in `wait_for_work`: either that thread sees
-        // the change, or this one sees it waiting.
-        std::sync::atomic::fence(Ordering::SeqCst);
-        if self.waiters.load(Ordering::SeqCst) > 0 {
-            *self.lock_signal() += 1;
-            self.changed.notify_all();
-        }
+impl<T: Send + 'static, E: Send + 'static> Pool<T, E> {
+    /// Starts thread `me` of the stage (counted in [`Pool::live`] while it
+    /// runs).
+    fn start_thread(self: &Arc<Self>, me: usize) -> std::io::Result<JoinHandle<()>> {
+        let pool = Arc::clone(self);
+        self.live.fetch_add(1, Ordering::AcqRel);
+        std::thread::Builder::new()
+            .name(thread_name(&self.name, me))
+            .spawn(move || {
+                let _guard = UnwindGuard {
+                    shared: &pool.ctx.shared,
+                    stage: &pool.name,
+                };
+                let _leaving = Leaving(&pool.live);
+                pool.run(me);
+            })
+            .inspect_err(|_| {
+                self.live.fetch_sub(1, Ordering::AcqRel);
+            })
     }
 
     /// The watchdog of a stage with a timeout: fails the calls that run past
     /// it and sends their failures on (the stage's threads may all be stuck
     /// in calls, so none of them would). Returns when the stage is over.
-    fn watch(&self) {
+    fn watch(self: &Arc<Self>) {
+        self.watch_calls();
+        // The stage is over: its replacement threads end with it (a stuck
+        // one was abandoned like the thread it replaced).
+        let replacements = std::mem::take(&mut *self.lock_replacements());
+        for thread in replacements {
+            if !self.ctx.shared.is_abandoned(thread.thread().id()) {
+                let _ = thread.join();
+            }
+        }
+    }
+
+    /// The watchdog's loop; returns when the stage is over.
+    fn watch_calls(self: &Arc<Self>) {
         let Some(timeout) = &self.timeout else {
             return;
         };
@@ -375,19 +368,29 @@ impl<T, E> Pool<T, E> {
             std::thread::sleep(tick);
             {
                 let mut outbox = self.lock_outbox();
-                for slot in &mut outbox.running {
+                for (me, slot) in outbox.running.iter_mut().enumerate() {
                     if let Some((seq, started, thread)) = *slot {
                         if started.elapsed() >= timeout.limit {
                             *slot = None;
-                            overdue.push(seq);
+                            overdue.push((seq, me));
                             self.ctx.shared.abandon(thread, true);
                         }
                     }
                 }
-                for seq in overdue.drain(..) {
+                for &(seq, _) in &overdue {
                     outbox.expired.insert(seq);
                     let error = (timeout.error)(&self.name, timeout.limit);
                     outbox.put(self.ordered, seq, Done::Call(Err(error)));
+                }
+            }
+            // The stuck threads leave when their calls return; new threads
+            // take their places at once, so that the stage keeps its
+            // concurrency and a call that never returns holds up nothing
+            // but itself. (A thread that cannot be started leaves the stage
+            // a thread short; the stall watch names a stage left with none.)
+            for (_, me) in overdue.drain(..) {
+                if let Ok(thread) = self.start_thread(me) {
+                    self.lock_replacements().push(thread);
                 }
             }
             if !self.emit() {
@@ -413,11 +416,53 @@ impl<T, E> Pool<T, E> {
             }
         }
     }
+}
+
+impl<T, E> Pool<T, E> {
+    fn stopping(&self) -> bool {
+        self.dead.load(Ordering::Acquire) || self.ctx.shared.stopping()
+    }
+
+    /// Items the stage may take out of its channel now (with the intake
+    /// lock held, so that nobody else takes any meanwhile).
+    fn room(&self, intake: &Intake<T, E>) -> u64 {
+        let held = intake
+            .next_seq
+            .saturating_sub(self.done.load(Ordering::Acquire));
+        self.window.saturating_sub(held)
+    }
+
+    fn lock_outbox(&self) -> MutexGuard<'_, Outbox<T, E>> {
+        self.outbox.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn lock_replacements(&self) -> MutexGuard<'_, Vec<JoinHandle<()>>> {
+        self.replacements
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn lock_signal(&self) -> MutexGuard<'_, u64> {
+        self.signal.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Wakes the idle threads, if any, to look again. Never blocks for
+    /// long: the signal lock is only ever held for a moment.
+    fn wake_idle(&self) {
+        // Pairs with the fence in `wait_for_work`: either that thread sees
+        // the change, or this one sees it waiting.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            *self.lock_signal() += 1;
+            self.changed.notify_all();
+        }
+    }
 
     /// One thread's life (thread `me` of the stage): wait for work, run a
     /// session, send results on.
     fn run(&self, me: usize) {
-        while self.wait_for_work() {
+        let mut retired = false;
+        while !retired && self.wait_for_work() {
             let started = Instant::now();
             let mut session = || {
                 let mut next = self.take();
@@ -452,14 +497,18 @@ impl<T, E> Pool<T, E> {
                     // the timeout) has its failure there already.
                     {
                         let mut outbox = self.lock_outbox();
+                        if self.timeout.is_some() && outbox.expired.remove(&seq) {
+                            // The watchdog failed this call and started a
+                            // thread in this one's place (slot `me` is the
+                            // new thread's now): leave.
+                            self.ctx.shared.abandon(std::thread::current().id(), false);
+                            retired = true;
+                            break;
+                        }
                         if self.timeout.is_some() {
                             outbox.running[me] = None;
                         }
-                        if self.timeout.is_some() && outbox.expired.remove(&seq) {
-                            self.ctx.shared.abandon(std::thread::current().id(), false);
-                        } else {
-                            outbox.put(self.ordered, seq, result);
-                        }
+                        outbox.put(self.ordered, seq, result);
                     }
                     if failed || started.elapsed() >= BATCH_SLICE || self.stopping() {
                         break;
