@@ -911,6 +911,73 @@ def test_thread_timeout_turns_a_stuck_sample_into_timeout_error() -> None:
     assert any("5" in note for note in getattr(info.value, "__notes__", [])), info.value
 
 
+class _StuckAt:
+    """Samples 0..n-1; loading one of ``stuck`` waits until ``release`` is set."""
+
+    def __init__(self, n: int, stuck: set[int], release: threading.Event) -> None:
+        self.n, self.stuck, self.release = n, stuck, release
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        if i in self.stuck:
+            self.release.wait(30)
+        return i
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(
+    ("stuck", "expected"),
+    [
+        ({5}, [[0, 1], [2, 3], [4], [6, 7]]),
+        ({2, 3}, [[0, 1], [4, 5], [6, 7]]),  # a whole batch lost: nothing of it comes out
+        ({6, 7}, [[0, 1], [2, 3], [4, 5]]),  # lost at the end of the epoch
+        ({0, 4, 7}, [[1], [2, 3], [5], [6]]),
+    ],
+)
+def test_thread_timeout_under_skip_skips_the_stuck_samples(
+    threads: int, stuck: set[int], expected: list[list[int]]
+) -> None:
+    release = threading.Event()
+    loader = DataLoader(
+        _StuckAt(8, stuck, release), 2, num_threads=threads, timeout=0.3, on_error="skip"
+    )
+    t0 = time.monotonic()
+    try:
+        got = [b.tolist() for b in loader]
+        took = time.monotonic() - t0
+    finally:
+        release.set()
+    assert got == expected
+    assert took < 20, "waited for the stuck calls"
+    skipped = loader.stats()["skipped"]
+    assert sorted(i for i, _ in skipped) == sorted(stuck)
+    assert all("TimeoutError" in reason for _, reason in skipped), skipped
+
+
+@pytest.mark.timeout(60)
+def test_thread_timeouts_count_against_max_failures() -> None:
+    release = threading.Event()
+    loader = DataLoader(
+        _StuckAt(12, {1, 5, 9}, release),
+        2,
+        num_threads=2,
+        timeout=0.3,
+        on_error="skip",
+        max_failures=2,
+    )
+    got = []
+    try:
+        with pytest.raises(TooManyFailuresError, match="max_failures=2"):  # noqa: PT012
+            for batch in loader:
+                got.append(batch.tolist())
+    finally:
+        release.set()
+    assert got == [[0], [2, 3], [4], [6, 7]]  # the third loss (sample 9) trips it
+
+
 def test_key_error_is_caught_by_except_key_error() -> None:
     class Missing:
         def __len__(self) -> int:

@@ -46,6 +46,7 @@ class MapDataset(Protocol):
 
 # Stands for a batch whose every sample was skipped.
 _EMPTY = object()
+_END = object()  # after an epoch's last sample, where the grouper must know the end
 
 
 @dataclass(frozen=True)
@@ -293,13 +294,14 @@ class DataLoader:
             them with `shutdown_workers`, or by dropping the loader).
         worker_init_fn: called with the worker's id once in each worker at start.
         prefetch_factor: batches in flight per worker.
-        timeout: seconds one unit of work may take before the loader raises (default:
-            as long as it takes): with workers, a batch (`WorkerTimeoutError`); on
-            threads, one sample's ``dataset[i]`` + ``transform`` (`TimeoutError`, the
-            stuck thread is left behind rather than waited for); on the native image
-            chain, one batch's decode (`TimeoutError`). A timeout raises under
-            ``on_error="skip"`` too: the stuck call cannot be interrupted, and skipping
-            it would quietly lose a thread or a worker each time.
+        timeout: seconds one unit of work may take (default: as long as it takes). On
+            threads, one sample's ``dataset[i]`` + ``transform``: past it, the sample
+            fails with `TimeoutError` (named in a note), raised or, under
+            ``on_error="skip"``, skipped like any failing sample; the stuck call cannot
+            be interrupted, so its thread is left behind and a new one takes its place.
+            With workers, a batch: `WorkerTimeoutError`, under either ``on_error`` (the
+            worker holding it is stuck). On the native image chain, one batch's decode:
+            `TimeoutError`.
 
     Raises (while iterating, with workers):
         WorkerDiedError: a worker was killed (a signal, the OOM killer) or exited; the
@@ -657,7 +659,7 @@ class DataLoader:
             b = g % per_pass
             yield min(self._batch, self.samples_per_rank - b * self._batch)
 
-    def _load(self, index: int) -> Any:
+    def _load(self, index: int, *, enforce: bool = True) -> Any:
         transform = self.transform
         assert not isinstance(transform, _core.NativeOp)  # the native chain has no _load
         loading = self._loading
@@ -670,17 +672,46 @@ class DataLoader:
                 e.add_note(f"while loading sample {index} of the dataset")
                 raise
             reason = f"{type(e).__name__}: {e}"
-            self._record_skip(index, reason)
+            self._record_skip(index, reason, enforce=enforce)
             return _Skipped(index, reason)
         finally:
             loading.pop(index, None)
 
-    def _record_skip(self, index: int, reason: str) -> None:
-        """Note a sample skipped under ``on_error="skip"``; raise past ``max_failures``."""
+    def _load_tagged(self, item: Any) -> Any:
+        """``(index, sample)`` for the grouper that notices samples lost to a timeout.
+
+        The end-of-epoch marker passes through; the failure budget is enforced by the
+        grouper, since this stage skips what fails in it.
+        """
+        if item is _END:
+            return item
+        return item, self._load(item, enforce=False)
+
+    def _timed_out(self, index: int) -> _Skipped:
+        """Record sample ``index``, whose load ran past ``timeout``, as skipped."""
+        reason = (
+            f"TimeoutError: loading it took longer than timeout={self.timeout} s (its "
+            "thread is left behind)"
+        )
+        self._record_skip(index, reason)
+        return _Skipped(index, reason)
+
+    def _record_skip(self, index: int, reason: str, *, enforce: bool = True) -> None:
+        """Note a sample skipped under ``on_error="skip"``; raise past ``max_failures``.
+
+        ``enforce=False`` only records it (where raising would be skipped too: a stage
+        under ``on_error="skip"``); `_enforce_budget` raises later, downstream.
+        """
         _log.warning("skipped sample %d: %s", index, reason)
         with self._skipped_lock:
             self._skipped.append((index, reason))
             self._failures += 1
+        if enforce:
+            self._enforce_budget(index, reason)
+
+    def _enforce_budget(self, index: int, reason: str) -> None:
+        """Raise `TooManyFailuresError` when the epoch's skips are past ``max_failures``."""
+        with self._skipped_lock:
             failures = self._failures
         if self.max_failures is not None and failures > self.max_failures:
             raise TooManyFailuresError(
@@ -711,12 +742,34 @@ class DataLoader:
 
         # Grouping and collating in one stage: what waits between stages is samples, not
         # batches, so the read-ahead stays a few samples plus `prefetch` batches.
-        grouper = _Grouper(self._batch_sizes(epoch), finish)
+        source: Iterator[Any] = self._positions(epoch)
+        load: Callable[[Any], Any] = self._load
+        group: Callable[[Any], Any] = _Grouper(self._batch_sizes(epoch), finish)
+        skip_timeouts = self.timeout is not None and self.on_error == "skip"
+        if skip_timeouts:
+            # A sample whose load times out is skipped by the stage and never comes out:
+            # the grouper knows the order samples come in and counts the missing ones
+            # (those at the end of the epoch when the marker after them arrives).
+            gaps = _GapGrouper(
+                self._positions(epoch),
+                self._batch_sizes(epoch),
+                finish,
+                self._timed_out,
+                self._enforce_budget,
+            )
+            source = itertools.chain(source, [_END])
+            load, group = self._load_tagged, gaps.feed
         pipeline = (
             PipelineBuilder()
-            .add_source(self._positions(epoch))
-            .pipe(self._load, concurrency=self.num_threads, name="load", timeout=self.timeout)
-            .pipe(grouper, name="collate")
+            .add_source(source)
+            .pipe(
+                load,
+                concurrency=self.num_threads,
+                name="load",
+                timeout=self.timeout,
+                on_error="skip" if skip_timeouts else "raise",
+            )
+            .pipe(group, name="collate")
             .add_sink(self.prefetch)
             .build(num_threads=1)
         )
@@ -937,6 +990,54 @@ class _Grouper:
         group, self._group = self._group, []
         self._want = next(self._sizes, 0)
         return self._finish(group)
+
+
+class _GapGrouper:
+    """`_Grouper` for a load stage that skips what times out: it notices the lost samples.
+
+    Samples arrive as ``(index, sample)`` in the order of ``positions``; an index that is
+    passed over was lost to a timeout, and ``lost(index)`` stands in for it (it records the
+    skip, and raises past the failure budget). `_END` after the last sample makes the ones
+    still missing lost. `feed` is a generator (a flat map): one sample may finish several
+    batches when the samples before it were lost.
+    """
+
+    def __init__(
+        self,
+        positions: Iterator[int],
+        sizes: Iterator[int],
+        finish: Callable[[list[Any]], Any],
+        lost: Callable[[int], _Skipped],
+        budget: Callable[[int, str], None],
+    ) -> None:
+        self._positions = positions
+        self._sizes = sizes
+        self._finish = finish
+        self._lost = lost
+        self._budget = budget
+        self._want = next(sizes, 0)
+        self._group: list[Any] = []
+
+    def feed(self, item: Any) -> Iterator[Any]:
+        if item is _END:
+            for missing in self._positions:
+                yield from self._add(self._lost(missing))
+            return
+        index, sample = item
+        for expected in self._positions:
+            if expected == index:
+                break
+            yield from self._add(self._lost(expected))
+        if isinstance(sample, _Skipped):
+            self._budget(sample.index, sample.reason)
+        yield from self._add(sample)
+
+    def _add(self, sample: Any) -> Iterator[Any]:
+        self._group.append(sample)
+        if len(self._group) >= self._want:
+            group, self._group = self._group, []
+            self._want = next(self._sizes, 0)
+            yield self._finish(group)
 
 
 def _single(samples: list[Any]) -> Any:
