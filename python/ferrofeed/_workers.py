@@ -63,6 +63,8 @@ _ALIGN = 64
 _PAGE = mmap.PAGESIZE
 # The worker seed of worker `id` is sample_seed(seed, _WORKER_EPOCH, id).
 _WORKER_EPOCH = 2**64 - 1
+# Seconds a worker may take to start (see `_time_left`) when `timeout=` is shorter.
+WORKER_START_TIMEOUT = 60.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -445,6 +447,8 @@ class _Worker:
         default_factory=collections.OrderedDict
     )
     ready: bool = False
+    # When it reported ready (time.monotonic()); batch timeouts count from then on.
+    ready_at: float = 0.0
 
 
 @dataclasses.dataclass
@@ -582,6 +586,7 @@ class WorkerPool:
         kind = msg[0]
         if kind == "ready":
             worker.ready = True
+            worker.ready_at = time.monotonic()
             return None
         if kind == "init_error":
             _, data, type_name, text = msg
@@ -727,6 +732,22 @@ def _add_cuda_note(exc: BaseException, start_method: str) -> None:
         )
 
 
+def _time_left(pool: WorkerPool, head: int, waited_since: float, timeout: float) -> float:
+    """Seconds left before the batch ``head``, awaited since ``waited_since``, times out.
+
+    A batch's clock starts when it is the next one due and its worker is up: a worker's
+    start (the interpreter, unpickling the dataset, ``worker_init_fn``) is bounded by
+    ``max(timeout, WORKER_START_TIMEOUT)`` instead, so a short ``timeout`` does not fail
+    the first batches on a machine where starting a process takes seconds.
+    """
+    task = pool.tasks.get(head)
+    worker = next((w for w in pool.workers if task is not None and w.id == task.worker), None)
+    if worker is None or worker.ready:
+        started = max(waited_since, worker.ready_at if worker is not None else 0.0)
+        return timeout - (time.monotonic() - started)
+    return max(timeout, WORKER_START_TIMEOUT) - (time.monotonic() - waited_since)
+
+
 def worker_batches(
     pool: WorkerPool,
     epoch: int,
@@ -759,7 +780,7 @@ def worker_batches(
         while head not in done:
             remaining = None
             if timeout is not None:
-                remaining = timeout - (time.monotonic() - waited_since)
+                remaining = _time_left(pool, head, waited_since, timeout)
                 if remaining <= 0:
                     raise WorkerTimeoutError(
                         f"{pool.describe(head)} did not come back within timeout={timeout} s"
