@@ -61,6 +61,7 @@ import tempfile
 import threading
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -83,8 +84,8 @@ from ram_study import (  # noqa: E402  (after the sys.path line above)
     meminfo,
     mib,
     process_tree,
-    read_mem,
     render,
+    smaps_rollup,
     stop_process,
 )
 
@@ -95,11 +96,12 @@ LOADER_NAMES = {
     "torch": "PyTorch DataLoader + list",
 }
 METHODS = ("fork", "forkserver", "spawn")
+SPLIT_FIELDS = ("uss", "pss_anon", "pss_file", "pss_shmem")
 EVENT_PREFIX = "@@ram-loaders "
 ONE_COPY_TARGET = 0.10  # ferrofeed within 10% of arena + baseline footprint
 TORCH_RATIO_TARGET = 0.5  # ferrofeed <= 0.5x PyTorch's
 FULL = {"n": 1_000_000, "epochs": 2, "batch_size": 256}
-QUICK = {"n": 20_000, "epochs": 1, "batch_size": 128}
+QUICK = {"n": 20_000, "epochs": 1, "batch_size": 128, "workers": 2}
 
 # The rank processes are fresh interpreters that import this module by name, so that
 # `coco_collate` pickles as ``ram_loaders.coco_collate`` for forkserver/spawn workers.
@@ -211,12 +213,13 @@ def _ferrofeed_loader(cfg: RankConfig) -> tuple[Any, Callable[[int], Iterable[An
 def _torch_loader(cfg: RankConfig) -> tuple[Any, Callable[[int], Iterable[Any]], Any]:
     import torch.utils.data as tud
 
-    ds = list(coco_annotations(cfg.n, cfg.seed))
+    # A plain list is a map-style dataset to PyTorch (len and []), not a `Dataset` to mypy.
+    ds: Any = list(coco_annotations(cfg.n, cfg.seed))
     sampler: tud.DistributedSampler[int] = tud.DistributedSampler(
         ds, num_replicas=cfg.ranks, rank=cfg.rank, shuffle=True, seed=cfg.seed
     )
-    loader = tud.DataLoader(
-        ds,  # type: ignore[arg-type]
+    loader: tud.DataLoader[Any] = tud.DataLoader(
+        ds,
         batch_size=cfg.batch_size,
         sampler=sampler,
         collate_fn=coco_collate,
@@ -241,6 +244,8 @@ def rank_main(cfg: RankConfig) -> None:
     emit("started", pid=os.getpid())
     if cfg.import_torch:
         import torch  # noqa: F401  (a training process has it imported)
+    # PyTorch warns when there are more workers than cores (this machine has 2).
+    warnings.filterwarnings("ignore", message="This DataLoader will create")
     make = _ferrofeed_loader if cfg.loader == "ferrofeed" else _torch_loader
     t = time.perf_counter()
     ds, epoch_iter, close = make(cfg)
@@ -279,6 +284,10 @@ def rank_main(cfg: RankConfig) -> None:
 def rank_entry(cfg_json: str) -> int:
     cfg = RankConfig(**json.loads(cfg_json))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides
+    # Should the machine run out of memory anyway, the kernel's OOM killer takes this job's
+    # processes (workers inherit the setting) before anything else running on it.
+    with contextlib.suppress(OSError):
+        Path("/proc/self/oom_score_adj").write_text("1000")
     try:
         rank_main(cfg)
     except BaseException as exc:
@@ -290,6 +299,14 @@ def rank_entry(cfg_json: str) -> int:
 # --------------------------------------------------------------------------------------------
 # The launcher: one configuration (all ranks), sampled
 # --------------------------------------------------------------------------------------------
+
+
+def read_rollup(pid: int) -> Mem | None:
+    """``/proc/PID/smaps_rollup`` (PSS, USS and PSS by backing), None when ``pid`` is gone."""
+    try:
+        return smaps_rollup(pid)
+    except (OSError, ValueError):
+        return None
 
 
 def _role(pid: int, depth: int, ranks: set[int], cmds: dict[int, str]) -> str:
@@ -391,16 +408,18 @@ def run_config(cfg: RankConfig, *, interval: float, mem_floor: int, verbose: boo
         def sample(final: bool = False) -> Json:
             tree = process_tree(rank_pids)
             cmds = {pid: cmdline(pid) for pid in tree}
-            mems: dict[int, Mem | None] = {pid: read_mem(pid) for pid in tree}
+            mems: dict[int, Mem | None] = {pid: read_rollup(pid) for pid in tree}
             roles = {pid: _role(pid, d, rank_pids, cmds) for pid, d in tree.items()}
             by_role = dict.fromkeys(("rank", "worker", "aux"), 0)
             for pid, m in mems.items():
                 if m is not None:
                     by_role[roles[pid]] += m["pss"]
+            live = [m for m in mems.values() if m is not None]
             rec: Json = {
                 "t": round(time.time() - t0, 3),
                 "total_pss": sum(by_role.values()),
                 **{f"{k}_pss": v for k, v in by_role.items()},
+                **{f"total_{f}": sum(m[f] for m in live) for f in SPLIT_FIELDS},
                 "procs": sum(m is not None for m in mems.values()),
                 "steady": all(s.get("last_epoch_started") for s in state.values()),
                 "mem_available": meminfo().get("MemAvailable", 0),
@@ -520,11 +539,16 @@ def _summarise(series: list[Json], cfg: RankConfig) -> Json:
         return {}
     totals = [s["total_pss"] for s in series]
     steady = [s["total_pss"] for s in series if s["steady"]]
+    # Without file-backed pages (libraries: their PSS shrinks when processes outside the
+    # job map the same files, e.g. other jobs importing the same torch).
+    nonfile = [s["total_pss"] - s["total_pss_file"] for s in series if s["steady"]]
     return {
         "samples": len(series),
         "peak_total_pss": max(totals),
         "steady_total_pss": int(statistics.median(steady)) if steady else None,
         "steady_samples": len(steady),
+        "steady_total_pss_nonfile": int(statistics.median(nonfile)) if nonfile else None,
+        "peak_total_pss_nonfile": max(s["total_pss"] - s["total_pss_file"] for s in series),
         "end_total_pss": series[-1]["total_pss"] if series[-1].get("final") else None,
         "peak_rank_pss": max(s["rank_pss"] for s in series),
         "peak_worker_pss": max(s["worker_pss"] for s in series),
@@ -558,7 +582,7 @@ def torch_available() -> bool:
 def run_loader_ram(
     n: int | None = None,
     ranks: int = 2,
-    workers: int = 4,
+    workers: int | None = None,
     methods: Sequence[str] = ("fork", "forkserver"),
     quick: bool = False,
     *,
@@ -572,13 +596,16 @@ def run_loader_ram(
     mem_floor_gib: float = 3.0,
     shm_dir: str | None = None,
     verbose: bool = True,
+    partial_out: Path | None = None,
 ) -> Json:
     """Run the experiment; return the results (configurations, summary, targets, checks).
 
-    ``n``, ``epochs`` and ``batch_size`` default to 1,000,000, 2 and 256 (``quick``:
-    20,000, 1 and 128). Each (start method, loader) runs as a baseline and with the data,
-    ``repeats`` rounds, the order rotated each round. PyTorch's loader is left out (and
-    said so in ``notes``) where torch is not installed.
+    ``n``, ``workers``, ``epochs`` and ``batch_size`` default to 1,000,000, 4, 2 and 256
+    (``quick``: 20,000, 2, 1 and 128). Each (start method, loader) runs as a baseline and
+    with the data, ``repeats`` rounds, the order rotated each round. PyTorch's loader is
+    left out (and said so in ``notes``) where torch is not installed. With
+    ``partial_out``, the results so far are written there after each configuration
+    (``--report`` renders such a file).
 
     The returned dict has ``machine``, ``params``, ``configs`` (one per run, with the time
     series), ``summary`` (per method and loader: median peak / steady / end total PSS and
@@ -588,6 +615,7 @@ def run_loader_ram(
     preset = QUICK if quick else FULL
     n = preset["n"] if n is None else n
     epochs = preset["epochs"] if epochs is None else epochs
+    workers = preset.get("workers", 4) if workers is None else workers
     batch_size = preset["batch_size"] if batch_size is None else batch_size
     bad = [m for m in methods if m not in METHODS]
     if bad or min(n, ranks, workers, epochs, batch_size, repeats) < 1:
@@ -608,11 +636,25 @@ def run_loader_ram(
     tmpdir = tempfile.mkdtemp(prefix="ferrofeed-ram-loaders-", dir=shm)
     configs: list[Json] = []
     t_start = time.perf_counter()
+    params: Json = {
+        "n": n,
+        "ranks": ranks,
+        "workers": workers,
+        "methods": list(methods),
+        "loaders": list(loaders),
+        "repeats": repeats,
+        "epochs": epochs,
+        "batch_size": batch_size,
+        "baseline_n": baseline_n,
+        "seed": seed,
+        "interval": interval,
+        "quick": quick,
+    }
     try:
         plan = [(m, lo, b) for m in methods for lo in loaders for b in (True, False)]
         for rep in range(repeats):
-            k = rep % len(plan)
-            for i, (method, loader, baseline) in enumerate(plan[k:] + plan[:k]):
+            # Alternate: every other round runs the configurations in the reverse order.
+            for i, (method, loader, baseline) in enumerate(plan if rep % 2 == 0 else plan[::-1]):
                 cfg = RankConfig(
                     loader=loader,
                     method=method,
@@ -635,31 +677,27 @@ def run_loader_ram(
                 )
                 r["round"] = rep
                 configs.append(r)
+                if partial_out is not None:
+                    partial_out.parent.mkdir(parents=True, exist_ok=True)
+                    partial_out.write_text(json.dumps(results(info, params, configs, notes, 0.0)))
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
-    info["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    return results(info, params, configs, notes, time.perf_counter() - t_start)
+
+
+def results(info: Json, params: Json, configs: list[Json], notes: list[str], wall: float) -> Json:
+    """The result document from the configurations run so far."""
+    if "loadavg_end" not in info:  # (a results file being rendered again keeps its own)
+        info = {**info, "loadavg_end": [round(x, 2) for x in os.getloadavg()]}
     summary = summarise(configs)
     return {
         "machine": info,
-        "params": {
-            "n": n,
-            "ranks": ranks,
-            "workers": workers,
-            "methods": list(methods),
-            "loaders": list(loaders),
-            "repeats": repeats,
-            "epochs": epochs,
-            "batch_size": batch_size,
-            "baseline_n": baseline_n,
-            "seed": seed,
-            "interval": interval,
-            "quick": quick,
-        },
-        "wall_s": round(time.perf_counter() - t_start, 1),
+        "params": params,
+        "wall_s": round(wall, 1),
         "configs": configs,
         "summary": summary,
         "targets": compute_targets(summary),
-        "checks": checks(configs, n, ranks),
+        "checks": checks(configs, params["n"], params["ranks"]),
         "notes": notes,
     }
 
@@ -687,7 +725,13 @@ def summarise(configs: list[Json]) -> dict[str, dict[str, Json]]:
         for entry in per_loader.values():
             data, base = entry.pop("data", []), entry.pop("baseline", [])
             for prefix, runs in (("", data), ("baseline_", base)):
-                for field in ("peak_total_pss", "steady_total_pss", "end_total_pss"):
+                for field in (
+                    "peak_total_pss",
+                    "steady_total_pss",
+                    "end_total_pss",
+                    "steady_total_pss_nonfile",
+                    "peak_total_pss_nonfile",
+                ):
                     entry[prefix + field] = _median(r.get(field) for r in runs)
                     entry[prefix + field + "_all"] = [r.get(field) for r in runs]
             arenas = [s.get("arena_bytes") for r in data for s in r["ranks"]]
@@ -703,16 +747,17 @@ def compute_targets(summary: dict[str, dict[str, Json]]) -> list[Json]:
         if ff is None or ff.get("steady_total_pss") is None:
             continue
         t: Json = {"method": method}
-        for kind in ("steady", "peak"):
-            ours = ff[f"{kind}_total_pss"]
-            base = ff[f"baseline_{kind}_total_pss"]
+        for kind in ("steady", "peak", "steady_nonfile"):
+            field = "steady_total_pss_nonfile" if kind == "steady_nonfile" else f"{kind}_total_pss"
+            ours = ff[field]
+            base = ff[f"baseline_{field}"]
             if base is not None and ff["arena_bytes"]:
                 expected = ff["arena_bytes"] + base
                 t[f"{kind}_expected"] = expected
                 t[f"{kind}_one_copy_ratio"] = round(ours / expected, 4)
-            if pt is not None and pt.get(f"{kind}_total_pss"):
-                t[f"{kind}_torch_pss"] = pt[f"{kind}_total_pss"]
-                t[f"{kind}_torch_ratio"] = round(ours / pt[f"{kind}_total_pss"], 4)
+            if pt is not None and pt.get(field):
+                t[f"{kind}_torch_pss"] = pt[field]
+                t[f"{kind}_torch_ratio"] = round(ours / pt[field], 4)
         t["ferrofeed_pss"] = ff["steady_total_pss"]
         t["arena_bytes"] = ff["arena_bytes"]
         t["footprint"] = ff["baseline_steady_total_pss"]
@@ -839,6 +884,15 @@ def format_report(res: Json) -> str:
                 f"{t['method']}: ferrofeed / PyTorch = {t['steady_torch_ratio']:.3f}x steady, "
                 f"{t.get('peak_torch_ratio', 0):.3f}x peak (target <= 0.5x): {verdict}{bound}"
             )
+    for t in res["targets"]:
+        if t.get("steady_nonfile_one_copy_ratio") is not None:
+            line = (
+                f"{t['method']}, without file-backed pages (libraries): ferrofeed "
+                f"{t['steady_nonfile_one_copy_ratio']:.3f}x one copy + footprint"
+            )
+            if t.get("steady_nonfile_torch_ratio") is not None:
+                line += f", {t['steady_nonfile_torch_ratio']:.3f}x PyTorch"
+            out.append(line)
     for c in res["checks"]:
         out.append(
             f"  {'ok  ' if c['ok'] else 'FAIL'}  {c['name']}"
@@ -853,7 +907,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--n", type=int, default=None, help="items (default 1,000,000; --quick 20,000)")
     p.add_argument("--ranks", type=int, default=2)
-    p.add_argument("--workers", type=int, default=4, help="worker processes per rank")
+    p.add_argument("--workers", type=int, default=None, help="per rank (default 4; --quick 2)")
     p.add_argument("--epochs", type=int, default=None, help="default 2 (--quick: 1)")
     p.add_argument("--batch-size", type=int, default=None, help="default 256 (--quick: 128)")
     p.add_argument("--methods", default="fork,forkserver", help="comma-separated start methods")
@@ -870,7 +924,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON results file")
+    p.add_argument(
+        "--report", type=Path, default=None, help="only render a results file (even a partial one)"
+    )
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.report is not None:
+        doc = json.loads(args.report.read_text())
+        doc = results(doc["machine"], doc["params"], doc["configs"], doc["notes"], doc["wall_s"])
+        print(format_report(doc))
+        return 0
+    partial = args.out.with_suffix(".partial.json")
     res = run_loader_ram(
         args.n,
         args.ranks,
@@ -885,11 +948,13 @@ def main(argv: list[str] | None = None) -> int:
         interval=args.interval,
         timeout=args.timeout,
         mem_floor_gib=args.mem_floor_gib,
+        partial_out=partial,
     )
     print()
     print(format_report(res))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(res, indent=1))
+    partial.unlink(missing_ok=True)
     print(f"\nJSON: {args.out}  (wall {res['wall_s']} s)")
     return 0 if all(c["ok"] for c in res["checks"]) else 1
 

@@ -544,6 +544,11 @@ def smaps_rollup(pid: int) -> Mem:
         "shared": kb.get("Shared_Clean", 0) + kb.get("Shared_Dirty", 0),
         "swap": kb.get("Swap", 0),
         "anonymous": kb.get("Anonymous", 0),
+        # PSS split by backing (Linux >= 5.9): private/anonymous, file pages (libraries),
+        # shmem (tmpfs files such as /dev/shm arenas, memfds)
+        "pss_anon": kb.get("Pss_Anon", 0),
+        "pss_file": kb.get("Pss_File", 0),
+        "pss_shmem": kb.get("Pss_Shmem", 0),
     }
 
 
