@@ -78,6 +78,7 @@ from ram_study import (  # noqa: E402  (after the sys.path line above)
     REPO_ROOT,
     Json,
     Mem,
+    _raise_system_exit,
     cmdline,
     coco_annotations,
     machine_info,
@@ -499,6 +500,9 @@ def run_config(cfg: RankConfig, *, interval: float, mem_floor: int, verbose: boo
     except Exception as exc:
         result["error"] = f"{type(exc).__name__}: {exc}"
         result["ok"] = False
+    except BaseException:  # Ctrl-C, SIGTERM: end the ranks at once, then stop
+        result["error"] = "interrupted"
+        raise
     finally:
         for p in procs:  # release the ranks; they end their workers and exit
             with contextlib.suppress(OSError):
@@ -933,6 +937,9 @@ def main(argv: list[str] | None = None) -> int:
         doc = results(doc["machine"], doc["params"], doc["configs"], doc["notes"], doc["wall_s"])
         print(format_report(doc))
         return 0
+    # SIGTERM ends the run as Ctrl-C does: the ranks' process groups are killed, the arenas
+    # removed.
+    signal.signal(signal.SIGTERM, _raise_system_exit)
     partial = args.out.with_suffix(".partial.json")
     res = run_loader_ram(
         args.n,
