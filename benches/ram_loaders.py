@@ -35,7 +35,11 @@ Targets (issue 10), per start method, on the steady total PSS (median over the l
 when every rank is iterating, through the final sample):
 
 * ferrofeed within 10% of one copy of the data (the arena file) + the baseline footprint;
-* ferrofeed <= 0.5x PyTorch's DataLoader over a Python list.
+  reported as measured, and with the libraries' file-backed PSS taken from the data run on
+  both sides (PSS divides a library's pages among every process on the machine that maps
+  them, so other jobs importing the same torch move that part between two runs);
+* ferrofeed <= 0.5x PyTorch's DataLoader over a Python list (a PyTorch run stopped by the
+  memory floor counts with its peak so far, a lower bound: the ratio is then an upper bound).
 
 Run ``python benches/ram_loaders.py`` (full: 1M items, fork and forkserver) or ``--quick``
 (a smoke run, < 1 min). Other scripts call `run_loader_ram`. A memory floor
