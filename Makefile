@@ -189,10 +189,15 @@ bench: install-test bench-deps ## Criterion benches and the Python comparisons (
 	$(PY) benches/decode_vs_pillow.py
 	$(PY) benches/loader_images.py
 	$(PY) benches/loader_workers.py
+	$(PY) benches/ram_loaders.py
 
 .PHONY: bench-workers
 bench-workers: install-test ## Python transforms in worker processes against PyTorch's DataLoader (benches/loader_workers.py)
 	$(PY) benches/loader_workers.py
+
+.PHONY: bench-ram-workers
+bench-ram-workers: install-test ## RAM of 2 ranks x 4 workers over 1M annotations: ferrofeed vs PyTorch's DataLoader (benches/ram_loaders.py)
+	$(PY) benches/ram_loaders.py $(RAM_LOADERS_ARGS)
 
 .PHONY: clean
 clean: ## Remove build outputs (keeps .venv)

@@ -381,6 +381,45 @@ def test_dataset_is_pickled_once_per_worker(method: str, tmp_path: Path) -> None
         loader.shutdown_workers()
 
 
+class GcProbe:
+    """Sample 0: the worker's USS; sample 1: its USS after a full garbage collection."""
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, i: int) -> int:
+        if i == 1:
+            gc.collect()
+        return ferrofeed.memory.process_memory().uss
+
+
+def test_fork_workers_collecting_garbage_do_not_copy_the_parents_heap(run_python: Any) -> None:
+    # A forked worker shares its parent's heap copy-on-write. A full collection in the
+    # worker writes to the header of every container object it inherited (the torch
+    # modules a training process imports, a list of dicts...), which copied those pages
+    # into every worker over time: benches/ram_loaders.py measured +41 MiB per worker.
+    proc = run_python(
+        """
+        import gc, json
+        from ferrofeed import DataLoader
+        from ferrofeed.memory import process_memory
+        from test_workers import GcProbe
+
+        heap = [[i, [i]] for i in range(300_000)]  # ~40 MiB of containers
+        gc.collect()
+        base = process_memory().uss
+        loader = DataLoader(GcProbe(), 1, num_workers=1, worker_start_method="fork")
+        before, after = (int(b[0]) for b in loader)
+        print(json.dumps({"growth": after - before, "heap": base}))
+        """,
+        timeout=60,
+        cwd=TESTS_DIR,
+    )
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["heap"] > 40 * 2**20, out  # the heap is there to be copied
+    assert out["growth"] < 4 * 2**20, out  # without the fix: ~40 MiB
+
+
 def test_unpicklable_transform_under_spawn_says_why() -> None:
     loader = DataLoader(
         list(range(4)), 2, num_workers=1, worker_start_method="spawn", transform=lambda x: x

@@ -34,6 +34,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import gc
 import logging
 import mmap
 import multiprocessing
@@ -339,6 +340,15 @@ def _exception_payload(exc: BaseException) -> tuple[bytes | None, str, str]:
 def _worker_main(setup: _Setup, conn: multiprocessing.connection.Connection, wid: int) -> None:
     """The entry point of a worker process."""
     global _WORKER_INFO
+    if setup.start_method in ("fork", "forkserver"):
+        # A forked worker shares its parent's heap copy-on-write. The garbage collector's
+        # full collections write to the header of every container object they visit, so
+        # they would copy, page by page, all that the worker inherited (the modules a
+        # training process imports, torch's included: tens of MiB per worker). Inherited
+        # objects go to the permanent generation, which the collector never visits; what
+        # the worker allocates from here on is collected as usual. (What Python's
+        # documentation of gc.freeze recommends for fork without exec.)
+        gc.freeze()
     # Ctrl-C goes to the whole process group: the main process decides what happens.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _watch_parent(setup.parent_pid)
