@@ -14,6 +14,8 @@
 //! - [`arena`]: the shared arena, one memory-mapped file of opaque items that
 //!   every process on a node maps, so dataset metadata exists once per node.
 //! - [`sampler`]: seekable shuffled index orders, O(1) to start or resume.
+//! - [`seed`]: the one stable, pinned seed mixer behind every shuffle, crop
+//!   and per-sample seed.
 //! - [`dlpack`]: the `DLPack` structs, the `__dlpack__` request rules, and
 //!   managed tensors whose deleter drops a Rust owner.
 //! - [`staging`]: a bounded pool of 64-byte aligned (and, with a CUDA
@@ -30,6 +32,7 @@ pub mod dlpack;
 pub mod image;
 pub mod pipeline;
 pub mod sampler;
+pub mod seed;
 pub mod staging;
 
 #[cfg(feature = "python")]

@@ -142,6 +142,17 @@ class Permutation:
 def sample_seed(seed: int, epoch: int, index: int) -> int:
     """Return the seed of one sample's random augmentations (fixed, pinned mixing)."""
 
+def mix_seed(seed: int, epoch: int, index: int, stream: Literal["sample", "crop"]) -> int:
+    """Return the seed of item ``index``'s draws of kind ``stream`` (ferrofeed's one mixer).
+
+    ``mix_seed(s, e, i, "sample") == sample_seed(s, e, i)``; the values are pinned forever.
+
+    Example:
+        >>> from ferrofeed import _core
+        >>> _core.mix_seed(0, 0, 0, "sample")
+        16894410173589626229
+    """
+
 @final
 class _SlotRing:
     """Shared-memory batch slots (memfd) of the DataLoader's worker processes."""

@@ -7,8 +7,6 @@
 //! buffer; the first failing item (lowest index) is raised and the buffer
 //! goes back to the pool, so a partly filled batch is never handed out.
 
-use std::collections::hash_map::RandomState;
-use std::hash::BuildHasher;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
@@ -22,6 +20,7 @@ use super::dlpack::PyTensor;
 use super::staging::{acquire, pool_or_default, PyBufferPool};
 use crate::dlpack::DType;
 use crate::image::{self, ColorMode, Crop, ImageError, Transform};
+use crate::seed::{fresh_seed, mix, Stream};
 use crate::staging::Tensor;
 
 /// An image to decode: a file, or encoded bytes.
@@ -96,16 +95,9 @@ fn parse_size(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Option<(us
     Ok(Some(pair))
 }
 
-/// A random seed when none is given (the std hasher's per-process keys).
-pub(crate) fn fresh_seed() -> u64 {
-    RandomState::new().hash_one(std::time::Instant::now())
-}
-
-/// The seed of item `index` of a batch seeded with `seed`.
+/// The seed of item `index`'s random crop in a batch seeded with `seed`.
 fn item_seed(seed: u64, index: usize) -> u64 {
-    let mut z = seed ^ (index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z ^ (z >> 27)
+    mix(seed, 0, index as u64, Stream::Crop)
 }
 
 /// The keyword arguments shared by `decode_image` and `load_images`.

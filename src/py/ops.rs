@@ -5,7 +5,6 @@
 //! `decode_image` -> `collate` only meets Python at the sink, where a batch
 //! becomes a `ferrofeed.Tensor` (and its labels another).
 
-use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -18,6 +17,7 @@ use super::staging::PyBufferPool;
 use crate::dlpack::DType;
 use crate::image::{decode, Crop, ImageError, Transform};
 use crate::pipeline::CombineFn;
+use crate::seed::{hash_bytes, mix, Stream};
 use crate::staging::{BufferPool, Pinning, PoolConfig, Tensor};
 
 /// `ops.read_file()`: a path (with its label) becomes the file's bytes.
@@ -61,13 +61,11 @@ fn wrong_item(op: &str, wants: &str, item: &Item) -> PyErr {
     ))
 }
 
-/// A seed per image for random crops: the op's seed and the image's name,
-/// so that the crop of a file does not depend on thread timing.
-fn seed_for(base: u64, name: &str) -> u64 {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    base.hash(&mut h);
-    name.hash(&mut h);
-    h.finish()
+/// The seed of a file's random crop in `epoch` of a run seeded with `seed`:
+/// keyed by the file's name, so that it depends neither on thread timing
+/// nor on the file's position in a batch (see [`crate::seed`]).
+fn crop_seed(seed: u64, epoch: u64, name: &str) -> u64 {
+    mix(seed, epoch, hash_bytes(name.as_bytes()), Stream::Crop)
 }
 
 /// `ops.decode_image(...)`: encoded bytes (or a path) become an image.
@@ -88,7 +86,7 @@ fn _op_decode_image(
     seed: Option<u64>,
     dct_scaling: bool,
 ) -> PyResult<PyNativeOp> {
-    let base_seed = seed.unwrap_or_else(super::image::fresh_seed);
+    let base_seed = seed.unwrap_or_else(crate::seed::fresh_seed);
     let transform = parse_transform(
         size,
         mode,
@@ -106,7 +104,7 @@ fn _op_decode_image(
             t.crop = Some(Crop::RandomResized {
                 scale,
                 ratio,
-                seed: seed_for(base_seed, name),
+                seed: crop_seed(base_seed, 0, name),
             });
         }
         t
@@ -336,8 +334,9 @@ fn fixed_size(t: &Transform) -> Option<(usize, usize)> {
 /// into the slots of one pooled batch tensor.
 struct LoadBatch {
     transform: Transform,
-    /// Seeds random crops, with each file's name.
+    /// Seed random crops, with each file's name.
     seed: u64,
+    epoch: u64,
     /// `(height, width, channels)` of every image.
     shape: (usize, usize, usize),
     layout: Layout,
@@ -378,7 +377,7 @@ impl LoadBatch {
                     let (source, name) = &sources[i];
                     let mut t = self.transform;
                     if let Some(Crop::RandomResized { seed, .. }) = &mut t.crop {
-                        *seed = seed_for(self.seed, name);
+                        *seed = crop_seed(self.seed, self.epoch, name);
                     }
                     let out: &mut [u8] = if direct { slot } else { &mut scratch };
                     let r = source
@@ -548,11 +547,10 @@ fn _op_load_batch(
     })?;
     // Random crops differ from epoch to epoch, and are the same for a given
     // (seed, epoch) in every process and with any number of threads.
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    (op_seed.unwrap_or(seed), epoch).hash(&mut hasher);
     let op = LoadBatch {
         transform,
-        seed: hasher.finish(),
+        seed: op_seed.unwrap_or(seed),
+        epoch,
         shape: (h, w, transform.mode.channels()),
         layout,
         threads: threads.max(1),
