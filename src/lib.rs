@@ -14,6 +14,7 @@
 //! - [`arena`]: the shared arena, one memory-mapped file of opaque items that
 //!   every process on a node maps, so dataset metadata exists once per node.
 //! - [`sampler`]: seekable shuffled index orders, O(1) to start or resume.
+//! - [`cpu`]: the process's one CPU pool (re-created in a forked child).
 //! - [`seed`]: the one stable, pinned seed mixer behind every shuffle, crop
 //!   and per-sample seed.
 //! - [`dlpack`]: the `DLPack` structs, the `__dlpack__` request rules, and
@@ -28,6 +29,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod arena;
+pub mod cpu;
 pub mod dlpack;
 pub mod image;
 pub mod pipeline;
