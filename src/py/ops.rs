@@ -11,7 +11,7 @@ use pyo3::exceptions::{PyOSError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
 use super::image::parse_transform;
-use super::pipeline::{Item, PyNativeOp};
+use super::pipeline::{Item, OpConfig, PyNativeOp};
 use super::staging::PyBufferPool;
 use crate::dlpack::DType;
 use crate::image::batch::{
@@ -132,19 +132,6 @@ fn _op_decode_image(
         }),
     )
     .with_config(config))
-}
-
-/// What `decode_image` and `collate` were made with: `DataLoader` builds
-/// its batch op (see [`_op_load_batch`]) from them.
-#[derive(Clone, Copy)]
-pub(crate) enum OpConfig {
-    /// `decode_image`: the transform, and the seed the user gave (if any).
-    Decode {
-        transform: Transform,
-        seed: Option<u64>,
-    },
-    /// `collate`: the layout and dtype of the batch.
-    Collate(Layout),
 }
 
 /// `ops.collate(batch_size, ...)`: groups images into one batch tensor
