@@ -204,7 +204,8 @@ pub struct BatchOptions {
     /// The layout of the batch buffer.
     pub layout: Layout,
     /// Images decoded at once: the calling thread and `threads - 1` jobs of
-    /// the process's CPU pool ([`crate::cpu`]). 0 counts as 1.
+    /// the process's CPU pool ([`crate::cpu`]), so at most one more than
+    /// the pool's threads run at once. 0 counts as 1.
     pub threads: usize,
     /// Failing images.
     pub on_error: OnError,
