@@ -9,6 +9,12 @@
 //! would signal threads that do not exist, through locks that a parent
 //! thread may have held at the fork).
 //!
+//! The pid and the pool sit behind one mutex, held only to compare the pid
+//! and clone the handle (or, once per process, to start the pool): a fork
+//! at that very moment, from another thread, would leave the child's copy
+//! locked (the same holds for any lock of the process, the allocator's
+//! included; Python warns against forking a process with threads).
+//!
 //! The pool is `rayon-core`'s: work-stealing, and its scopes let jobs borrow
 //! the caller's data (the batch buffer), which a hand-written pool could
 //! only offer with `unsafe` lifetime erasure.
