@@ -295,6 +295,23 @@ def test_sample_seed_is_pinned() -> None:
     assert ferrofeed._core.sample_seed(42, 3, 1_000_000) == 7443091746617491268
 
 
+def test_mix_seed_is_pinned() -> None:
+    # ferrofeed's one seed mixer (src/seed.rs), pinned by the same golden values as its
+    # Rust unit tests: per-sample seeds are its "sample" stream, random crops its "crop"
+    # stream.
+    mix_seed = ferrofeed._core.mix_seed
+    top = 2**64 - 1
+    assert mix_seed(0, 0, 0, "sample") == 16894410173589626229
+    assert mix_seed(top, top, top, "sample") == 12625010139469418024
+    assert mix_seed(0, 0, 0, "crop") == 11492569862326130707
+    assert mix_seed(7, 1, 3, "crop") == 3522167460412779704
+    assert mix_seed(top, top, top, "crop") == 15917774939899584926
+    for args in [(0, 0, 0), (5, 2, 99), (top, 0, 1)]:
+        assert mix_seed(*args, "sample") == ferrofeed._core.sample_seed(*args)
+    with pytest.raises(ValueError, match="stream"):
+        mix_seed(0, 0, 0, "shuffle")  # type: ignore[arg-type]
+
+
 def test_torch_generator_is_seeded_per_sample() -> None:
     torch = pytest.importorskip("torch")
 
