@@ -50,6 +50,7 @@ import gc
 import importlib.metadata
 import importlib.util
 import json
+import multiprocessing
 import os
 import platform
 import random
@@ -69,6 +70,7 @@ from _common import (
     PillowExact,
     PillowTrain,
     child_entry,
+    child_pids,
     cpu_self,
     make_jpegs,
     med_range,
@@ -275,8 +277,11 @@ def datago_epochs(root: str, files: list[tuple[str, int]], job: str) -> Any:
             yield stack_batch(batch)
 
     def epochs() -> Iterator[Iterator[Any]]:
-        while True:
-            yield one_epoch()
+        try:
+            while True:
+                yield one_epoch()
+        finally:
+            client.stop()
 
     return epochs()
 
@@ -288,8 +293,16 @@ def build(lo: Loader, job: str, spec: dict[str, Any]) -> Iterator[Iterable[Any]]
     pillow = PillowExact(files) if job == "exact" else PillowTrain(files)
 
     def forever(loader: Iterable[Any]) -> Iterator[Iterable[Any]]:
-        while True:
-            yield loader
+        try:
+            while True:
+                yield loader
+        finally:  # on close(): end the worker processes, so that the child reaps them
+            stop = getattr(loader, "shutdown_workers", None)  # ferrofeed
+            if stop is not None:
+                stop()
+            iterator = getattr(loader, "_iterator", None)  # PyTorch's persistent workers
+            if iterator is not None:
+                iterator._shutdown_workers()
 
     if lo.family == "pytorch":
         import torch
@@ -374,14 +387,17 @@ def batch_images(batch: Any) -> Any:
 def child_main(spec: dict[str, Any]) -> dict[str, Any]:
     """Run one (job, loader) in this fresh interpreter; return its figures."""
     lo, job = BY_KEY[spec["loader"]], spec["job"]
-    if lo.family == "pytorch":
+    # Every run imports torch first when it is installed, as a training script would: the
+    # memory then compares loaders, not imports.
+    if spec["import_torch"] and importlib.util.find_spec("torch") is not None:
         import torch
 
         torch.set_num_threads(1)
-    elif lo.ferrofeed:
+    if lo.ferrofeed:
         import ferrofeed  # noqa: F401
     gc.collect()
     n, me = len(spec["files"]), os.getpid()
+    pss_before = tree_pss(me)
     cpu_before = cpu_self()
     t0 = time.perf_counter()
     epochs_it = build(lo, job, spec)
@@ -406,8 +422,12 @@ def child_main(spec: dict[str, Any]) -> dict[str, Any]:
         if count != n:
             raise AssertionError(f"{lo.key}: epoch {epoch} gave {count} images, not {n}")
     cpu_self_end = cpu_self()
+    epochs_it.close()  # ends worker processes, threads, pipelines
     del epochs_it
     gc.collect()
+    multiprocessing.active_children()  # reaps the workers that ended
+    # Workers still alive now would leave their CPU time out of the tree's (flagged).
+    left = child_pids(me)
     steady = epoch_s[1:] or epoch_s
     return {
         "loader": lo.key,
@@ -419,7 +439,10 @@ def child_main(spec: dict[str, Any]) -> dict[str, Any]:
         "images": n * len(epoch_s),
         "cpu_before_loader_s": cpu_before,
         "cpu_self_s": cpu_self_end,
+        "pss_before_loader": pss_before,
         "pss_epoch_end": pss_epoch_end,
+        "children_left": len(left),
+        "torch_imported": "torch" in sys.modules,
     }
 
 
@@ -469,6 +492,7 @@ def run_one(
     r["cpu_s_per_1000"] = (r["cpu_tree_s"] - r["cpu_before_loader_s"]) / r["images"] * 1000
     samples = [v for _, v in r.pop("pss_series")] + r["pss_epoch_end"]
     r["peak_pss"] = max(samples)
+    r["peak_pss_added"] = r["peak_pss"] - r["pss_before_loader"]
     r["pss_growth"] = r["pss_epoch_end"][-1] - r["pss_epoch_end"][0]
     return r
 
@@ -538,7 +562,9 @@ def ratios(runs: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
                         [b["cpu_s_per_1000"] / a["cpu_s_per_1000"] for a, b in per]
                     ),
                     "ttfb_sooner": med_range([b["ttfb_s"] / a["ttfb_s"] for a, b in per]),
-                    "peak_pss_less": med_range([b["peak_pss"] / a["peak_pss"] for a, b in per]),
+                    "pss_added_less": med_range(
+                        [b["peak_pss_added"] / a["peak_pss_added"] for a, b in per]
+                    ),
                 }
     return out
 
@@ -549,6 +575,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "ttfb_s": med_range([r["ttfb_s"] for r in runs]),
         "cpu_s_per_1000": med_range([r["cpu_s_per_1000"] for r in runs]),
         "peak_pss": med_range([r["peak_pss"] for r in runs]),
+        "peak_pss_added": med_range([r["peak_pss_added"] for r in runs]),
         "pss_growth": med_range([r["pss_growth"] for r in runs]),
     }
 
@@ -573,8 +600,8 @@ def markdown(results: dict[str, Any]) -> str:
             f"#### {JOB_TITLES[job]}",
             "",
             "| loader | images/s | first batch (ms) | CPU s / 1000 images | peak PSS (MiB) "
-            "| PSS growth, epochs 1→3 (MiB) |",
-            "|---|---:|---:|---:|---:|---:|",
+            "| added by the loader (MiB) | growth, epoch 1→3 (MiB) |",
+            "|---|---:|---:|---:|---:|---:|---:|",
         ]
         for key, s in summary.items():
             label = BY_KEY[key].label
@@ -582,32 +609,52 @@ def markdown(results: dict[str, Any]) -> str:
             lines.append(
                 f"| {label} | {_cell(s['images_per_s'])} | {_cell(s['ttfb_s'], 1e3)} "
                 f"| {_cell(s['cpu_s_per_1000'], digits=2)} | {_cell(s['peak_pss'], 1 / MIB)} "
-                f"| {_cell(s['pss_growth'], 1 / MIB, 1)} |"
+                f"| {_cell(s['peak_pss_added'], 1 / MIB)} | {_cell(s['pss_growth'], 1 / MIB, 1)} |"
             )
         lines.append("")
         table = results["ratios"].get(job, {})
-        if table:
+        peers = [k for k in summary if not BY_KEY[k].ferrofeed]
+        native = HEADLINE[job]
+        if native in summary and peers:
             lines += [
-                f"ferrofeed against each peer ({JOB_TITLES[job].split(' (')[0]} job; per round, "
-                "then median and range; > 1 is better for ferrofeed):",
+                f"{BY_KEY[native].label} against each peer, from the same rounds (per round, "
+                "then median and range; above 1 is better for ferrofeed):",
                 "",
-                "| ferrofeed | peer | images/s | less CPU per image | first batch sooner "
-                "| less peak PSS |",
-                "|---|---|---:|---:|---:|---:|",
+                "| peer | images/s | less CPU per image | first batch sooner | less memory added |",
+                "|---|---:|---:|---:|---:|",
             ]
-            for name, r in table.items():
-                ours, peer = name.split(" vs ")
+            for p in peers:
+                r = table[f"{native} vs {p}"]
                 lines.append(
-                    f"| {BY_KEY[ours].label} | {BY_KEY[peer].label} | {_ratio(r['throughput'])} "
+                    f"| {BY_KEY[p].label} | {_ratio(r['throughput'])} "
                     f"| {_ratio(r['cpu_per_image_less'])} | {_ratio(r['ttfb_sooner'])} "
-                    f"| {_ratio(r['peak_pss_less'])} |"
+                    f"| {_ratio(r['pss_added_less'])} |"
                 )
+            lines.append("")
+        same = [k for k in ("ferrofeed-threads", "ferrofeed-w2") if k in summary]
+        if same and peers:
+            lines += [
+                "ferrofeed running the same Pillow transform as PyTorch, against each peer "
+                "(images/s ratio; CPU per image, less):",
+                "",
+                "| peer | " + " | ".join(BY_KEY[k].label for k in same) + " |",
+                "|---|" + "---:|" * len(same),
+            ]
+            for p in peers:
+                cells = [
+                    f"{_ratio(table[f'{k} vs {p}']['throughput'])}; CPU "
+                    f"{_ratio(table[f'{k} vs {p}']['cpu_per_image_less'])}"
+                    for k in same
+                ]
+                lines.append(f"| {BY_KEY[p].label} | " + " | ".join(cells) + " |")
             lines.append("")
     not_run = results["not_run"]
     if not_run:
         lines += ["Not run:", ""]
-        lines += [f"- {BY_KEY[k].label.split(',')[0]}: {why}" for k, why in not_run.items()]
+        lines += [f"- {BY_KEY[k].label}: {why}" for k, why in not_run.items()]
         lines.append("")
+    if results.get("warnings"):
+        lines += ["Warnings:", ""] + [f"- {w}" for w in results["warnings"]] + [""]
     ram = results.get("ram")
     if ram:
         lines += [
@@ -646,7 +693,12 @@ def plots(results: dict[str, Any], out_dir: Path) -> list[Path]:
             "CPU s per 1000 images, whole process tree (lower is better)",
             "cpu",
         ),
-        ("peak_pss", 1 / MIB, "peak total PSS of the process tree, MiB (lower is better)", "pss"),
+        (
+            "peak_pss_added",
+            1 / MIB,
+            "peak PSS of the process tree added by the loader, MiB (lower is better)",
+            "pss",
+        ),
     ]
     for metric, scale, xlabel, name in metrics:
         jobs = [j for j in JOBS if j in summary]
@@ -725,6 +777,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="a short run: small sizes, 1 round")
     p.add_argument("--out-dir", type=Path, default=DEFAULT_OUT)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--no-torch-import",
+        action="store_true",
+        help="do not import torch in the runs of loaders that do not need it (quicker; "
+        "their memory then lacks torch's, which a training process has)",
+    )
     args = p.parse_args(argv)
     # --quick: small sizes and one round; what is given explicitly stays.
     defaults = (96, 1, 20_000, 2) if args.quick else (2000, 3, 1_000_000, 4)
@@ -814,7 +872,13 @@ def main(argv: list[str] | None = None) -> int:
                 f"{info['sizes']}; load average {load_start}",
                 flush=True,
             )
-            base = {"files": files, "root": image_dir, "seed": args.seed, "epochs": args.epochs}
+            base = {
+                "files": files,
+                "root": image_dir,
+                "seed": args.seed,
+                "epochs": args.epochs,
+                "import_torch": not args.no_torch_import,
+            }
             bar = tqdm(total=len(plan), unit="run", disable=args.no_progress, dynamic_ncols=True)
             for rnd in range(args.rounds):
                 # Rotate the order each round so that no loader always follows the same one.
@@ -841,8 +905,17 @@ def main(argv: list[str] | None = None) -> int:
     results["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     results["runs"] = runs
     results["summary"] = {
-        job: {k: summarize(rs) for k, rs in by.items() if rs} for job, by in runs.items()
+        job: {lo.key: summarize(by[lo.key]) for lo in LOADERS if by.get(lo.key)}
+        for job, by in runs.items()
     }
+    results["warnings"] = [
+        f"{job}/{key}, round {i + 1}: {r['children_left']} worker processes still alive at the "
+        "end (their CPU time is missing from the tree's)"
+        for job, by in runs.items()
+        for key, rs in by.items()
+        for i, r in enumerate(rs)
+        if r["children_left"]
+    ]
     results["ratios"] = ratios(runs)
     results["title"] = (
         f"{results['machine']}; {args.n} JPEGs, batches of {BATCH}, {args.rounds} rounds"
