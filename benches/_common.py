@@ -9,6 +9,7 @@ that a child interpreter measuring one loader holds only what that loader needs.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -277,8 +278,26 @@ def cpu_children() -> float:
 
 
 def child_pids(ppid: int) -> list[int]:
-    """Direct children of ``ppid`` (from /proc/*/stat)."""
-    out: list[int] = []
+    """Direct children of ``ppid``.
+
+    From ``/proc/PID/task/*/children`` (each thread's children: a worker may be forked by
+    any thread), which costs far less than reading every ``/proc/*/stat`` on a busy
+    machine; that scan is the fallback where the kernel lacks those files.
+    """
+    out: set[int] = set()
+    try:
+        tasks = os.listdir(f"/proc/{ppid}/task")
+    except OSError:
+        return []
+    try:
+        for tid in tasks:
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                out.update(
+                    int(p) for p in Path(f"/proc/{ppid}/task/{tid}/children").read_text().split()
+                )
+        return sorted(out)
+    except OSError:
+        pass  # no such files (CONFIG_PROC_CHILDREN off): scan every process
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -289,7 +308,7 @@ def child_pids(ppid: int) -> list[int]:
         # "pid (comm) state ppid ...": comm may contain spaces and parentheses.
         fields = stat[stat.rfind(")") + 2 :].split()
         if len(fields) > 1 and int(fields[1]) == ppid:
-            out.append(int(entry))
+            out.add(int(entry))
     return sorted(out)
 
 

@@ -780,7 +780,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--ram-ranks", type=int, default=2, help="ranks (RAM job)")
     p.add_argument("--ram-workers", type=int, default=None, help="workers per rank (default 4)")
     p.add_argument("--py313", default=None, help="a Python >= 3.13 with dataloader-rs")
-    p.add_argument("--pss-interval", type=float, default=0.25, help="PSS sampling, seconds")
+    p.add_argument("--pss-interval", type=float, default=1.0, help="PSS sampling, seconds")
     p.add_argument("--timeout", type=float, default=1200.0, help="per run, seconds")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="a short run: small sizes, 1 round")
