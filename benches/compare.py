@@ -137,7 +137,7 @@ LOADERS = [
     Loader("ferrofeed-native", "ferrofeed native chain, 2 threads", "ferrofeed", 2),
     Loader(
         "ferrofeed-native-flip",
-        "ferrofeed native decode+crop, flip drawn in Python, 2 threads",
+        "ferrofeed native decode, flip drawn in Python, 2 threads",
         "ferrofeed",
         2,
         jobs=("train",),
@@ -694,52 +694,58 @@ def plots(results: dict[str, Any], out_dir: Path) -> list[Path]:
 
     written = []
     summary = results["summary"]
+    jobs = [j for j in JOBS if j in summary]
+    keys = [lo.key for lo in LOADERS if any(lo.key in summary[j] for j in jobs)][::-1]
     metrics = [
-        ("images_per_s", 1.0, "images/s (median, min-max; higher is better)", "throughput"),
+        ("images_per_s", 1.0, "images/s (higher is better)", "throughput"),
         (
             "cpu_s_per_1000",
             1.0,
             "CPU s per 1000 images, whole process tree (lower is better)",
             "cpu",
         ),
-        (
-            "peak_pss_added",
-            1 / MIB,
-            "peak PSS of the process tree added by the loader, MiB (lower is better)",
-            "pss",
-        ),
+        ("peak_pss_added", 1 / MIB, "peak PSS added by the loader, MiB (lower is better)", "pss"),
     ]
-    for metric, scale, xlabel, name in metrics:
-        jobs = [j for j in JOBS if j in summary]
-        if not jobs:
-            continue
-        fig, axes = plt.subplots(
-            1,
-            len(jobs),
-            figsize=(6.2 * len(jobs), 0.42 * max(len(s) for s in summary.values()) + 1.6),
-        )
-        axes = np.atleast_1d(axes)
-        for ax, job in zip(axes, jobs, strict=True):
-            keys = list(summary[job])[::-1]
-            med = [summary[job][k][metric]["median"] * scale for k in keys]
-            lo = [
-                m - summary[job][k][metric]["min"] * scale for m, k in zip(med, keys, strict=True)
-            ]
-            hi = [
-                summary[job][k][metric]["max"] * scale - m for m, k in zip(med, keys, strict=True)
-            ]
-            colors = ["#d95f02" if BY_KEY[k].ferrofeed else "#7570b3" for k in keys]
-            ax.barh(range(len(keys)), med, xerr=[lo, hi], color=colors, capsize=3)
-            ax.set_yticks(range(len(keys)), [BY_KEY[k].label for k in keys], fontsize=8)
-            ax.set_title(JOB_TITLES[job], fontsize=10)
-            ax.set_xlabel(xlabel, fontsize=8)
-            ax.grid(axis="x", alpha=0.3)
-            for y, m in enumerate(med):
-                ax.text(m, y, f" {m:,.0f}" if m >= 10 else f" {m:.2f}", va="center", fontsize=7)
-        fig.suptitle(results["title"], fontsize=9)
+    colors = {"exact": "#1b9e77", "train": "#d95f02"}
+    height = 0.8 / max(len(jobs), 1)
+    for metric, scale, xlabel, name in metrics if keys else []:
+        fig, ax = plt.subplots(figsize=(8.5, 0.5 * len(keys) + 1.5))
+        top = 0.0
+        for n, job in enumerate(jobs):
+            ys, med, lo, hi = [], [], [], []
+            for y, key in enumerate(keys):
+                if key not in summary[job]:
+                    continue
+                stat = summary[job][key][metric]
+                ys.append(y + ((len(jobs) - 1) / 2 - n) * height)
+                med.append(stat["median"] * scale)
+                lo.append((stat["median"] - stat["min"]) * scale)
+                hi.append((stat["max"] - stat["median"]) * scale)
+            ax.barh(
+                ys,
+                med,
+                height,
+                xerr=[lo, hi],
+                color=colors[job],
+                capsize=2,
+                error_kw={"lw": 0.8},
+                label=JOB_TITLES[job],
+            )
+            for y, m, h in zip(ys, med, hi, strict=True):
+                ax.text(m + h, y, f" {m:,.0f}" if m >= 10 else f" {m:.2f}", va="center", fontsize=7)
+                top = max(top, m + h)
+        ax.set_xlim(0, top * 1.12)
+        ax.set_yticks(range(len(keys)), [BY_KEY[k].label for k in keys], fontsize=8)
+        for tick, key in zip(ax.get_yticklabels(), keys, strict=True):
+            if BY_KEY[key].ferrofeed:
+                tick.set_fontweight("bold")
+        ax.set_xlabel(f"{xlabel}; median of the rounds, bars: min-max", fontsize=8)
+        ax.grid(axis="x", alpha=0.3)
+        ax.legend(fontsize=8, loc="lower right")
+        ax.set_title(results["title"], fontsize=8)
         fig.tight_layout()
         path = out_dir / f"compare_{name}.png"
-        fig.savefig(path, dpi=80)
+        fig.savefig(path, dpi=72)
         plt.close(fig)
         written.append(path)
     ram = results.get("ram")
@@ -785,6 +791,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="a short run: small sizes, 1 round")
     p.add_argument("--out-dir", type=Path, default=DEFAULT_OUT)
+    p.add_argument(
+        "--replot",
+        type=Path,
+        default=None,
+        help="only redraw the tables and plots of a compare.json (into --out-dir)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument(
         "--no-torch-import",
@@ -833,6 +845,10 @@ def main(argv: list[str] | None = None) -> int:
     if child_entry(argv, child_main):
         return 0
     args = parse_args(argv[1:])
+    if args.replot:
+        results = json.loads(args.replot.read_text())
+        report(results, args.out_dir)
+        return 0
     from tqdm import tqdm
 
     loaders = [BY_KEY[k] for k in args.loaders]
@@ -931,14 +947,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / "compare.json").write_text(json.dumps(results, indent=1))
+    report(results, args.out_dir)
+    return 0
+
+
+def report(results: dict[str, Any], out_dir: Path) -> None:
+    """Write compare.md and the plots into ``out_dir``; print the tables."""
+    out_dir.mkdir(parents=True, exist_ok=True)
     md = markdown(results)
-    (args.out_dir / "compare.md").write_text(md + "\n")
-    written = plots(results, args.out_dir)
+    (out_dir / "compare.md").write_text(md + "\n")
+    written = plots(results, out_dir)
     print()
     print(md)
-    print(f"results: {args.out_dir / 'compare.json'}, {args.out_dir / 'compare.md'}")
+    print(f"results: {out_dir / 'compare.json'}, {out_dir / 'compare.md'}")
     print("plots: " + ", ".join(str(p) for p in written))
-    return 0
 
 
 if __name__ == "__main__":
