@@ -782,7 +782,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=3, help="epochs per run, the first a warm-up")
     p.add_argument("--jobs", default="exact,train,ram", help="subset of exact,train,ram")
     p.add_argument("--loaders", default="all", help=f"subset of {','.join(BY_KEY)}")
-    p.add_argument("--ram-n", type=int, default=None, help="COCO-like entries (default 1M)")
+    p.add_argument(
+        "--ram-n",
+        type=int,
+        default=None,
+        help="COCO-like entries (default 1M; the plain list then needs about 16 GiB)",
+    )
     p.add_argument("--ram-ranks", type=int, default=2, help="ranks (RAM job)")
     p.add_argument("--ram-workers", type=int, default=None, help="workers per rank (default 4)")
     p.add_argument("--py313", default=None, help="a Python >= 3.13 with dataloader-rs")
