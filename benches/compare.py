@@ -2,8 +2,9 @@
 
 ``make compare`` installs the peers and runs this script; ``make compare COMPARE_ARGS=--quick``
 is a short run. Directly: ``python benches/compare.py [--n 2000] [--rounds 3] [--quick]``.
-Results: ``--out-dir`` (default benches/results/) gets compare.json, compare.md (the tables
-that BENCHMARKS.md quotes) and the PNG plots.
+Results: ``--out-dir`` (default benches/results/, where the committed ones are; with
+``--quick``, bench-results/compare-quick/) gets compare.json, compare.md (the tables that
+BENCHMARKS.md quotes) and the PNG plots; ``--replot FILE`` redraws them from a JSON.
 
 Data: ``--n`` ImageNet-like JPEGs made from the real photos in scikit-image's wheel (random
 crops, scales, flips, mild colour jitter; about 500x375, some portrait, some up to 1000 px;
@@ -87,6 +88,7 @@ from bench_machine import cpu_model
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO_ROOT / "benches" / "results"
+QUICK_OUT = REPO_ROOT / "bench-results" / "compare-quick"
 BATCH = 32
 MIB = 1 << 20
 JOBS = ("exact", "train")
@@ -795,7 +797,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=1200.0, help="per run, seconds")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="a short run: small sizes, 1 round")
-    p.add_argument("--out-dir", type=Path, default=DEFAULT_OUT)
+    p.add_argument(
+        "--out-dir",
+        type=Path,
+        default=None,
+        help="where results go (default benches/results; --quick: bench-results/compare-quick)",
+    )
     p.add_argument(
         "--replot",
         type=Path,
@@ -815,6 +822,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     for name, value in zip(("n", "rounds", "ram_n", "ram_workers"), defaults, strict=True):
         if getattr(args, name) is None:
             setattr(args, name, value)
+    if args.out_dir is None:  # a quick run leaves the committed results alone
+        args.out_dir = QUICK_OUT if args.quick else DEFAULT_OUT
     args.jobs = [j.strip() for j in args.jobs.split(",") if j.strip()]
     if unknown := set(args.jobs) - {*JOBS, "ram"}:
         p.error(f"unknown jobs: {sorted(unknown)}")
