@@ -50,6 +50,7 @@ range of those.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import importlib.metadata
 import importlib.util
@@ -108,6 +109,7 @@ class Loader:
     workers: int  # worker processes, or threads
     jobs: tuple[str, ...] = JOBS
     module: str = ""  # what must import for it to run ("" : nothing beyond this script's)
+    probe: str = ""  # code that must run for it to run (default: import module)
     python: str = "main"  # "main": this interpreter; "py313": --py313
 
     @property
@@ -126,7 +128,17 @@ LOADERS = [
         )
         for w in (0, 1, 2, 4)
     ),
-    Loader("spdl", "SPDL 0.8 pipeline, FFmpeg decode, 2 threads", "spdl", 2, module="spdl.io"),
+    Loader(
+        "spdl",
+        "SPDL 0.8 pipeline, FFmpeg decode, 2 threads",
+        "spdl",
+        2,
+        module="spdl.io",
+        # SPDL loads FFmpeg's libraries at the first decode: decode a JPEG to know.
+        probe="import io, PIL.Image, spdl.io; b = io.BytesIO(); "
+        "PIL.Image.new('RGB', (8, 8)).save(b, 'JPEG'); "
+        "spdl.io.decode_packets(spdl.io.demux_image(b.getvalue()))",
+    ),
     Loader(
         "dataloader-rs",
         "dataloader-rs + Pillow, 2 threads",
@@ -472,8 +484,20 @@ def available(lo: Loader, py313: str | None) -> tuple[bool, str]:
             last = (probe.stderr.strip().splitlines() or ["?"])[-1]
             return False, f"not importable by {py313}: {last}"
         return True, f"in {py313}"
-    if lo.module and importlib.util.find_spec(lo.module.split(".")[0]) is None:
+    if not lo.module:
+        return True, ""
+    if importlib.util.find_spec(lo.module.split(".")[0]) is None:
         return False, f"{lo.module.split('.')[0]} is not installed"
+    return runs_here(lo.probe or f"import {lo.module}")
+
+
+@functools.cache
+def runs_here(code: str) -> tuple[bool, str]:
+    """Whether ``code`` runs in a fresh interpreter, and if not, its last error line."""
+    probe = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if probe.returncode != 0:
+        last = (probe.stderr.strip().splitlines() or ["?"])[-1]
+        return False, f"fails here: {last}"
     return True, ""
 
 

@@ -8,7 +8,6 @@ tests), but their presence, shapes and consistency are.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -27,29 +26,21 @@ BENCHES = Path(__file__).resolve().parent.parent / "benches"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def installed(module: str) -> bool:
-    return importlib.util.find_spec(module) is not None
-
-
-def spdl_works() -> bool:
-    """SPDL imports and finds FFmpeg's libraries (make bench-deps installs them)."""
-    if not installed("spdl"):
-        return False
-    probe = subprocess.run(
-        [sys.executable, "-c", "import spdl.io; spdl.io.get_video_filter_desc()"],
-        capture_output=True,
-    )
-    return probe.returncode == 0
+def runs_here(key: str) -> bool:
+    """Whether compare.py finds loader ``key`` usable here (installed, and SPDL's FFmpeg)."""
+    sys.path.insert(0, str(BENCHES))
+    try:
+        import compare
+    finally:
+        sys.path.remove(str(BENCHES))
+    return compare.available(compare.BY_KEY[key], None)[0]
 
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path, list[str]]:
     out = tmp_path_factory.mktemp("compare")
     loaders = ["ferrofeed-native", "ferrofeed-native-flip"]
-    if installed("torch"):
-        loaders.append("pytorch-w0")
-    if spdl_works():
-        loaders.append("spdl")
+    loaders += [k for k in ("pytorch-w0", "spdl") if runs_here(k)]
     # Never installed in the test environment's interpreter: it must be reported, not run.
     loaders.append("dataloader-rs")
     cmd = [
