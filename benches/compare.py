@@ -542,9 +542,11 @@ def ram_experiment(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
     study replaces this when ram_study offers it.
     """
     import ram_study
+    from tqdm import tqdm
 
     results = []
-    for container in ("naive", "numpy", "shared"):
+    containers = ("naive", "numpy", "shared")
+    for container in tqdm(containers, desc="RAM job", unit="container", disable=args.no_progress):
         cfg = ram_study.RunConfig(
             container=container,
             method="fork",
