@@ -55,6 +55,7 @@ from typing import Any
 import ferrofeed
 import numpy as np
 import numpy.typing as npt
+from _common import child_pids
 from bench_machine import cpu_model
 from ferrofeed.memory import process_memory
 
@@ -179,11 +180,6 @@ def parent_pids() -> dict[int, int]:
         if len(fields) > 1:
             out[int(entry)] = int(fields[1])
     return out
-
-
-def child_pids(ppid: int) -> list[int]:
-    """Direct children of ``ppid``."""
-    return sorted(pid for pid, parent in parent_pids().items() if parent == ppid)
 
 
 def process_tree(roots: Iterable[int]) -> dict[int, int]:
