@@ -533,48 +533,62 @@ def run_one(
 
 
 def ram_experiment(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
-    """The metadata-only job: COCO-like annotation lists read by worker processes.
+    """The metadata-only job: the RAM study's experiment with the loaders themselves.
 
-    The one place that calls the RAM experiment, through benches/ram_study.py's
-    ``run_config`` (each container in a fresh driver interpreter that samples the PSS of
-    itself and its workers over time). ram_study's driver is one main process with
-    ``--ram-ranks x --ram-workers`` worker processes (fork); the 2-rank layout of the
-    study replaces this when ram_study offers it.
+    The one place that calls it: benches/ram_loaders.py's ``run_loader_ram`` starts
+    ``--ram-ranks`` rank processes (as torchrun does), each iterating ferrofeed's
+    DataLoader over one shared ``SharedList`` or PyTorch's DataLoader over its own Python
+    list, with ``--ram-workers`` worker processes each, and samples the PSS of the whole
+    process tree over time; a baseline of each (same imports, loader and workers, a few
+    items) gives the job's own footprint. ``--ram-methods`` picks the start methods
+    (PyTorch's DataLoader under forkserver pickles the list into every worker: about 27 GiB
+    at 1M entries, so fork only by default).
     """
-    import ram_study
-    from tqdm import tqdm
+    from ram_loaders import run_loader_ram
 
-    results = []
-    containers = ("naive", "numpy", "shared")
-    for container in tqdm(containers, desc="RAM job", unit="container", disable=args.no_progress):
-        cfg = ram_study.RunConfig(
-            container=container,
-            method="fork",
-            n=args.ram_n,
-            seed=args.seed,
-            workers=args.ram_ranks * args.ram_workers,
-            passes=1,
-            interval=args.pss_interval,
-            timeout=args.timeout,
-            arena_dir=workdir,
-            result_path=os.path.join(workdir, f"ram-{container}.json"),
-        )
-        r = ram_study.run_config(cfg)
-        if "error" in r:
-            raise RuntimeError(f"RAM experiment, {container}: {r['error']}")
-        results.append(
-            {
-                "container": ram_study.CONTAINER_NAMES[container],
-                "n": args.ram_n,
-                "processes": f"1 main + {cfg.workers} workers (fork)",
-                "peak_total_pss": r["peak_total_pss"],
-                "total_pss_end": r["total_pss_end"],
-                "max_worker_uss_end": r["max_worker_uss_end"],
-                "iterate_s": r["iterate_s"],
-                "series": [(rec["t"], rec["total_pss"]) for rec in r["series"]],
-            }
-        )
-    return {"layout": f"1 main x {args.ram_ranks * args.ram_workers} workers", "runs": results}
+    res = run_loader_ram(
+        n=args.ram_n,
+        ranks=args.ram_ranks,
+        workers=args.ram_workers,
+        methods=args.ram_methods,
+        epochs=1 if args.quick else None,
+        batch_size=128 if args.quick else None,
+        seed=args.seed,
+        interval=args.pss_interval,
+        timeout=args.timeout,
+        shm_dir=workdir if not os.path.isdir("/dev/shm") else None,
+        verbose=not args.no_progress,
+    )
+    base = {
+        (c["method"], c["loader"]): c.get("steady_total_pss")
+        for c in res["configs"]
+        if c.get("baseline") and c.get("round") == 0
+    }
+    names = {"ferrofeed": "ferrofeed DataLoader + SharedList", "torch": "PyTorch DataLoader + list"}
+    runs = [
+        {
+            "container": f"{names.get(c['loader'], c['loader'])}, {c['method']}",
+            "n": c["n"],
+            "peak_total_pss": c.get("peak_total_pss") or 0,
+            # The median over the last epoch; a run too short to have one: its last sample.
+            "total_pss_end": c.get("steady_total_pss")
+            or (c["series"][-1]["total_pss"] if c.get("series") else 0),
+            "footprint": base.get((c["method"], c["loader"])),
+            "lower_bound": bool(c.get("aborted")),
+            "iterate_s": c.get("wall_s", 0.0),
+            "series": [(rec["t"], rec["total_pss"]) for rec in c.get("series", [])],
+        }
+        for c in res["configs"]
+        if not c.get("baseline") and c.get("round") == 0 and not c.get("error")
+    ]
+    if not runs:
+        raise RuntimeError(f"RAM experiment: no run completed: {res.get('notes')}")
+    return {
+        "layout": f"{args.ram_ranks} ranks x {args.ram_workers} workers",
+        "runs": runs,
+        "targets": res.get("targets"),
+        "notes": res.get("notes"),
+    }
 
 
 def ratios(runs: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
@@ -696,19 +710,35 @@ def markdown(results: dict[str, Any]) -> str:
     if ram:
         lines += [
             f"#### metadata only: {ram['runs'][0]['n']:,} COCO-like annotations, "
-            f"{ram['layout']}, each reads every item once",
+            f"{ram['layout']}, each reads every item",
             "",
-            "| container | peak total PSS (MiB) | total PSS at the end (MiB) "
-            "| largest worker USS (MiB) | read time (s) |",
+            "| loader | peak total PSS (MiB) | steady total PSS (MiB) "
+            "| job footprint, no data (MiB) | wall time (s) |",
             "|---|---:|---:|---:|---:|",
         ]
         for r in ram["runs"]:
             name = r["container"]
-            name = f"**{name}**" if name == "SharedList" else name
+            name = f"**{name}**" if name.startswith("ferrofeed") else name
+            bound = " (stopped: a lower bound)" if r.get("lower_bound") else ""
+            footprint = r.get("footprint")
             lines.append(
-                f"| {name} | {r['peak_total_pss'] / MIB:,.1f} | {r['total_pss_end'] / MIB:,.1f} "
-                f"| {r['max_worker_uss_end'] / MIB:,.1f} | {r['iterate_s']:.1f} |"
+                f"| {name}{bound} | {r['peak_total_pss'] / MIB:,.1f} "
+                f"| {r['total_pss_end'] / MIB:,.1f} "
+                f"| {'-' if footprint is None else f'{footprint / MIB:,.1f}'} "
+                f"| {r['iterate_s']:.1f} |"
             )
+        lines.append("")
+        for t in ram.get("targets") or []:
+            method = t.get("method", "?")
+            one = t.get("same_libs_one_copy_ratio") or t.get("steady_one_copy_ratio")
+            torch_ratio = t.get("steady_torch_ratio")
+            parts = []
+            if one is not None:
+                parts.append(f"ferrofeed's steady PSS is {one:.3f}x one copy + footprint")
+            if torch_ratio is not None:
+                parts.append(f"{torch_ratio:.3f}x PyTorch's")
+            if parts:
+                lines.append(f"- {method}: " + ", ".join(parts))
         lines.append("")
     return "\n".join(lines)
 
@@ -818,6 +848,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument("--ram-ranks", type=int, default=2, help="ranks (RAM job)")
     p.add_argument("--ram-workers", type=int, default=None, help="workers per rank (default 4)")
+    p.add_argument(
+        "--ram-methods",
+        default="fork",
+        help="start methods of the RAM job, a subset of fork,forkserver (default fork)",
+    )
     p.add_argument("--py313", default=None, help="a Python >= 3.13 with dataloader-rs")
     p.add_argument("--pss-interval", type=float, default=1.0, help="PSS sampling, seconds")
     p.add_argument("--timeout", type=float, default=1200.0, help="per run, seconds")
@@ -850,6 +885,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             setattr(args, name, value)
     if args.out_dir is None:  # a quick run leaves the committed results alone
         args.out_dir = QUICK_OUT if args.quick else DEFAULT_OUT
+    args.ram_methods = tuple(m.strip() for m in args.ram_methods.split(",") if m.strip())
+    if unknown := set(args.ram_methods) - {"fork", "forkserver"}:
+        p.error(f"unknown start methods: {sorted(unknown)}")
     args.jobs = [j.strip() for j in args.jobs.split(",") if j.strip()]
     if unknown := set(args.jobs) - {*JOBS, "ram"}:
         p.error(f"unknown jobs: {sorted(unknown)}")
