@@ -27,9 +27,19 @@ pub(super) const BATCH_SLICE: Duration = Duration::from_millis(1);
 /// rather than once per item.
 const MIN_CAPACITY: usize = 16;
 
-/// How long `stop` waits for threads running user code to return before
-/// leaving them to finish on their own.
-const JOIN_DEADLINE: Duration = Duration::from_secs(2);
+/// How long stopping waits, in all, for the runtime and for threads still
+/// inside a call of user code (a stage function, the source's `next`) to
+/// return, before it leaves such calls to finish on their own (their results
+/// are thrown away, their threads end when they return). Threads outside
+/// user code notice the stop within [`SEND_POLL`] and are always joined.
+/// Short enough that Ctrl-C raises within half a second (issue 12), long
+/// enough that a call of a few hundred milliseconds usually ends first.
+pub const STOP_GRACE: Duration = Duration::from_millis(250);
+
+/// Longest a thread blocked sending into a full channel goes without looking
+/// at the stop flag: a stage downstream may be stuck in a call, and keep its
+/// input channel open, for as long as the call lasts.
+const SEND_POLL: Duration = Duration::from_millis(10);
 
 /// The outcome of one call of a stage function: `Err` holds a panic message.
 type Outcome<T, E> = Result<Result<Option<T>, E>, String>;
@@ -279,6 +289,8 @@ pub struct Pipeline<T: Send + 'static, E: Send + 'static> {
     stats: Vec<Arc<StageStats>>,
     capacities: Vec<usize>,
     creator_pid: u32,
+    /// See [`Pipeline::take_left_running`].
+    left_running: Vec<String>,
 }
 
 impl<T: Send + 'static, E: Send + 'static> Pipeline<T, E> {
@@ -372,6 +384,7 @@ impl<T: Send + 'static, E: Send + 'static> Pipeline<T, E> {
             stats,
             capacities,
             creator_pid: std::process::id(),
+            left_running: Vec::new(),
         })
     }
 
@@ -438,6 +451,7 @@ impl<T: Send + 'static, E: Send + 'static> Pipeline<T, E> {
             chain,
             tx,
             own: Arc::clone(&self.stats[0]),
+            shared: Arc::clone(&self.shared),
         };
         threads.push(spawn_source(
             plan.source,
@@ -457,6 +471,7 @@ impl<T: Send + 'static, E: Send + 'static> Pipeline<T, E> {
                 chain,
                 tx,
                 own: Arc::clone(&ctx.stats),
+                shared: Arc::clone(&self.shared),
             };
             let task: BoxFuture<()> = match stage {
                 Stage::Map(m) => {
@@ -592,8 +607,10 @@ impl<T: Send + 'static, E: Send + 'static> Pipeline<T, E> {
         !self.leftovers.is_empty()
     }
 
-    /// Stops every stage and joins every thread. The finished items the
-    /// consumer has not taken yet (those in the sink) stay readable through
+    /// Stops every stage and joins every thread, except those still inside
+    /// a call of user code after [`STOP_GRACE`]: they are left to finish on
+    /// their own (see [`Pipeline::take_left_running`]), so `stop` returns within
+    /// about `STOP_GRACE`. The finished items the consumer has not taken yet (those in the sink) stay readable through
     /// [`Pipeline::next_timeout`] and [`Pipeline::try_next`]; a failure
     /// among them is dropped (the consumer asked to stop). Idempotent.
     ///
@@ -615,8 +632,8 @@ impl<T: Send + 'static, E: Send + 'static> Pipeline<T, E> {
         self.halt();
     }
 
-    /// Stops every stage and joins every thread; what the sink holds is
-    /// dropped.
+    /// Stops every stage and joins every thread (but those left inside user
+    /// code, as for [`Pipeline::stop`]); what the sink holds is dropped.
     fn halt(&mut self) {
         self.plan = None;
         if !self.is_in_creator_process() {
@@ -638,12 +655,17 @@ impl<T: Send + 'static, E: Send + 'static> Pipeline<T, E> {
         let Some(running) = self.running.take() else {
             return;
         };
+        // One grace period for everything: stopping takes at most about
+        // STOP_GRACE, however many threads are stuck in user code.
+        let deadline = Instant::now() + STOP_GRACE;
         if let Some(w) = running.watch {
             w.thread().unpark();
             let _ = w.join();
         }
-        running.runtime.shutdown_timeout(JOIN_DEADLINE);
-        let deadline = Instant::now() + JOIN_DEADLINE;
+        running
+            .runtime
+            .shutdown_timeout(deadline.saturating_duration_since(Instant::now()));
+        self.left_running.clear();
         for t in running.threads {
             // A thread stuck in a call that ran past its timeout is not
             // waited for: it returns when the call does.
@@ -655,10 +677,23 @@ impl<T: Send + 'static, E: Send + 'static> Pipeline<T, E> {
             }
             if t.is_finished() {
                 let _ = t.join();
+            } else {
+                // Still inside user code (every other wait looks at the stop
+                // flag within SEND_POLL): it is left to finish on its own,
+                // its result thrown away; it ends when the call returns.
+                self.left_running
+                    .push(t.thread().name().unwrap_or("?").to_owned());
             }
-            // Else it is still inside user code; it exits when that returns,
-            // since its channels are closed.
         }
+    }
+
+    /// Takes the names of the threads that stopping left behind, still
+    /// inside a call of user code that did not return within [`STOP_GRACE`]
+    /// (or that ran past its stage's timeout). Each ends when its call
+    /// returns; its result is thrown away. Empty when every thread was
+    /// joined (or when they were taken already).
+    pub fn take_left_running(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.left_running)
     }
 
     /// Snapshots of every stage's counters: the source, the stages, the sink.
@@ -1083,6 +1118,8 @@ pub(super) struct Emitter<T, E> {
     tx: flume::Sender<Msg<T, E>>,
     /// The emitting stage's counters.
     own: Arc<StageStats>,
+    /// For the stop flag: a blocking send gives up once the pipeline stops.
+    shared: Arc<Shared<E>>,
 }
 
 impl<T, E> Emitter<T, E> {
@@ -1129,11 +1166,29 @@ impl<T, E> Emitter<T, E> {
             Err(_) => return true,
         };
         let t = Instant::now();
-        if self.tx.send(Msg::Item(item)).is_err() {
+        if !self.send_blocking(Msg::Item(item)) {
             return false;
         }
         stats.sent(t.elapsed(), self.tx.len());
         true
+    }
+
+    /// Sends `msg`, waiting for room; `false` when nobody receives any more
+    /// or the pipeline stops meanwhile. (A plain blocking send would wait
+    /// for as long as a stuck call downstream keeps the channel open.)
+    fn send_blocking(&self, mut msg: Msg<T, E>) -> bool {
+        loop {
+            match self.tx.send_timeout(msg, SEND_POLL) {
+                Ok(()) => return true,
+                Err(flume::SendTimeoutError::Disconnected(_)) => return false,
+                Err(flume::SendTimeoutError::Timeout(back)) => {
+                    if self.shared.stopping() {
+                        return false;
+                    }
+                    msg = back;
+                }
+            }
+        }
     }
 
     /// Sends an item on if that takes no waiting and no work (no fused
@@ -1164,7 +1219,7 @@ impl<T, E> Emitter<T, E> {
 
     /// [`Emitter::fail`] from a thread.
     pub(super) fn fail_blocking(&self, failure: Failure<E>) {
-        let _ = self.tx.send(Msg::Fail(failure));
+        let _ = self.send_blocking(Msg::Fail(failure));
     }
 }
 

@@ -1,0 +1,244 @@
+"""Soak: many epochs over generated images; nothing may grow from one epoch to the next.
+
+Each epoch runs the three ways a `DataLoader` loads data, one after the other, over the
+same generated JPEGs:
+
+* ``native``: the image folder through the native image chain (decode, resize and crop in
+  Rust, on threads, into pooled batch buffers);
+* ``threads``: a Python transform (`ferrofeed.io.decode_image` of the file's bytes) on
+  threads, over a `SharedList` of ``(path, label)`` records;
+* ``workers``: the same Python transform in 2 worker processes (started and ended every
+  epoch), batches handed back through shared memory.
+
+After every epoch it records the process's RSS, its open file descriptors, its OS threads
+and the entries of /dev/shm. The soak passes when, after the first epoch (which allocates
+the pools and caches that later epochs reuse), RSS grows by less than ``max_rss_growth``
+(5%) and the fd, thread and /dev/shm counts do not grow at all.
+
+Run it as ``make soak`` (10 epochs over 20,000 images) or ``python tests/soak.py``; the
+sizes come from ``FERROFEED_SOAK_IMAGES`` and ``FERROFEED_SOAK_EPOCHS`` (or the command
+line). ``tests/test_soak.py`` runs a short version (3 epochs over 500 images).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+SHM = "/dev/shm"
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process, from /proc/self/statm."""
+    with open("/proc/self/statm", encoding="ascii") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def open_fds() -> int:
+    """Open file descriptors of this process."""
+    return len(os.listdir("/proc/self/fd"))
+
+
+def os_threads() -> int:
+    """Threads of this process, as the kernel counts them."""
+    with open("/proc/self/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("Threads:"):
+                return int(line.split()[1])
+    raise AssertionError("no Threads: line in /proc/self/status")
+
+
+def shm_entries() -> int:
+    """Entries in /dev/shm (every process's, so run the soak on a quiet machine)."""
+    try:
+        return len(os.listdir(SHM))
+    except FileNotFoundError:  # pragma: no cover - no /dev/shm
+        return 0
+
+
+@dataclass
+class Sample:
+    """The process's resources after one epoch."""
+
+    epoch: int
+    seconds: float
+    batches: int
+    rss: int
+    fds: int
+    threads: int
+    shm: int
+
+
+@dataclass
+class Report:
+    """What a soak run measured, and its verdict."""
+
+    images: int
+    epochs: int
+    baseline: dict[str, int]
+    samples: list[Sample] = field(default_factory=list)
+    max_rss_growth: float = 0.05
+
+    @property
+    def rss_growth(self) -> float:
+        """Largest RSS after an epoch past the first, relative to RSS after the first."""
+        first = self.samples[0].rss
+        return max(s.rss for s in self.samples) / first - 1.0
+
+    def failures(self) -> list[str]:
+        """What broke the soak's promises (empty when it held)."""
+        out = []
+        first = self.samples[0]
+        if self.rss_growth >= self.max_rss_growth:
+            out.append(
+                f"RSS grew by {100 * self.rss_growth:.1f}% after the first epoch "
+                f"(limit {100 * self.max_rss_growth:.0f}%)"
+            )
+        for name in ("fds", "threads", "shm"):
+            counts = [getattr(s, name) for s in self.samples]
+            if max(counts) > getattr(first, name):
+                out.append(f"{name} grew after the first epoch: {counts}")
+        if first.threads > self.baseline["threads"]:
+            out.append(
+                f"threads after the first epoch {first.threads} > before it "
+                f"{self.baseline['threads']}"
+            )
+        if first.shm > self.baseline["shm"]:
+            out.append(
+                f"/dev/shm entries after the first epoch {first.shm} > before it "
+                f"{self.baseline['shm']}"
+            )
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        """The report as JSON-ready data, with the derived figures."""
+        d = asdict(self)
+        d["rss_growth"] = self.rss_growth
+        d["failures"] = self.failures()
+        return d
+
+
+def _decode_record(record: tuple[str, int]) -> tuple[Any, int]:
+    """The Python transform: read the file, decode, resize and crop it (module level, so
+    that it pickles into spawned workers)."""
+    import ferrofeed.io
+
+    path, label = record
+    with open(path, "rb") as f:
+        data = f.read()
+    image = ferrofeed.io.decode_image(data, resize_shorter=64, crop=56).numpy()
+    return image, label
+
+
+def run(images: int, epochs: int, root: str | None = None, *, batch_size: int = 64) -> Report:
+    """Generate ``images`` JPEGs (in ``root``, else a temporary folder) and soak them."""
+    from ferrofeed import DataLoader, ImageFolder, SharedList, ops
+    from ferrofeed.samples import image_folder
+
+    own_root = root is None
+    folder_root = tempfile.mkdtemp(prefix="ferrofeed-soak-") if root is None else root
+    try:
+        files = image_folder(folder_root, images, classes=10, size=(160, 120), seed=7)
+        gc.collect()
+        report = Report(
+            images=images,
+            epochs=epochs,
+            baseline={
+                "rss": rss_bytes(),
+                "fds": open_fds(),
+                "threads": os_threads(),
+                "shm": shm_entries(),
+            },
+        )
+        folder = ImageFolder(folder_root)
+        native = DataLoader(
+            folder,
+            batch_size,
+            shuffle=True,
+            seed=1,
+            transform=ops.decode_image(resize_shorter=64, crop=56),
+            num_threads=2,
+        )
+        with SharedList(files) as records:
+            threads = DataLoader(
+                records,
+                batch_size,
+                shuffle=True,
+                seed=2,
+                transform=_decode_record,
+                num_threads=2,
+            )
+            workers = DataLoader(
+                records,
+                batch_size,
+                shuffle=True,
+                seed=3,
+                transform=_decode_record,
+                num_workers=2,
+            )
+            for epoch in range(epochs):
+                t0 = time.monotonic()
+                n = 0
+                for loader in (native, threads, workers):
+                    loader.set_epoch(epoch)
+                    for batch in loader:
+                        images_batch = batch[0]
+                        assert images_batch.shape[1:] == (56, 56, 3), images_batch.shape
+                        n += 1
+                    del batch, images_batch
+                gc.collect()
+                report.samples.append(
+                    Sample(
+                        epoch=epoch,
+                        seconds=round(time.monotonic() - t0, 2),
+                        batches=n,
+                        rss=rss_bytes(),
+                        fds=open_fds(),
+                        threads=os_threads(),
+                        shm=shm_entries(),
+                    )
+                )
+        return report
+    finally:
+        if own_root:
+            shutil.rmtree(folder_root, ignore_errors=True)
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return int(value) if value else default
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the soak, print a table and a JSON line; exit status 1 when it failed."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--images", type=int, default=_env_int("FERROFEED_SOAK_IMAGES", 20_000))
+    parser.add_argument("--epochs", type=int, default=_env_int("FERROFEED_SOAK_EPOCHS", 10))
+    parser.add_argument("--root", help="where to write the images (default: a temporary folder)")
+    args = parser.parse_args(argv)
+    report = run(args.images, args.epochs, args.root)
+    print(f"soak: {args.images} images, {args.epochs} epochs (native, threads, workers)")
+    print("epoch  seconds  batches   RSS MiB  fds  threads  /dev/shm")
+    for s in report.samples:
+        print(
+            f"{s.epoch:5d}  {s.seconds:7.1f}  {s.batches:7d}  {s.rss / 2**20:8.1f}  "
+            f"{s.fds:3d}  {s.threads:7d}  {s.shm:8d}"
+        )
+    print(f"RSS growth after the first epoch: {100 * report.rss_growth:+.2f}%")
+    failures = report.failures()
+    for f in failures:
+        print(f"FAIL: {f}")
+    print(json.dumps(report.as_dict()))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
