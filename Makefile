@@ -170,6 +170,11 @@ valgrind: build-deps ## The image unit tests (libjpeg-turbo's C code included) u
 miri: ## The DLPack export and deleters under Miri (nightly, with the miri component)
 	cargo $(NIGHTLY) miri test --lib --no-default-features -- dlpack::export
 
+.PHONY: soak
+soak: install-test ## 10 epochs over 20,000 generated images: RSS, fds, threads and /dev/shm must not grow (tests/soak.py)
+	OPENBLAS_NUM_THREADS=1 FERROFEED_SOAK_IMAGES=$${FERROFEED_SOAK_IMAGES:-20000} \
+		FERROFEED_SOAK_EPOCHS=$${FERROFEED_SOAK_EPOCHS:-10} $(PY) tests/soak.py
+
 .PHONY: bench-deps
 bench-deps: ## Install FFmpeg 5's shared libraries (SPDL's image decoding) with apt-get, when missing
 	@if ! ldconfig -p | grep 'libavcodec\.so\.59' >/dev/null; then \

@@ -23,6 +23,8 @@ line). ``tests/test_soak.py`` runs a short version (3 epochs over 500 images).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import gc
 import json
 import os
@@ -34,6 +36,21 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 SHM = "/dev/shm"
+
+
+def release_free_memory() -> None:
+    """Collect garbage and hand the allocator's free pages back to the kernel.
+
+    glibc keeps freed memory in per-thread arenas and returns it lazily, so RSS after an
+    epoch swings by megabytes with where the last batches happened to land; after
+    ``malloc_trim(0)`` it measures what is still allocated, which is what a leak grows.
+    """
+    gc.collect()
+    try:
+        libc = ctypes.CDLL(None)
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):  # pragma: no cover - not glibc
+        pass
 
 
 def rss_bytes() -> int:
@@ -56,12 +73,40 @@ def os_threads() -> int:
     raise AssertionError("no Threads: line in /proc/self/status")
 
 
-def shm_entries() -> int:
-    """Entries in /dev/shm (every process's, so run the soak on a quiet machine)."""
-    try:
-        return len(os.listdir(SHM))
-    except FileNotFoundError:  # pragma: no cover - no /dev/shm
-        return 0
+def shm_files() -> int:
+    """Shared-memory files of this process: its arenas in /dev/shm (named
+    ``ferrofeed-<pid>-...``, or any file under /dev/shm it has mapped or open) and the
+    memfds it has mapped or open (the worker slots). Other processes' files in /dev/shm
+    are not counted: a shared machine's /dev/shm changes under the soak."""
+    names: set[str] = set()
+    prefix = f"ferrofeed-{os.getpid()}-"
+    with contextlib.suppress(FileNotFoundError):  # no /dev/shm
+        for n in os.listdir(SHM):
+            if n.startswith(prefix):
+                with contextlib.suppress(FileNotFoundError):  # removed meanwhile
+                    names.add(f"{SHM}/{n}#{os.stat(f'{SHM}/{n}').st_ino}")
+    with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+        for line in f:
+            parts = line.split(maxsplit=5)
+            if len(parts) == 6:
+                path, inode = parts[5].strip(), parts[4]
+                if path.startswith((SHM + "/", "/memfd:")):
+                    names.add(f"{path.removesuffix(' (deleted)')}#{inode}")
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # closed meanwhile (listdir's own fd)
+            continue
+        if target.startswith((SHM + "/", "/memfd:")):
+            inode = os.stat(f"/proc/self/fd/{fd}").st_ino
+            names.add(f"{target.removesuffix(' (deleted)')}#{inode}")
+    return len(names)
+
+
+def settle(seconds: float = 0.2) -> None:
+    """Let threads that were just joined or told to end leave the kernel's count."""
+    release_free_memory()
+    time.sleep(seconds)
 
 
 @dataclass
@@ -86,6 +131,9 @@ class Report:
     baseline: dict[str, int]
     samples: list[Sample] = field(default_factory=list)
     max_rss_growth: float = 0.05
+    # After the loaders are dropped and the SharedList closed: back to the baseline, less
+    # the arena (one shared-memory file, one fd: they were open at the baseline).
+    after_close: dict[str, int] = field(default_factory=dict)
 
     @property
     def rss_growth(self) -> float:
@@ -113,9 +161,16 @@ class Report:
             )
         if first.shm > self.baseline["shm"]:
             out.append(
-                f"/dev/shm entries after the first epoch {first.shm} > before it "
+                f"shared-memory files after the first epoch {first.shm} > before it "
                 f"{self.baseline['shm']}"
             )
+        end = self.after_close
+        if end and (
+            end["fds"] > self.baseline["fds"]
+            or end["threads"] > self.baseline["threads"]
+            or end["shm"] >= self.baseline["shm"]
+        ):
+            out.append(f"left after closing everything: {end}, baseline {self.baseline}")
         return out
 
     def as_dict(self) -> dict[str, Any]:
@@ -147,17 +202,6 @@ def run(images: int, epochs: int, root: str | None = None, *, batch_size: int = 
     folder_root = tempfile.mkdtemp(prefix="ferrofeed-soak-") if root is None else root
     try:
         files = image_folder(folder_root, images, classes=10, size=(160, 120), seed=7)
-        gc.collect()
-        report = Report(
-            images=images,
-            epochs=epochs,
-            baseline={
-                "rss": rss_bytes(),
-                "fds": open_fds(),
-                "threads": os_threads(),
-                "shm": shm_entries(),
-            },
-        )
         folder = ImageFolder(folder_root)
         native = DataLoader(
             folder,
@@ -184,6 +228,17 @@ def run(images: int, epochs: int, root: str | None = None, *, batch_size: int = 
                 transform=_decode_record,
                 num_workers=2,
             )
+            settle()
+            report = Report(
+                images=images,
+                epochs=epochs,
+                baseline={
+                    "rss": rss_bytes(),
+                    "fds": open_fds(),
+                    "threads": os_threads(),
+                    "shm": shm_files(),
+                },
+            )
             for epoch in range(epochs):
                 t0 = time.monotonic()
                 n = 0
@@ -194,18 +249,22 @@ def run(images: int, epochs: int, root: str | None = None, *, batch_size: int = 
                         assert images_batch.shape[1:] == (56, 56, 3), images_batch.shape
                         n += 1
                     del batch, images_batch
-                gc.collect()
+                seconds = time.monotonic() - t0
+                settle()
                 report.samples.append(
                     Sample(
                         epoch=epoch,
-                        seconds=round(time.monotonic() - t0, 2),
+                        seconds=round(seconds, 2),
                         batches=n,
                         rss=rss_bytes(),
                         fds=open_fds(),
                         threads=os_threads(),
-                        shm=shm_entries(),
+                        shm=shm_files(),
                     )
                 )
+            del native, threads, workers
+        settle()
+        report.after_close = {"fds": open_fds(), "threads": os_threads(), "shm": shm_files()}
         return report
     finally:
         if own_root:
@@ -226,12 +285,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     report = run(args.images, args.epochs, args.root)
     print(f"soak: {args.images} images, {args.epochs} epochs (native, threads, workers)")
-    print("epoch  seconds  batches   RSS MiB  fds  threads  /dev/shm")
+    print("epoch  seconds  batches   RSS MiB  fds  threads  shm files")
     for s in report.samples:
         print(
             f"{s.epoch:5d}  {s.seconds:7.1f}  {s.batches:7d}  {s.rss / 2**20:8.1f}  "
-            f"{s.fds:3d}  {s.threads:7d}  {s.shm:8d}"
+            f"{s.fds:3d}  {s.threads:7d}  {s.shm:9d}"
         )
+    print(f"baseline (before the first epoch): {report.baseline}")
+    print(f"after closing the loaders and the SharedList: {report.after_close}")
     print(f"RSS growth after the first epoch: {100 * report.rss_growth:+.2f}%")
     failures = report.failures()
     for f in failures:

@@ -146,6 +146,10 @@ CTRL_C = probe_snippet(
     except KeyboardInterrupt:
         caught = time.monotonic()
     timer.join()
+    # The timer's OS thread outlives join() by a moment: wait for it alone to be gone.
+    gone_by = time.monotonic() + 1
+    while os.path.exists(f"/proc/self/task/{timer.native_id}") and time.monotonic() < gone_by:
+        time.sleep(0.001)
     at_catch = {"py": py_threads(), "os": os_threads(), "names": thread_names(),
                 "children": live_children()}
     back = None
@@ -568,13 +572,14 @@ def attempt(items):
 
 # Full at creation: another file takes every byte first.
 filler = os.path.join(d, "filler")
-with open(filler, "wb") as f:
-    try:
-        while True:
-            f.write(b"\0" * 4096)
-            f.flush()
-    except OSError as e:
-        out["filler_errno"] = e.errno
+fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+try:
+    while True:
+        os.write(fd, b"\0" * 4096)
+except OSError as e:
+    out["filler_errno"] = e.errno
+finally:
+    os.close(fd)
 out["creation"] = attempt([b"s" * 100 for _ in range(10)])
 out["left_after_creation"] = sorted(os.listdir(d))
 os.unlink(filler)
