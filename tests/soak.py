@@ -10,10 +10,16 @@ same generated JPEGs:
 * ``workers``: the same Python transform in 2 worker processes (started and ended every
   epoch), batches handed back through shared memory.
 
-After every epoch it records the process's RSS, its open file descriptors, its OS threads
-and the entries of /dev/shm. The soak passes when, after the first epoch (which allocates
-the pools and caches that later epochs reuse), RSS grows by less than ``max_rss_growth``
-(5%) and the fd, thread and /dev/shm counts do not grow at all.
+After every epoch (garbage collected, and the allocator's free pages handed back with
+``malloc_trim``) it records the process's RSS, the bytes of the buffer pools' idle
+buffers, its open file descriptors, its OS threads and its shared-memory files (its arenas
+in /dev/shm and its memfds). The soak passes when, after the first epoch (which allocates
+the pools and caches that later epochs reuse), RSS less the idle pooled buffers grows by
+less than ``max_rss_growth`` (5%) at every later epoch, and the fd, thread and
+shared-memory counts do not grow at all. The idle pooled buffers are left out because
+each pool keeps up to ``max_idle`` of them (16 for the default pool) whatever the load:
+how many are idle at the moment of measuring depends on timing, by several MiB, and says
+nothing about growth; the raw RSS figures are reported too.
 
 Run it as ``make soak`` (10 epochs over 20,000 images) or ``python tests/soak.py``; the
 sizes come from ``FERROFEED_SOAK_IMAGES`` and ``FERROFEED_SOAK_EPOCHS`` (or the command
@@ -103,6 +109,20 @@ def shm_files() -> int:
     return len(names)
 
 
+def pooled_bytes(*loaders: Any) -> int:
+    """Bytes held by idle buffers of the default pool and of the loaders' own pools."""
+    import ferrofeed
+
+    pools = [ferrofeed.default_pool()]
+    pools += [p for p in (getattr(ld, "_pool", None) for ld in loaders) if p is not None]
+    total = 0
+    for pool in pools:
+        st = pool.stats()
+        if st["allocated"]:
+            total += st["bytes"] * st["idle"] // st["allocated"]  # buffers here are alike
+    return total
+
+
 def settle(seconds: float = 0.2) -> None:
     """Let threads that were just joined or told to end leave the kernel's count."""
     release_free_memory()
@@ -117,6 +137,9 @@ class Sample:
     seconds: float
     batches: int
     rss: int
+    # Bytes of the buffer pools' idle buffers (kept for reuse, at most ``max_idle`` per
+    # pool: a bounded cache whose fill varies with timing, not a leak).
+    pooled: int
     fds: int
     threads: int
     shm: int
@@ -137,9 +160,21 @@ class Report:
 
     @property
     def rss_growth(self) -> float:
-        """Largest RSS after an epoch past the first, relative to RSS after the first."""
+        """Largest RSS after an epoch past the first, less the pools' idle buffers,
+        relative to the same after the first: what the soak judges."""
+        first = self.samples[0].rss - self.samples[0].pooled
+        return max(s.rss - s.pooled for s in self.samples) / first - 1.0
+
+    @property
+    def raw_rss_growth(self) -> float:
+        """As `rss_growth`, with the pools' idle buffers counted (reported, not judged)."""
         first = self.samples[0].rss
         return max(s.rss for s in self.samples) / first - 1.0
+
+    @property
+    def last_rss_growth(self) -> float:
+        """RSS after the last epoch relative to after the first (pools counted)."""
+        return self.samples[-1].rss / self.samples[0].rss - 1.0
 
     def failures(self) -> list[str]:
         """What broke the soak's promises (empty when it held)."""
@@ -147,7 +182,8 @@ class Report:
         first = self.samples[0]
         if self.rss_growth >= self.max_rss_growth:
             out.append(
-                f"RSS grew by {100 * self.rss_growth:.1f}% after the first epoch "
+                f"RSS (less idle pooled buffers) grew by {100 * self.rss_growth:.1f}% after "
+                "the first epoch "
                 f"(limit {100 * self.max_rss_growth:.0f}%)"
             )
         for name in ("fds", "threads", "shm"):
@@ -177,6 +213,8 @@ class Report:
         """The report as JSON-ready data, with the derived figures."""
         d = asdict(self)
         d["rss_growth"] = self.rss_growth
+        d["raw_rss_growth"] = self.raw_rss_growth
+        d["last_rss_growth"] = self.last_rss_growth
         d["failures"] = self.failures()
         return d
 
@@ -257,6 +295,7 @@ def run(images: int, epochs: int, root: str | None = None, *, batch_size: int = 
                         seconds=round(seconds, 2),
                         batches=n,
                         rss=rss_bytes(),
+                        pooled=pooled_bytes(native, threads, workers),
                         fds=open_fds(),
                         threads=os_threads(),
                         shm=shm_files(),
@@ -285,15 +324,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     report = run(args.images, args.epochs, args.root)
     print(f"soak: {args.images} images, {args.epochs} epochs (native, threads, workers)")
-    print("epoch  seconds  batches   RSS MiB  fds  threads  shm files")
+    print("epoch  seconds  batches   RSS MiB  pooled MiB  RSS-pooled  fds  threads  shm files")
     for s in report.samples:
         print(
             f"{s.epoch:5d}  {s.seconds:7.1f}  {s.batches:7d}  {s.rss / 2**20:8.1f}  "
+            f"{s.pooled / 2**20:10.1f}  {(s.rss - s.pooled) / 2**20:10.1f}  "
             f"{s.fds:3d}  {s.threads:7d}  {s.shm:9d}"
         )
     print(f"baseline (before the first epoch): {report.baseline}")
     print(f"after closing the loaders and the SharedList: {report.after_close}")
-    print(f"RSS growth after the first epoch: {100 * report.rss_growth:+.2f}%")
+    print(
+        f"RSS growth after the first epoch (largest, pools' idle buffers not counted): "
+        f"{100 * report.rss_growth:+.2f}%; with them: {100 * report.raw_rss_growth:+.2f}%; "
+        f"last epoch against the first: {100 * report.last_rss_growth:+.2f}%"
+    )
     failures = report.failures()
     for f in failures:
         print(f"FAIL: {f}")

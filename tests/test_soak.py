@@ -41,13 +41,18 @@ def test_soak_report_fails_on_growth() -> None:
     """The verdict can fail: growth of each kind is caught."""
     import soak
 
-    def sample(epoch: int, rss: int, fds: int = 10, threads: int = 1, shm: int = 0) -> Any:
-        return soak.Sample(epoch, 1.0, 1, rss, fds, threads, shm)
+    def sample(
+        epoch: int, rss: int, fds: int = 10, threads: int = 1, shm: int = 0, pooled: int = 0
+    ) -> Any:
+        return soak.Sample(epoch, 1.0, 1, rss, pooled, fds, threads, shm)
 
     base = {"rss": 100, "fds": 10, "threads": 1, "shm": 0}
     ok = soak.Report(10, 3, base, [sample(0, 1000), sample(1, 1040), sample(2, 1000)])
     assert ok.failures() == []
     assert soak.Report(10, 2, base, [sample(0, 1000), sample(1, 1060)]).failures()
+    # Idle pooled buffers (a bounded cache) are not growth; anything else is.
+    assert not soak.Report(10, 2, base, [sample(0, 1000), sample(1, 1060, pooled=60)]).failures()
+    assert soak.Report(10, 2, base, [sample(0, 1000, pooled=60), sample(1, 1000)]).failures()
     assert soak.Report(10, 2, base, [sample(0, 1000), sample(1, 1000, fds=11)]).failures()
     assert soak.Report(10, 2, base, [sample(0, 1000), sample(1, 1000, threads=2)]).failures()
     assert soak.Report(10, 2, base, [sample(0, 1000), sample(1, 1000, shm=1)]).failures()
