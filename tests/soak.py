@@ -231,8 +231,19 @@ def _decode_record(record: tuple[str, int]) -> tuple[Any, int]:
     return image, label
 
 
-def run(images: int, epochs: int, root: str | None = None, *, batch_size: int = 64) -> Report:
-    """Generate ``images`` JPEGs (in ``root``, else a temporary folder) and soak them."""
+LOADERS = ("native", "threads", "workers")
+
+
+def run(
+    images: int,
+    epochs: int,
+    root: str | None = None,
+    *,
+    batch_size: int = 64,
+    loaders: tuple[str, ...] = LOADERS,
+) -> Report:
+    """Generate ``images`` JPEGs (in ``root``, else a temporary folder) and soak them with
+    ``loaders`` (some of `LOADERS`), each epoch."""
     from ferrofeed import DataLoader, ImageFolder, SharedList, ops
     from ferrofeed.samples import image_folder
 
@@ -280,7 +291,8 @@ def run(images: int, epochs: int, root: str | None = None, *, batch_size: int = 
             for epoch in range(epochs):
                 t0 = time.monotonic()
                 n = 0
-                for loader in (native, threads, workers):
+                chosen = {"native": native, "threads": threads, "workers": workers}
+                for loader in (chosen[name] for name in loaders):
                     loader.set_epoch(epoch)
                     for batch in loader:
                         images_batch = batch[0]
@@ -321,9 +333,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--images", type=int, default=_env_int("FERROFEED_SOAK_IMAGES", 20_000))
     parser.add_argument("--epochs", type=int, default=_env_int("FERROFEED_SOAK_EPOCHS", 10))
     parser.add_argument("--root", help="where to write the images (default: a temporary folder)")
+    parser.add_argument(
+        "--loaders",
+        default=",".join(LOADERS),
+        help=f"which loaders run each epoch, comma-separated (default: {','.join(LOADERS)})",
+    )
     args = parser.parse_args(argv)
-    report = run(args.images, args.epochs, args.root)
-    print(f"soak: {args.images} images, {args.epochs} epochs (native, threads, workers)")
+    loaders = tuple(args.loaders.split(","))
+    if not loaders or not set(loaders) <= set(LOADERS):
+        parser.error(f"--loaders takes some of {','.join(LOADERS)}")
+    report = run(args.images, args.epochs, args.root, loaders=loaders)
+    print(f"soak: {args.images} images, {args.epochs} epochs ({', '.join(loaders)})")
     print("epoch  seconds  batches   RSS MiB  pooled MiB  RSS-pooled  fds  threads  shm files")
     for s in report.samples:
         print(
