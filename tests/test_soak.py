@@ -24,8 +24,10 @@ def test_soak_short() -> None:
         timeout=230,
         check=False,
         cwd=TESTS_DIR,
-        # NumPy's OpenBLAS pool starts and ends threads around forks of its own accord.
-        env={"OPENBLAS_NUM_THREADS": "1"},
+        # As `make soak` (see the Makefile and RELIABILITY.md): NumPy's OpenBLAS pool
+        # starts and ends threads around forks of its own accord, and glibc's per-thread
+        # malloc arenas fragment as every epoch starts new threads.
+        env={"OPENBLAS_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "2"},
     )
     report = last_json_line(proc.stdout)
     assert report["failures"] == [], proc.stdout
