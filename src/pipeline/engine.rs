@@ -28,9 +28,10 @@ pub(super) const BATCH_SLICE: Duration = Duration::from_millis(1);
 const MIN_CAPACITY: usize = 16;
 
 /// How long stopping waits, in all, for the runtime and for threads still
-/// inside a call of user code (a stage function, the source's `next`) to
-/// return, before it leaves such calls to finish on their own (their results
-/// are thrown away, their threads end when they return). Threads outside
+/// inside a call of user code (a stage function, the source's `next`, a
+/// native op on the runtime's blocking pool) to return, before it leaves
+/// such calls to finish on their own (their results are thrown away, their
+/// threads end when they return). Threads outside
 /// user code notice the stop within [`SEND_POLL`] and are always joined.
 /// Short enough that Ctrl-C raises within half a second (issue 12), long
 /// enough that a call of a few hundred milliseconds usually ends first.
