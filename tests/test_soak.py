@@ -46,7 +46,7 @@ def test_soak_report_fails_on_growth() -> None:
     def sample(
         epoch: int, rss: int, fds: int = 10, threads: int = 1, shm: int = 0, pooled: int = 0
     ) -> Any:
-        return soak.Sample(epoch, 1.0, 1, rss, pooled, fds, threads, shm)
+        return soak.Sample(epoch, 1.0, 1, rss, pooled, 0, fds, threads, shm)
 
     base = {"rss": 100, "fds": 10, "threads": 1, "shm": 0}
     ok = soak.Report(10, 3, base, [sample(0, 1000), sample(1, 1040), sample(2, 1000)])
@@ -59,3 +59,21 @@ def test_soak_report_fails_on_growth() -> None:
     assert soak.Report(10, 2, base, [sample(0, 1000), sample(1, 1000, threads=2)]).failures()
     assert soak.Report(10, 2, base, [sample(0, 1000), sample(1, 1000, shm=1)]).failures()
     assert soak.Report(10, 1, base, [sample(0, 1000, threads=3)]).failures()
+
+
+def test_malloc_in_use_sees_an_allocation() -> None:
+    import ctypes
+
+    import soak
+
+    before = soak.malloc_in_use()
+    if before < 0:
+        pytest.skip("no mallinfo2 (not glibc >= 2.33)")
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    libc.free.argtypes = [ctypes.c_void_p]
+    block = libc.malloc(8 << 20)
+    try:
+        assert soak.malloc_in_use() - before >= 8 << 20
+    finally:
+        libc.free(block)
