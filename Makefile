@@ -200,10 +200,52 @@ bench: install-test bench-deps ## Criterion benches and the Python comparisons (
 	$(PY) benches/decode_vs_pillow.py
 	$(PY) benches/loader_images.py
 	$(PY) benches/loader_workers.py
+	$(PY) benches/ram_loaders.py
+
+# --- the comparison with other loaders (benches/compare.py; BENCHMARKS.md, "Side by side") ---
+COMPARE_ARGS ?=
+# dataloader-rs needs Python >= 3.13: it gets a venv of its own, made from PYTHON313 (default:
+# the first of python3.13, python3.14 and pyenv's 3.13+ that runs). None: it is left out.
+PYTHON313 ?=
+PY313_VENV := .venv-py313
+COMPARE_PEERS := "torch>=2.3" "pillow>=10" "scikit-image>=0.22" "matplotlib>=3.8" "tqdm>=4.60" \
+	"spdl==0.8.0"
+
+.PHONY: compare-deps
+compare-deps: install bench-deps ## Install the compared loaders (PyTorch, Pillow, SPDL 0.8, datago, dataloader-rs where they install)
+	$(PIP) install -q $(COMPARE_PEERS)
+	@$(PIP) install -q datago || echo "compare: datago does not install here; it is left out"
+	@py313=""; \
+	for c in $(PYTHON313) python3.13 python3.14 \
+			$$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.1[3-9]*/bin/python3 2>/dev/null); do \
+		if "$$c" -c 'import sys; sys.exit(sys.version_info < (3, 13))' 2>/dev/null; then \
+			py313="$$c"; break; \
+		fi; \
+	done; \
+	if [ -z "$$py313" ]; then \
+		echo "compare: no Python >= 3.13 here; dataloader-rs (which needs it) is left out"; \
+	else \
+		[ -x $(PY313_VENV)/bin/python ] || "$$py313" -m venv $(PY313_VENV); \
+		$(PY313_VENV)/bin/python -m pip --disable-pip-version-check install -q \
+			dataloader-rs "pillow>=10" "numpy>=2.2" \
+			|| echo "compare: dataloader-rs does not install in $(PY313_VENV); it is left out"; \
+	fi
+
+.PHONY: compare
+compare: compare-deps ## Every loader side by side: JSON, tables and plots in benches/results (COMPARE_ARGS=--quick: a short run)
+	py313=""; \
+	if $(PY313_VENV)/bin/python -c 'import dataloader_rs' 2>/dev/null; then \
+		py313="--py313=$(abspath $(PY313_VENV))/bin/python"; \
+	fi; \
+	$(PY) benches/compare.py $$py313 $(COMPARE_ARGS)
 
 .PHONY: bench-workers
 bench-workers: install-test ## Python transforms in worker processes against PyTorch's DataLoader (benches/loader_workers.py)
 	$(PY) benches/loader_workers.py
+
+.PHONY: bench-ram-workers
+bench-ram-workers: install-test ## RAM of 2 ranks x 4 workers over 1M annotations: ferrofeed vs PyTorch's DataLoader (benches/ram_loaders.py)
+	$(PY) benches/ram_loaders.py $(RAM_LOADERS_ARGS)
 
 .PHONY: clean
 clean: ## Remove build outputs (keeps .venv)

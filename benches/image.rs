@@ -1,6 +1,7 @@
 //! Criterion benches of the image kernels: JPEG decode (full size and
-//! DCT-scaled), the resize, PNG decode, and batch assembly (`decode_into` of
-//! 32 images into the slots of one pooled batch buffer).
+//! DCT-scaled), the resize, PNG decode, and the batch engine
+//! (`image::batch::decode_batch` of 32 images into the slots of one pooled
+//! batch buffer; criterion reports it per image).
 //!
 //! Run with `cargo bench --bench image` (JPEG by libjpeg-turbo, the default
 //! build) and `cargo bench --bench image --no-default-features` (JPEG by
@@ -24,14 +25,15 @@
 )]
 
 use std::hint::black_box;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use fast_image_resize::images::{Image, ImageRef};
 use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
+use ferrofeed::image::batch::{decode_batch, BatchItem, BatchOptions, Source};
 use ferrofeed::image::synth::{encode_jpeg, photo, Chroma};
 use ferrofeed::image::{decode_into, output_shape, Crop, Transform};
+use ferrofeed::seed::{mix, Stream};
 use ferrofeed::staging::{BufferPool, Pinning, PoolConfig};
 
 /// `ImageNet`'s typical size.
@@ -227,25 +229,19 @@ fn bench_png(c: &mut Criterion) {
     bench_set(c, &format!("png_{W}x{H}_rgb8"), &images, &transforms);
 }
 
-/// One batch as `load_images` builds it: a buffer from the pool, each image
-/// decoded (DCT-scaled, resized, cropped) straight into its slot, by
-/// `threads` threads taking the next slot from a shared iterator.
-fn assemble(pool: &BufferPool, images: &[Vec<u8>], t: &Transform, slot_len: usize, threads: usize) {
-    let nbytes = slot_len * images.len();
-    let mut buffer = pool.acquire(nbytes).unwrap();
-    let slots = Mutex::new(buffer[..nbytes].chunks_exact_mut(slot_len).enumerate());
-    let work = || loop {
-        let next = slots.lock().unwrap().next();
-        let Some((i, slot)) = next else { return };
-        decode_into(&images[i], "bench", t, slot).unwrap();
+/// One batch as `load_images` and the `DataLoader` build it: a buffer from
+/// the pool, filled by the batch engine ([`decode_batch`]: each image
+/// decoded, DCT-scaled, resized and cropped straight into its slot on
+/// `threads` threads of the process's CPU pool).
+fn assemble(pool: &BufferPool, items: &[BatchItem<'_>], t: &Transform, threads: usize) {
+    let options = BatchOptions {
+        threads,
+        ..BatchOptions::default()
     };
-    std::thread::scope(|s| {
-        for _ in 1..threads {
-            s.spawn(work);
-        }
-        work();
-    });
-    black_box(buffer[nbytes - 1]);
+    let nbytes = options.layout.slot_len((224, 224, 3)) * items.len();
+    let mut buffer = pool.acquire(nbytes).unwrap();
+    let report = decode_batch(items, t, &options, &mut buffer[..nbytes]).unwrap();
+    black_box((report.kept, buffer[nbytes - 1]));
     // Dropping the buffer returns it to the pool.
 }
 
@@ -258,8 +254,31 @@ fn bench_batch(c: &mut Criterion) {
         })
         .collect();
     let bytes: u64 = images.iter().map(|v| v.len() as u64).sum();
-    let t = resize256_crop224(true);
-    let slot_len = 224 * 224 * 3;
+    let items: Vec<BatchItem<'_>> = images
+        .iter()
+        .enumerate()
+        .map(|(i, data)| {
+            BatchItem::new(Source::Borrowed(data), format!("item {i}")).with_seed(mix(
+                0,
+                0,
+                i as u64,
+                Stream::Crop,
+            ))
+        })
+        .collect();
+    // The exact-224 job and the training job (random resized crop + flip).
+    let jobs = [
+        ("resize256_crop224", resize256_crop224(true)),
+        (
+            "random_resized_crop224_flip",
+            Transform {
+                size: Some((224, 224)),
+                crop: Some(Crop::random_resized(0)),
+                flip: true,
+                ..Transform::default()
+            },
+        ),
+    ];
     let pool = BufferPool::new(PoolConfig {
         pinning: Pinning::Off,
         ..PoolConfig::default()
@@ -270,11 +289,13 @@ fn bench_batch(c: &mut Criterion) {
         elements: BATCH as u64,
         bytes,
     });
-    for threads in [1, 2] {
-        let name = format!("{DECODER}/decode_into_pooled_batch_{threads}_threads");
-        g.bench_function(name, |b| {
-            b.iter(|| assemble(&pool, &images, &t, slot_len, threads));
-        });
+    for (job, t) in &jobs {
+        for threads in [1, 2] {
+            let name = format!("{DECODER}/decode_batch_{job}_{threads}_threads");
+            g.bench_function(name, |b| {
+                b.iter(|| assemble(&pool, &items, t, threads));
+            });
+        }
     }
     g.finish();
 }

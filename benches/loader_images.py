@@ -34,38 +34,11 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import ferrofeed
-import numpy as np
 import torch
+from _common import PillowExact
 from bench_machine import cpu_model
 from ferrofeed.samples import image_folder
 from PIL import Image
-
-
-class PillowFolder(torch.utils.data.Dataset[tuple[np.ndarray, int]]):
-    """torchvision's ``Resize(256)`` + ``CenterCrop(224)`` on PIL images, written out."""
-
-    def __init__(self, files: list[tuple[str, int]], short: int = 256, crop: int = 224) -> None:
-        self.files, self.short, self.crop = files, short, crop
-
-    def __len__(self) -> int:
-        return len(self.files)
-
-    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
-        path, label = self.files[i]
-        with Image.open(path) as im:
-            im = im.convert("RGB")
-            w, h = im.size
-            # torchvision's Resize(int): the shorter side to `short`, the other truncated.
-            if w <= h:
-                size = (self.short, int(self.short * h / w))
-            else:
-                size = (int(self.short * w / h), self.short)
-            im = im.resize(size, Image.BILINEAR)
-            w, h = im.size
-            left = round((w - self.crop) / 2)
-            top = round((h - self.crop) / 2)
-            im = im.crop((left, top, left + self.crop, top + self.crop))
-            return np.array(im), label  # a writable copy, as torchvision's PILToTensor
 
 
 def time_epochs(make: Callable[[], Iterable[Any]], epochs: int) -> tuple[float, list[float]]:
@@ -119,7 +92,7 @@ def main() -> int:
 
         def pytorch() -> Iterable[Any]:
             return torch.utils.data.DataLoader(
-                PillowFolder(files),
+                PillowExact(files),
                 batch_size=args.batch_size,
                 shuffle=True,
                 num_workers=args.workers,

@@ -48,14 +48,10 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import math
 import multiprocessing
 import os
 import platform
 import random
-import resource
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -63,26 +59,23 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _common import (
+    child_entry,
+    cpu_children,
+    cpu_self,
+    fmt,
+    make_jpegs,
+    med_range,
+    rrc_params,
+    run_fresh,
+)
 from bench_machine import cpu_model
 from PIL import Image
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO_ROOT / "bench-results" / "loader_workers.json"
-CHILD_FLAG = "--_child"
 BATCH = 32
 CROP = 224
-
-# scikit-image's bundled photos (camera is greyscale, saved as RGB).
-PHOTOS = [
-    "astronaut",
-    "coffee",
-    "chelsea",
-    "rocket",
-    "immunohistochemistry",
-    "hubble_deep_field",
-    "retina",
-    "camera",
-]
 
 # ImageNet's normalisation, on 0..255 values: (x / 255 - mean) / std.
 MEAN = np.array([0.485, 0.456, 0.406], np.float32) * 255
@@ -92,38 +85,6 @@ TARGETS = {"a_throughput": 1.1, "b_workers_vs_threads": 1.6, "c_vs_pytorch": 1.5
 
 
 # --- data ------------------------------------------------------------------------------------
-
-
-def make_jpegs(root: str, n: int, seed: int) -> tuple[list[tuple[str, int]], dict[str, Any]]:
-    """Write ``n`` JPEGs cut from scikit-image's photos into ``root``; return (path, label)s."""
-    import skimage.data
-
-    sources = []
-    for name in PHOTOS:
-        im = Image.fromarray(getattr(skimage.data, name)())
-        sources.append(im.convert("RGB"))
-    rng = random.Random(seed)
-    files: list[tuple[str, int]] = []
-    sizes: dict[str, int] = {}
-    total = 0
-    for i in range(n):
-        r = rng.random()
-        w, h = (500, 375) if r < 0.7 else (375, 500) if r < 0.85 else (500, 333)
-        label = i % len(sources)
-        src = sources[label]
-        sw, sh = src.size
-        scale = min(sw / w, sh / h) * rng.uniform(0.5, 1.0)
-        cw, ch = round(w * scale), round(h * scale)
-        left, top = rng.randint(0, sw - cw), rng.randint(0, sh - ch)
-        im = src.resize((w, h), Image.Resampling.LANCZOS, box=(left, top, left + cw, top + ch))
-        if rng.random() < 0.5:
-            im = im.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-        path = os.path.join(root, f"{i:05d}.jpg")
-        im.save(path, quality=rng.randint(75, 95))
-        files.append((path, label))
-        sizes[f"{w}x{h}"] = sizes.get(f"{w}x{h}", 0) + 1
-        total += os.path.getsize(path)
-    return files, {"sizes": sizes, "mean_file_bytes": round(total / max(n, 1))}
 
 
 def small_arrays(n: int, seed: int) -> np.ndarray:
@@ -138,30 +99,6 @@ def to_chw(rgb: np.ndarray) -> np.ndarray:
     """HWC uint8 to CHW float32, normalised: torchvision's ToTensor + Normalize."""
     x = (rgb.astype(np.float32) - MEAN) * INV_STD
     return np.ascontiguousarray(x.transpose(2, 0, 1))
-
-
-def rrc_params(w: int, h: int) -> tuple[int, int, int, int]:
-    """torchvision's ``RandomResizedCrop.get_params`` (scale 0.08-1, ratio 3/4-4/3): a box."""
-    area = w * h
-    log_lo, log_hi = math.log(3 / 4), math.log(4 / 3)
-    for _ in range(10):
-        target = area * random.uniform(0.08, 1.0)
-        aspect = math.exp(random.uniform(log_lo, log_hi))
-        cw = round(math.sqrt(target * aspect))
-        ch = round(math.sqrt(target / aspect))
-        if 0 < cw <= w and 0 < ch <= h:
-            top = random.randint(0, h - ch)
-            left = random.randint(0, w - cw)
-            return left, top, left + cw, top + ch
-    ratio = w / h  # the fallback: a center crop
-    if ratio < 3 / 4:
-        cw, ch = w, round(w / (3 / 4))
-    elif ratio > 4 / 3:
-        cw, ch = round(h * (4 / 3)), h
-    else:
-        cw, ch = w, h
-    top, left = (h - ch) // 2, (w - cw) // 2
-    return left, top, left + cw, top + ch
 
 
 class PillowRRC:
@@ -291,16 +228,6 @@ CONFIGS: dict[str, tuple[str, str, str, int]] = {
 }
 
 
-def cpu_self() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
-def cpu_children() -> float:
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
-
-
 def child_main(spec: dict[str, Any]) -> dict[str, Any]:
     """Run one configuration in this fresh interpreter; return its figures."""
     job, kind, data, workers = CONFIGS[spec["config"]]
@@ -399,36 +326,14 @@ def child_main(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_child(spec: dict[str, Any], workdir: str) -> dict[str, Any]:
-    """Run one configuration in a fresh interpreter; add the process tree's CPU time."""
-    path = os.path.join(workdir, "child.json")
-    spec_path = os.path.join(workdir, "spec.json")
-    Path(spec_path).write_text(json.dumps(spec))
-    before = cpu_children()
-    proc = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), CHILD_FLAG, spec_path, path],
-        timeout=spec["timeout"],
-    )
-    tree = cpu_children() - before
-    if proc.returncode != 0 or not os.path.exists(path):
-        raise RuntimeError(f"{spec['config']}: the child exited with code {proc.returncode}")
-    result: dict[str, Any] = json.loads(Path(path).read_text())
-    os.unlink(path)
-    result["cpu_tree_s"] = tree
-    loader_cpu = tree - result["cpu_before_loader_s"]
+    """Run one configuration in a fresh interpreter; add its CPU time per image."""
+    result = run_fresh(__file__, spec, workdir, spec["timeout"])
+    loader_cpu = result["cpu_tree_s"] - result["cpu_before_loader_s"]
     result["cpu_s_per_image"] = loader_cpu / result["images"]
     return result
 
 
 # --- report ------------------------------------------------------------------------------------
-
-
-def med_range(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
-def fmt(stat: dict[str, float], scale: float = 1.0, digits: int = 0) -> str:
-    m, lo, hi = (stat[k] * scale for k in ("median", "min", "max"))
-    return f"{m:,.{digits}f} ({lo:,.{digits}f}-{hi:,.{digits}f})"
 
 
 def ratio_per_round(
@@ -451,9 +356,7 @@ def best(summary: dict[str, Any], names: list[str]) -> str:
 
 
 def main() -> int:
-    if len(sys.argv) > 1 and sys.argv[1] == CHILD_FLAG:
-        spec = json.loads(Path(sys.argv[2]).read_text())
-        Path(sys.argv[3]).write_text(json.dumps(child_main(spec)))
+    if child_entry(sys.argv, child_main):
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=int, default=640, help="JPEGs (default 640)")

@@ -55,6 +55,7 @@ from typing import Any
 import ferrofeed
 import numpy as np
 import numpy.typing as npt
+from _common import child_pids
 from bench_machine import cpu_model
 from ferrofeed.memory import process_memory
 
@@ -164,9 +165,9 @@ def read_mem(pid: int) -> Mem | None:
     return {f: int(getattr(m, f)) for f in MEM_FIELDS}
 
 
-def child_pids(ppid: int) -> list[int]:
-    """Direct children of ``ppid`` (from /proc/*/stat)."""
-    out: list[int] = []
+def parent_pids() -> dict[int, int]:
+    """Every live process's parent: {pid: ppid} (from /proc/*/stat)."""
+    out: dict[int, int] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -176,9 +177,37 @@ def child_pids(ppid: int) -> list[int]:
             continue
         # "pid (comm) state ppid ...": comm may contain spaces and parentheses.
         fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) > 1 and int(fields[1]) == ppid:
-            out.append(int(entry))
-    return sorted(out)
+        if len(fields) > 1:
+            out[int(entry)] = int(fields[1])
+    return out
+
+
+def process_tree(roots: Iterable[int]) -> dict[int, int]:
+    """``roots`` and all their live descendants, each with its depth (0 for a root)."""
+    children: dict[int, list[int]] = {}
+    for pid, parent in parent_pids().items():
+        children.setdefault(parent, []).append(pid)
+    depth = {pid: 0 for pid in roots}
+    todo = list(depth)
+    while todo:
+        pid = todo.pop()
+        for child in children.get(pid, ()):
+            if child not in depth:
+                depth[child] = depth[pid] + 1
+                todo.append(child)
+    return depth
+
+
+def meminfo() -> dict[str, int]:
+    """/proc/meminfo in bytes (MemTotal, MemAvailable, ...); empty where unreadable."""
+    out: dict[str, int] = {}
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            key, _, rest = line.partition(":")
+            parts = rest.split()
+            if parts and parts[0].isdigit():
+                out[key] = int(parts[0]) * (1024 if parts[1:] == ["kB"] else 1)
+    return out
 
 
 def cmdline(pid: int) -> str:
@@ -511,6 +540,11 @@ def smaps_rollup(pid: int) -> Mem:
         "shared": kb.get("Shared_Clean", 0) + kb.get("Shared_Dirty", 0),
         "swap": kb.get("Swap", 0),
         "anonymous": kb.get("Anonymous", 0),
+        # PSS split by backing (Linux >= 5.9): private/anonymous, file pages (libraries),
+        # shmem (tmpfs files such as /dev/shm arenas, memfds)
+        "pss_anon": kb.get("Pss_Anon", 0),
+        "pss_file": kb.get("Pss_File", 0),
+        "pss_shmem": kb.get("Pss_Shmem", 0),
     }
 
 
@@ -665,11 +699,7 @@ def run_latency(n: int, seed: int, iters: int, repeats: int, arena_dir: str) -> 
 
 
 def machine_info() -> Json:
-    mem_total = 0
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                mem_total = int(line.split()[1]) * 1024
+    mem_total = meminfo().get("MemTotal", 0)
     return {
         "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),

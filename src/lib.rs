@@ -9,27 +9,36 @@
 //!
 //! ## Modules
 //!
-//! - [`pipeline`]: the engine: a source, stages on a tokio runtime linked by
-//!   bounded channels, stats, clean failure and shutdown.
+//! Top down: each uses only modules listed before it (`DESIGN.md` has the
+//! map).
+//!
+//! - [`seed`]: the one stable, pinned seed mixer behind every shuffle, crop
+//!   and per-sample seed.
+//! - [`cpu`]: the process's one CPU pool (re-created in a forked child).
+//! - [`sampler`]: seekable shuffled index orders, O(1) to start or resume.
 //! - [`arena`]: the shared arena, one memory-mapped file of opaque items that
 //!   every process on a node maps, so dataset metadata exists once per node.
-//! - [`sampler`]: seekable shuffled index orders, O(1) to start or resume.
+//! - [`image`]: decode, resize, crop and flip into a slot of a batch, and the
+//!   batch engine ([`image::batch`]).
 //! - [`dlpack`]: the `DLPack` structs, the `__dlpack__` request rules, and
 //!   managed tensors whose deleter drops a Rust owner.
 //! - [`staging`]: a bounded pool of 64-byte aligned (and, with a CUDA
 //!   driver, pinned) host buffers, and [`staging::Tensor`], a pooled buffer
 //!   exported by `DLPack`.
+//! - [`pipeline`]: the engine: a source, stages on a tokio runtime linked by
+//!   bounded channels, stats, clean failure and shutdown.
 //!
-//! The image kernels and the data loader are built on top of these (see
-//! `DESIGN.md`).
+//! The Python bindings (`py`) are built on all of these.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod arena;
+pub mod cpu;
 pub mod dlpack;
 pub mod image;
 pub mod pipeline;
 pub mod sampler;
+pub mod seed;
 pub mod staging;
 
 #[cfg(feature = "python")]

@@ -11,7 +11,10 @@
 //! every rank computes its own shard without any shared state.
 //!
 //! No crate offers a seekable permutation of an arbitrary range (the
-//! shuffles of `rand` materialise the sequence), hence this small one.
+//! shuffles of `rand` materialise the sequence), hence this small one. Its
+//! keys come from [`crate::seed`], as every seed of ferrofeed does.
+
+use crate::seed::{epoch_key, mix, SplitMix64, Stream};
 
 /// A bijection of `0..n` determined by a 64-bit key.
 ///
@@ -33,15 +36,6 @@ pub struct Permutation {
 
 const ROUNDS: usize = 6;
 
-/// `SplitMix64`, to derive round keys from the seed.
-fn splitmix(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 impl Permutation {
     /// The permutation of `0..n` for `key` (combine a seed and an epoch
     /// with [`Permutation::key`]).
@@ -49,15 +43,14 @@ impl Permutation {
         // Smallest even bit width 2h with 2^(2h) >= n (h >= 1).
         let bits = 64 - n.saturating_sub(1).leading_zeros();
         let half_bits = bits.div_ceil(2).max(1);
-        let mut state = key;
-        let keys = std::array::from_fn(|_| splitmix(&mut state));
+        let mut rng = SplitMix64::new(key);
+        let keys = std::array::from_fn(|_| rng.next_u64());
         Self { n, half_bits, keys }
     }
 
-    /// A key for `(seed, epoch)`.
+    /// A key for `(seed, epoch)`: [`crate::seed::epoch_key`].
     pub fn key(seed: u64, epoch: u64) -> u64 {
-        let mut s = seed ^ epoch.wrapping_mul(0xD6E8_FEB8_6659_FD93);
-        splitmix(&mut s)
+        epoch_key(seed, epoch)
     }
 
     /// Length of the permuted range.
@@ -112,8 +105,7 @@ impl Permutation {
 /// Worker processes seed Python's `random`, `NumPy`'s global generator and
 /// torch's with it before each sample, so a random augmentation draws the
 /// same numbers for a sample whichever worker (or how many) runs it, and in
-/// a resumed run. The mixing is `SplitMix64` steps, spelled out here rather
-/// than taken from a hasher whose output may change between releases: the
+/// a resumed run. It is [`crate::seed::mix`] with [`Stream::Sample`]: the
 /// values are part of ferrofeed's reproducibility promise and pinned by
 /// tests.
 ///
@@ -125,10 +117,7 @@ impl Permutation {
 /// assert_ne!(sample_seed(0, 0, 1), sample_seed(0, 1, 0));
 /// ```
 pub fn sample_seed(seed: u64, epoch: u64, index: u64) -> u64 {
-    let mut s = Permutation::key(seed, epoch) ^ 0x5EED_5A3D_1E5E_ED00;
-    let mixed = splitmix(&mut s);
-    let mut t = mixed ^ index.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    splitmix(&mut t)
+    mix(seed, epoch, index, Stream::Sample)
 }
 
 #[cfg(test)]

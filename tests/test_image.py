@@ -499,6 +499,60 @@ def test_load_images_error_names_the_first_bad_item(tmp_path: Path):
     assert info.value.filename == str(tmp_path / "missing.png")
 
 
+FORK_CHILD = """
+import os, sys, time, warnings
+import numpy as np
+import ferrofeed.io as fio
+
+warnings.simplefilter("ignore", DeprecationWarning)  # fork() of a multi-threaded process
+paths = sys.argv[1:]
+want = np.from_dlpack(fio.load_images(paths, size=16, threads=2)).copy()
+pid = os.fork()
+if pid == 0:
+    ok = False
+    try:
+        ok = bool(np.array_equal(np.from_dlpack(fio.load_images(paths, size=16, threads=2)), want))
+    finally:
+        os._exit(0 if ok else 1)
+deadline = time.monotonic() + 60
+while True:
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        break
+    if time.monotonic() > deadline:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        sys.exit("load_images hung in a forked child")
+    time.sleep(0.05)
+assert os.waitstatus_to_exitcode(status) == 0, status
+# And the parent's pool still works.
+assert np.array_equal(np.from_dlpack(fio.load_images(paths, size=16, threads=2)), want)
+print("OK")
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs os.fork")
+def test_load_images_works_in_a_forked_child(tmp_path: Path) -> None:
+    # The batch engine's CPU pool is made once per process: a child forked after the
+    # parent used it has none of its threads, and must make its own (not hang).
+    import subprocess
+
+    paths = []
+    for i in range(6):
+        p = tmp_path / f"img{i}.png"
+        Image.fromarray(photo_like(30, 40, seed=i)).save(p)
+        paths.append(str(p))
+    r = subprocess.run(
+        [sys.executable, "-c", FORK_CHILD, *paths],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "OK"
+
+
 # --------------------------------------------------------------------------------------
 # corrupt input
 

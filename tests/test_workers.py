@@ -295,6 +295,23 @@ def test_sample_seed_is_pinned() -> None:
     assert ferrofeed._core.sample_seed(42, 3, 1_000_000) == 7443091746617491268
 
 
+def test_mix_seed_is_pinned() -> None:
+    # ferrofeed's one seed mixer (src/seed.rs), pinned by the same golden values as its
+    # Rust unit tests: per-sample seeds are its "sample" stream, random crops its "crop"
+    # stream.
+    mix_seed = ferrofeed._core.mix_seed
+    top = 2**64 - 1
+    assert mix_seed(0, 0, 0, "sample") == 16894410173589626229
+    assert mix_seed(top, top, top, "sample") == 12625010139469418024
+    assert mix_seed(0, 0, 0, "crop") == 11492569862326130707
+    assert mix_seed(7, 1, 3, "crop") == 3522167460412779704
+    assert mix_seed(top, top, top, "crop") == 15917774939899584926
+    for args in [(0, 0, 0), (5, 2, 99), (top, 0, 1)]:
+        assert mix_seed(*args, "sample") == ferrofeed._core.sample_seed(*args)
+    with pytest.raises(ValueError, match="stream"):
+        mix_seed(0, 0, 0, "shuffle")  # type: ignore[arg-type]
+
+
 def test_torch_generator_is_seeded_per_sample() -> None:
     torch = pytest.importorskip("torch")
 
@@ -379,6 +396,45 @@ def test_dataset_is_pickled_once_per_worker(method: str, tmp_path: Path) -> None
         assert counter.read_text() == "xx", "once per worker, not per batch or epoch"
     finally:
         loader.shutdown_workers()
+
+
+class GcProbe:
+    """Sample 0: the worker's USS; sample 1: its USS after a full garbage collection."""
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, i: int) -> int:
+        if i == 1:
+            gc.collect()
+        return ferrofeed.memory.process_memory().uss
+
+
+def test_fork_workers_collecting_garbage_do_not_copy_the_parents_heap(run_python: Any) -> None:
+    # A forked worker shares its parent's heap copy-on-write. A full collection in the
+    # worker writes to the header of every container object it inherited (the torch
+    # modules a training process imports, a list of dicts...), which copied those pages
+    # into every worker over time: benches/ram_loaders.py measured +41 MiB per worker.
+    proc = run_python(
+        """
+        import gc, json
+        from ferrofeed import DataLoader
+        from ferrofeed.memory import process_memory
+        from test_workers import GcProbe
+
+        heap = [[i, [i]] for i in range(300_000)]  # ~40 MiB of containers
+        gc.collect()
+        base = process_memory().uss
+        loader = DataLoader(GcProbe(), 1, num_workers=1, worker_start_method="fork")
+        before, after = (int(b[0]) for b in loader)
+        print(json.dumps({"growth": after - before, "heap": base}))
+        """,
+        timeout=60,
+        cwd=TESTS_DIR,
+    )
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["heap"] > 40 * 2**20, out  # the heap is there to be copied
+    assert out["growth"] < 4 * 2**20, out  # without the fix: ~40 MiB
 
 
 def test_unpicklable_transform_under_spawn_says_why() -> None:
@@ -664,6 +720,17 @@ def test_timeout_turns_a_stalled_batch_into_an_error() -> None:
     assert isinstance(info.value, TimeoutError)
 
 
+def _slow_start(worker_id: int) -> None:
+    time.sleep(2.0)
+
+
+def test_timeout_does_not_count_a_workers_start() -> None:
+    # The worker takes 2 s to start (worker_init_fn); each batch then takes ~0: a 0.5 s
+    # timeout bounds the batches, not the start-up.
+    loader = DataLoader(list(range(8)), 4, num_workers=1, timeout=0.5, worker_init_fn=_slow_start)
+    assert [b.tolist() for b in loader] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
 def test_ctrl_c_stops_the_workers_within_a_second(run_python: Any) -> None:
     proc = run_python(
         """
@@ -709,7 +776,7 @@ def test_workers_exit_when_the_main_process_is_killed(run_python: Any) -> None:
                                 worker_start_method={method!r})
             it = iter(loader)
             next(it)
-            print(" ".join(str(w["pid"]) for w in loader.stats()["workers"]["workers"]),
+            print(os.getpid(), *(w["pid"] for w in loader.stats()["workers"]["workers"]),
                   flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
             """,
@@ -718,10 +785,17 @@ def test_workers_exit_when_the_main_process_is_killed(run_python: Any) -> None:
             cwd=TESTS_DIR,
         )
         assert proc.returncode == -signal.SIGKILL, proc.stderr
-        pids = [int(p) for p in proc.stdout.split()]
+        main_pid, *pids = [int(p) for p in proc.stdout.split()]
         assert len(pids) == 2
         assert _wait_gone(pids, 5), f"{method}: workers outlived their parent"
-    assert set(os.listdir("/dev/shm")) <= before, "nothing left in /dev/shm"
+        # Only what these processes made counts (other processes of the machine may be
+        # using /dev/shm meanwhile): ferrofeed's files there carry their creator's pid.
+        ours = {
+            n
+            for n in set(os.listdir("/dev/shm")) - before
+            if any(f"-{p}-" in n for p in (main_pid, *pids))
+        }
+        assert ours == set(), f"{method}: left in /dev/shm: {ours}"
 
 
 def test_interpreter_exit_ends_the_workers(run_python: Any) -> None:

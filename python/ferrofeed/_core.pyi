@@ -142,6 +142,17 @@ class Permutation:
 def sample_seed(seed: int, epoch: int, index: int) -> int:
     """Return the seed of one sample's random augmentations (fixed, pinned mixing)."""
 
+def mix_seed(seed: int, epoch: int, index: int, stream: Literal["sample", "crop"]) -> int:
+    """Return the seed of item ``index``'s draws of kind ``stream`` (ferrofeed's one mixer).
+
+    ``mix_seed(s, e, i, "sample") == sample_seed(s, e, i)``; the values are pinned forever.
+
+    Example:
+        >>> from ferrofeed import _core
+        >>> _core.mix_seed(0, 0, 0, "sample")
+        16894410173589626229
+    """
+
 @final
 class _SlotRing:
     """Shared-memory batch slots (memfd) of the DataLoader's worker processes."""
@@ -437,9 +448,10 @@ def load_images(
     """Decode images in parallel into one ``(N, H, W, C)`` uint8 batch.
 
     Each image is decoded, transformed (as `decode_image`, with the same arguments) and
-    written straight into its slot of one pooled buffer, by ``threads`` threads (default:
-    one per CPU), with the GIL released. With ``crop="random"``, item ``i`` gets a seed
-    derived from ``seed`` and ``i``, so a seeded batch is reproducible.
+    written straight into its slot of one pooled buffer, by up to ``threads`` threads (the
+    calling one and threads of ferrofeed's CPU pool, made once per process; default: one
+    per CPU), with the GIL released. With ``crop="random"``, item ``i`` gets the seed
+    ``mix_seed(seed, 0, i, "crop")``, so a seeded batch is reproducible.
 
     Args:
         sources: Paths or encoded bytes.
@@ -452,7 +464,8 @@ def load_images(
         ratio: As in `decode_image`.
         seed: As in `decode_image`.
         dct_scaling: As in `decode_image`.
-        threads: Decoding threads (default: the number of CPUs, at most one per image).
+        threads: Images decoded at once (default: the number of CPUs; at most one per
+            image, and at most one more than the CPU pool's threads).
         pool: The `BufferPool` of the batch (default: `default_pool`).
 
     Returns:

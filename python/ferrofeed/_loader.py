@@ -299,9 +299,10 @@ class DataLoader:
             fails with `TimeoutError` (named in a note), raised or, under
             ``on_error="skip"``, skipped like any failing sample; the stuck call cannot
             be interrupted, so its thread is left behind and a new one takes its place.
-            With workers, a batch: `WorkerTimeoutError`, under either ``on_error`` (the
-            worker holding it is stuck). On the native image chain, one batch's decode:
-            `TimeoutError`.
+            With workers, a batch, timed from when it is next due and its worker is up
+            (a worker's start gets ``max(timeout, 60)`` s): `WorkerTimeoutError`, under
+            either ``on_error`` (the worker holding it is stuck). On the native image
+            chain, one batch's decode: `TimeoutError`.
 
     Ctrl-C while iterating raises `KeyboardInterrupt` within about 0.25 s. Before it
     reaches you, the worker processes are ended (terminated if busy), and on threads every

@@ -34,6 +34,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import gc
 import logging
 import mmap
 import multiprocessing
@@ -63,6 +64,8 @@ _ALIGN = 64
 _PAGE = mmap.PAGESIZE
 # The worker seed of worker `id` is sample_seed(seed, _WORKER_EPOCH, id).
 _WORKER_EPOCH = 2**64 - 1
+# Seconds a worker may take to start (see `_time_left`) when `timeout=` is shorter.
+WORKER_START_TIMEOUT = 60.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -337,6 +340,15 @@ def _exception_payload(exc: BaseException) -> tuple[bytes | None, str, str]:
 def _worker_main(setup: _Setup, conn: multiprocessing.connection.Connection, wid: int) -> None:
     """The entry point of a worker process."""
     global _WORKER_INFO
+    if setup.start_method in ("fork", "forkserver"):
+        # A forked worker shares its parent's heap copy-on-write. The garbage collector's
+        # full collections write to the header of every container object they visit, so
+        # they would copy, page by page, all that the worker inherited (the modules a
+        # training process imports, torch's included: tens of MiB per worker). Inherited
+        # objects go to the permanent generation, which the collector never visits; what
+        # the worker allocates from here on is collected as usual. (What Python's
+        # documentation of gc.freeze recommends for fork without exec.)
+        gc.freeze()
     # Ctrl-C goes to the whole process group: the main process decides what happens.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _watch_parent(setup.parent_pid)
@@ -445,6 +457,8 @@ class _Worker:
         default_factory=collections.OrderedDict
     )
     ready: bool = False
+    # When it reported ready (time.monotonic()); batch timeouts count from then on.
+    ready_at: float = 0.0
 
 
 @dataclasses.dataclass
@@ -582,6 +596,7 @@ class WorkerPool:
         kind = msg[0]
         if kind == "ready":
             worker.ready = True
+            worker.ready_at = time.monotonic()
             return None
         if kind == "init_error":
             _, data, type_name, text = msg
@@ -727,6 +742,22 @@ def _add_cuda_note(exc: BaseException, start_method: str) -> None:
         )
 
 
+def _time_left(pool: WorkerPool, head: int, waited_since: float, timeout: float) -> float:
+    """Seconds left before the batch ``head``, awaited since ``waited_since``, times out.
+
+    A batch's clock starts when it is the next one due and its worker is up: a worker's
+    start (the interpreter, unpickling the dataset, ``worker_init_fn``) is bounded by
+    ``max(timeout, WORKER_START_TIMEOUT)`` instead, so a short ``timeout`` does not fail
+    the first batches on a machine where starting a process takes seconds.
+    """
+    task = pool.tasks.get(head)
+    worker = next((w for w in pool.workers if task is not None and w.id == task.worker), None)
+    if worker is None or worker.ready:
+        started = max(waited_since, worker.ready_at if worker is not None else 0.0)
+        return timeout - (time.monotonic() - started)
+    return max(timeout, WORKER_START_TIMEOUT) - (time.monotonic() - waited_since)
+
+
 def worker_batches(
     pool: WorkerPool,
     epoch: int,
@@ -759,7 +790,7 @@ def worker_batches(
         while head not in done:
             remaining = None
             if timeout is not None:
-                remaining = timeout - (time.monotonic() - waited_since)
+                remaining = _time_left(pool, head, waited_since, timeout)
                 if remaining <= 0:
                     raise WorkerTimeoutError(
                         f"{pool.describe(head)} did not come back within timeout={timeout} s"

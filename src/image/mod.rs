@@ -54,6 +54,7 @@
 // back are non-negative by construction.
 #![allow(clippy::cast_precision_loss, clippy::cast_sign_loss)]
 
+pub mod batch;
 mod codecs;
 mod ops;
 mod plan;
@@ -491,12 +492,8 @@ pub fn decode(data: &[u8], name: &str, transform: &Transform) -> Result<DecodedI
 ///
 /// [`ImageError::Io`] when the file cannot be read, else as [`decode`].
 pub fn decode_file(path: &Path, transform: &Transform) -> Result<DecodedImage, ImageError> {
-    let name = path.display().to_string();
-    let data = std::fs::read(path).map_err(|source| ImageError::Io {
-        name: name.clone(),
-        source,
-    })?;
-    decode(&data, &name, transform)
+    let data = batch::read_file(path)?;
+    decode(&data, &path.display().to_string(), transform)
 }
 
 fn decode_inner(

@@ -10,6 +10,7 @@
 //! without the intermediate image.
 
 use super::{Crop, ImageError, Transform};
+use crate::seed::SplitMix64;
 
 /// A rectangle in fractional source pixels.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -50,37 +51,6 @@ fn round_half_even(x: f64) -> f64 {
         r - 1.0
     } else {
         r
-    }
-}
-
-/// `SplitMix64`: a small, well-mixed, seedable generator (random crops must
-/// be reproducible from a seed; no dependency is needed for that).
-pub(crate) struct SplitMix64(u64);
-
-impl SplitMix64 {
-    pub(crate) fn new(seed: u64) -> Self {
-        Self(seed)
-    }
-
-    pub(crate) fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `[lo, hi)`.
-    #[allow(clippy::cast_precision_loss)]
-    pub(crate) fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
-        let unit = (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
-        lo + (hi - lo) * unit
-    }
-
-    /// Uniform integer in `[0, n)` (`n > 0`).
-    pub(crate) fn below(&mut self, n: usize) -> usize {
-        // Multiply-shift: bias below 2^-64 * n, irrelevant for crop offsets.
-        ((u128::from(self.next_u64()) * n as u128) >> 64) as usize
     }
 }
 

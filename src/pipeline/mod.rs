@@ -62,6 +62,7 @@
 
 mod engine;
 mod error;
+mod shared;
 mod stage;
 mod stats;
 mod threads;

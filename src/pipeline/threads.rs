@@ -55,8 +55,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::engine::{thread_name, Emitter, Handled, Msg, StageCtx, UnwindGuard, BATCH_SLICE};
 use super::error::{Failure, PipelineError};
+use super::shared::{thread_name, Emitter, Handled, Msg, StageCtx, UnwindGuard, BATCH_SLICE};
 use super::stage::{ErrorPolicy, ItemFn, MapStage, SessionFn, StageTimeout};
 use super::stats::StageStats;
 

@@ -2,16 +2,12 @@
 //! [`crate::image`], surfaced as `ferrofeed.io`.
 //!
 //! Arguments are parsed with the GIL held; files are read and images decoded
-//! with it released. `load_images` decodes on scoped threads, each taking
-//! the next item and writing it straight into its slot of one pooled batch
-//! buffer; the first failing item (lowest index) is raised and the buffer
-//! goes back to the pool, so a partly filled batch is never handed out.
+//! with it released. `load_images` is [`decode_batch`] into one pooled
+//! batch buffer; the first failing item (lowest index) is raised and the
+//! buffer goes back to the pool, so a partly filled batch is never handed
+//! out.
 
-use std::collections::hash_map::RandomState;
-use std::hash::BuildHasher;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
 
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{PyTypeError, PyValueError};
@@ -21,38 +17,18 @@ use pyo3::types::{PyBytes, PyInt, PyString};
 use super::dlpack::PyTensor;
 use super::staging::{acquire, pool_or_default, PyBufferPool};
 use crate::dlpack::DType;
+use crate::image::batch::{decode_batch, BatchItem, BatchOptions, Layout, OnError, Source};
 use crate::image::{self, ColorMode, Crop, ImageError, Transform};
+use crate::seed::{fresh_seed, mix, Stream};
 use crate::staging::Tensor;
 
-/// An image to decode: a file, or encoded bytes.
-pub(crate) enum Source<'a> {
-    Path(PathBuf),
-    Owned(Vec<u8>),
-    Borrowed(&'a [u8]),
-}
-
-impl Source<'_> {
-    /// The name used in errors.
-    fn name(&self, index: Option<usize>) -> String {
-        match (self, index) {
-            (Source::Path(p), _) => p.display().to_string(),
-            (_, Some(i)) => format!("item {i}"),
-            (_, None) => "<bytes>".to_owned(),
-        }
-    }
-
-    /// The encoded bytes (reads the file; call without the GIL).
-    pub(crate) fn bytes(&self, name: &str) -> Result<std::borrow::Cow<'_, [u8]>, ImageError> {
-        match self {
-            Source::Path(p) => std::fs::read(p)
-                .map(std::borrow::Cow::Owned)
-                .map_err(|source| ImageError::Io {
-                    name: name.to_owned(),
-                    source,
-                }),
-            Source::Owned(v) => Ok(std::borrow::Cow::Borrowed(v)),
-            Source::Borrowed(b) => Ok(std::borrow::Cow::Borrowed(b)),
-        }
+/// The name of source `index` in errors: its path, or `item {index}`
+/// (`<bytes>` for a lone image).
+fn source_name(source: &Source<'_>, index: Option<usize>) -> String {
+    match (source, index) {
+        (Source::Path(p), _) => p.display().to_string(),
+        (_, Some(i)) => format!("item {i}"),
+        (_, None) => "<bytes>".to_owned(),
     }
 }
 
@@ -96,16 +72,9 @@ fn parse_size(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Option<(us
     Ok(Some(pair))
 }
 
-/// A random seed when none is given (the std hasher's per-process keys).
-pub(crate) fn fresh_seed() -> u64 {
-    RandomState::new().hash_one(std::time::Instant::now())
-}
-
-/// The seed of item `index` of a batch seeded with `seed`.
+/// The seed of item `index`'s random crop in a batch seeded with `seed`.
 fn item_seed(seed: u64, index: usize) -> u64 {
-    let mut z = seed ^ (index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z ^ (z >> 27)
+    mix(seed, 0, index as u64, Stream::Crop)
 }
 
 /// The keyword arguments shared by `decode_image` and `load_images`.
@@ -205,7 +174,7 @@ fn decode_image(
     )?;
     let source = parse_source(src)?;
     let pool = pool_or_default(py, pool)?;
-    let name = source.name(None);
+    let name = source_name(&source, None);
     let (data, shape) = py.detach(|| -> Result<_, ImageError> {
         let data = source.bytes(&name)?;
         let (_, shape) = image::output_shape(&data, &name, &transform)?;
@@ -269,70 +238,32 @@ fn load_images(
         .map_err(|_| PyTypeError::new_err("sources is an iterable of paths or bytes"))?
         .collect::<PyResult<_>>()?;
     let parsed: Vec<Source<'_>> = items.iter().map(parse_source).collect::<PyResult<_>>()?;
-    let slot_len = height * width * channels;
-    let nbytes = slot_len * parsed.len();
+    let n = parsed.len();
+    let batch_seed = match transform.crop {
+        Some(Crop::RandomResized { seed, .. }) => seed,
+        _ => 0,
+    };
+    let batch: Vec<BatchItem<'_>> = parsed
+        .into_iter()
+        .enumerate()
+        .map(|(i, source)| {
+            let name = source_name(&source, Some(i));
+            BatchItem::new(source, name).with_seed(item_seed(batch_seed, i))
+        })
+        .collect();
+    let options = BatchOptions {
+        layout: Layout::default(),
+        threads: threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from)),
+        on_error: OnError::Stop,
+    };
+    let nbytes = options.layout.slot_len((height, width, channels)) * n;
     let pool = pool_or_default(py, pool)?;
     let mut buffer = acquire(py, &pool, nbytes)?;
-    let batch_seed = match transform.crop {
-        Some(Crop::RandomResized { seed, .. }) => Some(seed),
-        _ => None,
-    };
-    let n_threads = threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from))
-        .min(parsed.len())
-        .max(1);
-    let result = py.detach(|| -> Result<(), ImageError> {
-        if slot_len == 0 || parsed.is_empty() {
-            return Ok(());
-        }
-        let slots = Mutex::new(buffer[..nbytes].chunks_exact_mut(slot_len).enumerate());
-        let failed = AtomicBool::new(false);
-        let errors: Mutex<Vec<(usize, ImageError)>> = Mutex::new(Vec::new());
-        let work = || loop {
-            if failed.load(Ordering::Relaxed) {
-                return;
-            }
-            let next = slots
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .next();
-            let Some((i, slot)) = next else { return };
-            let source = &parsed[i];
-            let name = source.name(Some(i));
-            let mut t = transform;
-            if let (Some(s), Some(Crop::RandomResized { seed, .. })) = (batch_seed, &mut t.crop) {
-                *seed = item_seed(s, i);
-            }
-            let r = source
-                .bytes(&name)
-                .and_then(|data| image::decode_into(&data, &name, &t, slot));
-            if let Err(e) = r {
-                failed.store(true, Ordering::Relaxed);
-                errors
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .push((i, e));
-            }
-        };
-        std::thread::scope(|s| {
-            for _ in 1..n_threads {
-                s.spawn(work);
-            }
-            work();
-        });
-        let mut errors = errors
-            .into_inner()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        errors.sort_by_key(|(i, _)| *i);
-        match errors.into_iter().next() {
-            Some((_, e)) => Err(e),
-            None => Ok(()),
-        }
-    });
-    result?;
+    py.detach(|| decode_batch(&batch, &transform, &options, &mut buffer[..nbytes]))?;
     Ok(PyTensor::new(Tensor::from_buffer(
         buffer,
-        &[parsed.len(), height, width, channels],
+        &[n, height, width, channels],
         DType::U8,
     )?))
 }

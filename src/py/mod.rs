@@ -33,6 +33,7 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     )?;
     arena::register(m)?;
     pipeline::register(m)?;
+    ops::register(m)?;
     sampler::register(m)?;
     dlpack::register(m)?;
     staging::register(m)?;

@@ -5,19 +5,22 @@
 //! `decode_image` -> `collate` only meets Python at the sink, where a batch
 //! becomes a `ferrofeed.Tensor` (and its labels another).
 
-use std::hash::{Hash, Hasher};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 use pyo3::exceptions::{PyOSError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
-use super::image::{parse_transform, Source};
-use super::pipeline::{Item, PyNativeOp};
+use super::image::parse_transform;
+use super::pipeline::{Item, OpConfig, PyNativeOp};
 use super::staging::PyBufferPool;
 use crate::dlpack::DType;
+use crate::image::batch::{
+    batch_shape, decode_batch, read_file, write_slot, BatchItem, BatchOptions, Layout, OnError,
+    Source,
+};
 use crate::image::{decode, Crop, ImageError, Transform};
 use crate::pipeline::CombineFn;
+use crate::seed::{hash_bytes, mix, Stream};
 use crate::staging::{BufferPool, Pinning, PoolConfig, Tensor};
 
 /// `ops.read_file()`: a path (with its label) becomes the file's bytes.
@@ -40,16 +43,18 @@ fn _op_read_file() -> PyNativeOp {
     )
 }
 
-/// A file's bytes and its name, or an `OSError` naming the file.
+/// A file's bytes and its name ([`read_file`]), or an `OSError` naming the
+/// file.
 fn read_path(path: &std::path::Path) -> PyResult<(Vec<u8>, String)> {
     let name = path.display().to_string();
-    match std::fs::read(path) {
+    match read_file(path) {
         Ok(data) => Ok((data, name)),
-        Err(e) => Err(PyOSError::new_err((
+        Err(ImageError::Io { source: e, .. }) => Err(PyOSError::new_err((
             e.raw_os_error().unwrap_or(0),
             format!("cannot read {name:?}: {e}"),
             name,
         ))),
+        Err(other) => Err(other.into()),
     }
 }
 
@@ -61,13 +66,11 @@ fn wrong_item(op: &str, wants: &str, item: &Item) -> PyErr {
     ))
 }
 
-/// A seed per image for random crops: the op's seed and the image's name,
-/// so that the crop of a file does not depend on thread timing.
-fn seed_for(base: u64, name: &str) -> u64 {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    base.hash(&mut h);
-    name.hash(&mut h);
-    h.finish()
+/// The seed of a file's random crop in `epoch` of a run seeded with `seed`:
+/// keyed by the file's name, so that it depends neither on thread timing
+/// nor on the file's position in a batch (see [`crate::seed`]).
+fn crop_seed(seed: u64, epoch: u64, name: &str) -> u64 {
+    mix(seed, epoch, hash_bytes(name.as_bytes()), Stream::Crop)
 }
 
 /// `ops.decode_image(...)`: encoded bytes (or a path) become an image.
@@ -88,7 +91,7 @@ fn _op_decode_image(
     seed: Option<u64>,
     dct_scaling: bool,
 ) -> PyResult<PyNativeOp> {
-    let base_seed = seed.unwrap_or_else(super::image::fresh_seed);
+    let base_seed = seed.unwrap_or_else(crate::seed::fresh_seed);
     let transform = parse_transform(
         size,
         mode,
@@ -106,7 +109,7 @@ fn _op_decode_image(
             t.crop = Some(Crop::RandomResized {
                 scale,
                 ratio,
-                seed: seed_for(base_seed, name),
+                seed: crop_seed(base_seed, 0, name),
             });
         }
         t
@@ -129,28 +132,6 @@ fn _op_decode_image(
         }),
     )
     .with_config(config))
-}
-
-/// What `decode_image` and `collate` were made with: `DataLoader` builds
-/// its batch op (see [`_op_load_batch`]) from them.
-#[derive(Clone, Copy)]
-pub(crate) enum OpConfig {
-    /// `decode_image`: the transform, and the seed the user gave (if any).
-    Decode {
-        transform: Transform,
-        seed: Option<u64>,
-    },
-    /// `collate`: the layout and dtype of the batch.
-    Collate(Layout),
-}
-
-/// How `collate` lays out and converts a batch.
-#[derive(Clone, Copy)]
-pub(crate) struct Layout {
-    chw: bool,
-    float: bool,
-    /// Per-channel (mean, std) on the 0..1 scale, for float output.
-    normalize: Option<([f32; 3], [f32; 3])>,
 }
 
 /// `ops.collate(batch_size, ...)`: groups images into one batch tensor
@@ -278,23 +259,12 @@ fn collate(pool: &BufferPool, layout: Layout, items: Vec<Item>) -> PyResult<Item
             img.height, img.width, img.channels
         )));
     }
-    let shape = if layout.chw {
-        [n, c, h, w]
-    } else {
-        [n, h, w, c]
-    };
-    let dtype = if layout.float { DType::F32 } else { DType::U8 };
-    let mut tensor = Tensor::empty(pool, &shape, dtype)?;
-    let per = h * w * c;
+    let mut tensor = Tensor::empty(pool, &layout.shape(n, (h, w, c)), dtype_of(layout))?;
+    let slot_len = layout.slot_len((h, w, c));
     {
         let out = tensor_bytes(&mut tensor);
-        for (k, (img, _)) in images.iter().enumerate() {
-            write_image(
-                &img.data,
-                (h, w, c),
-                layout,
-                &mut out[k * per * dtype.itemsize()..(k + 1) * per * dtype.itemsize()],
-            );
+        for ((img, _), slot) in images.iter().zip(out.chunks_exact_mut(slot_len)) {
+            write_slot(&img.data, (h, w, c), layout, slot);
         }
     }
     let labels = match labels.iter().filter(|l| l.is_some()).count() {
@@ -323,113 +293,43 @@ fn skip_reason(e: &ImageError) -> String {
     format!("{class}: {e}")
 }
 
-/// The fixed `(height, width)` a transform gives every image, if it has one.
-fn fixed_size(t: &Transform) -> Option<(usize, usize)> {
-    match (t.size, t.crop) {
-        (Some(size), _) => Some(size),
-        (None, Some(Crop::Center { height, width })) => Some((height, width)),
-        _ => None,
+/// The dtype of a batch laid out as `layout`.
+fn dtype_of(layout: Layout) -> DType {
+    if layout.float {
+        DType::F32
+    } else {
+        DType::U8
     }
 }
 
 /// `DataLoader`'s batch op: a group of files decodes, in parallel, straight
-/// into the slots of one pooled batch tensor.
+/// into the slots of one pooled batch tensor ([`decode_batch`]).
 struct LoadBatch {
     transform: Transform,
-    /// Seeds random crops, with each file's name.
+    /// Seed random crops, with each file's name.
     seed: u64,
+    epoch: u64,
     /// `(height, width, channels)` of every image.
     shape: (usize, usize, usize),
-    layout: Layout,
-    threads: usize,
-    /// Leave failing images out (and report them) rather than fail the batch.
-    skip: bool,
+    options: BatchOptions,
     pool: BufferPool,
 }
 
 impl LoadBatch {
-    /// Decodes `sources[i]` into slot `i` of `out` on up to `threads`
-    /// threads; returns the failures, by index. Without `skip`, the first
-    /// failure stops the others.
-    #[allow(clippy::many_single_char_names)] // h, w, c: the image's dimensions
-    fn decode_all(
-        &self,
-        sources: &[(Source<'static>, String)],
-        out: &mut [u8],
-        slot_len: usize,
-    ) -> Vec<(usize, ImageError)> {
-        let (h, w, c) = self.shape;
-        // Straight into the slot when the batch is uint8 HWC; through a
-        // per-thread scratch image, then converted into the slot, otherwise.
-        let direct = !self.layout.float && !self.layout.chw;
-        let failures: Mutex<Vec<(usize, ImageError)>> = Mutex::new(Vec::new());
-        let stop = AtomicBool::new(false);
-        {
-            let slots = Mutex::new(out.chunks_exact_mut(slot_len).enumerate());
-            let work = || {
-                let mut scratch = if direct {
-                    Vec::new()
-                } else {
-                    vec![0u8; h * w * c]
-                };
-                while !stop.load(Ordering::Relaxed) {
-                    let next = slots.lock().unwrap_or_else(PoisonError::into_inner).next();
-                    let Some((i, slot)) = next else { return };
-                    let (source, name) = &sources[i];
-                    let mut t = self.transform;
-                    if let Some(Crop::RandomResized { seed, .. }) = &mut t.crop {
-                        *seed = seed_for(self.seed, name);
-                    }
-                    let out: &mut [u8] = if direct { slot } else { &mut scratch };
-                    let r = source
-                        .bytes(name)
-                        .and_then(|data| crate::image::decode_into(&data, name, &t, out));
-                    match r {
-                        Ok(_) if !direct => write_image(&scratch, (h, w, c), self.layout, slot),
-                        Ok(_) => {}
-                        Err(e) => {
-                            if !self.skip {
-                                stop.store(true, Ordering::Relaxed);
-                            }
-                            failures
-                                .lock()
-                                .unwrap_or_else(PoisonError::into_inner)
-                                .push((i, e));
-                        }
-                    }
-                }
-            };
-            let threads = self.threads.clamp(1, sources.len());
-            // Scoped threads, joined before the batch is handed on: nothing
-            // outlives the call, so a fork never inherits a half-dead pool of
-            // ours (the cost, a few spawns per batch, is small next to the
-            // decodes).
-            std::thread::scope(|s| {
-                for _ in 1..threads {
-                    s.spawn(work);
-                }
-                work();
-            });
-        }
-        failures
-            .into_inner()
-            .unwrap_or_else(PoisonError::into_inner)
-    }
-
-    #[allow(clippy::many_single_char_names)] // n, h, w, c: the batch's dimensions
     fn run(&self, items: Vec<Item>) -> PyResult<Item> {
-        let mut sources = Vec::with_capacity(items.len());
+        let mut batch = Vec::with_capacity(items.len());
         let mut labels = Vec::with_capacity(items.len());
         for item in items {
-            let (source, label) = match item {
+            let (source, name, label) = match item {
                 Item::Path { path, label } => {
                     let name = path.display().to_string();
-                    ((Source::Path(path), name), label)
+                    (Source::Path(path), name, label)
                 }
-                Item::Bytes { data, name, label } => ((Source::Owned(data), name), label),
+                Item::Bytes { data, name, label } => (Source::Owned(data), name, label),
                 other => return Err(wrong_item("decode_batch", "paths or bytes", &other)),
             };
-            sources.push(source);
+            let seed = crop_seed(self.seed, self.epoch, &name);
+            batch.push(BatchItem::new(source, name).with_seed(seed));
             labels.push(label);
         }
         let with_labels = labels.iter().filter(|l| l.is_some()).count();
@@ -438,7 +338,7 @@ impl LoadBatch {
                 "some items of the batch have a label and some do not",
             ));
         }
-        let n = sources.len();
+        let n = batch.len();
         if n == 0 {
             return Ok(Item::Loaded {
                 images: None,
@@ -446,51 +346,41 @@ impl LoadBatch {
                 skipped: Vec::new(),
             });
         }
-        let (h, w, c) = self.shape;
-        let dtype = if self.layout.float {
-            DType::F32
-        } else {
-            DType::U8
-        };
-        let slot_len = h * w * c * dtype.itemsize();
-        let mut buffer = self.pool.acquire(n * slot_len).map_err(PyErr::from)?;
-        let mut failures = self.decode_all(&sources, &mut buffer[..n * slot_len], slot_len);
-        failures.sort_by_key(|(i, _)| *i);
-        if !self.skip {
-            if let Some((_, e)) = failures.into_iter().next() {
-                return Err(e.into());
-            }
-            failures = Vec::new();
-        }
-        // Close the gaps the failed images left, keeping the order.
-        let mut kept = 0;
-        let mut next_failure = failures.iter().map(|(i, _)| *i).peekable();
-        let mut kept_labels = Vec::with_capacity(n);
+        let layout = self.options.layout;
+        let nbytes = n * layout.slot_len(self.shape);
+        let mut buffer = self.pool.acquire(nbytes).map_err(PyErr::from)?;
+        let report = decode_batch(
+            &batch,
+            &self.transform,
+            &self.options,
+            &mut buffer[..nbytes],
+        )?;
+        let mut failed = report.failures.iter().map(|(i, _)| *i).peekable();
+        let mut kept_labels = Vec::with_capacity(report.kept);
         for (i, label) in labels.iter().enumerate() {
-            if next_failure.peek() == Some(&i) {
-                next_failure.next();
-                continue;
+            if failed.peek() == Some(&i) {
+                failed.next();
+            } else {
+                kept_labels.push(*label);
             }
-            if kept != i {
-                buffer.copy_within(i * slot_len..(i + 1) * slot_len, kept * slot_len);
-            }
-            kept_labels.push(*label);
-            kept += 1;
         }
-        let skipped = failures.iter().map(|(i, e)| (*i, skip_reason(e))).collect();
-        if kept == 0 {
+        let skipped = report
+            .failures
+            .iter()
+            .map(|(i, e)| (*i, skip_reason(e)))
+            .collect();
+        if report.kept == 0 {
             return Ok(Item::Loaded {
                 images: None,
                 labels: None,
                 skipped,
             });
         }
-        let shape = if self.layout.chw {
-            [kept, c, h, w]
-        } else {
-            [kept, h, w, c]
-        };
-        let images = Tensor::from_buffer(buffer, &shape, dtype)?;
+        let images = Tensor::from_buffer(
+            buffer,
+            &layout.shape(report.kept, self.shape),
+            dtype_of(layout),
+        )?;
         let labels = if with_labels == 0 {
             None
         } else {
@@ -529,11 +419,7 @@ fn _op_load_batch(
         ));
     };
     let layout = match collate.map(PyNativeOp::config) {
-        None => Layout {
-            chw: false,
-            float: false,
-            normalize: None,
-        },
+        None => Layout::default(),
         Some(Some(OpConfig::Collate(layout))) => layout,
         Some(_) => {
             return Err(PyTypeError::new_err(
@@ -541,22 +427,23 @@ fn _op_load_batch(
             ))
         }
     };
-    let (h, w) = fixed_size(&transform).ok_or_else(|| {
+    let shape = batch_shape(&transform).ok_or_else(|| {
         PyValueError::new_err(
             "images of a batch need one shape: give ops.decode_image() a size= or crop=",
         )
     })?;
     // Random crops differ from epoch to epoch, and are the same for a given
     // (seed, epoch) in every process and with any number of threads.
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    (op_seed.unwrap_or(seed), epoch).hash(&mut hasher);
     let op = LoadBatch {
         transform,
-        seed: hasher.finish(),
-        shape: (h, w, transform.mode.channels()),
-        layout,
-        threads: threads.max(1),
-        skip,
+        seed: op_seed.unwrap_or(seed),
+        epoch,
+        shape,
+        options: BatchOptions {
+            layout,
+            threads: threads.max(1),
+            on_error: if skip { OnError::Skip } else { OnError::Stop },
+        },
         pool: super::staging::pool_or_default(pool.py(), Some(pool))?,
     };
     Ok(PyNativeOp::new(
@@ -585,39 +472,6 @@ fn label_tensor(pool: &BufferPool, labels: &[Option<i64>]) -> PyResult<Tensor> {
 fn tensor_bytes(t: &mut Tensor) -> &mut [u8] {
     t.bytes_mut()
         .expect("a tensor made here has no other owner")
-}
-
-/// Writes one HWC u8 image into its slot of the batch, converting.
-#[allow(clippy::many_single_char_names)] // h, w, c, x, y: image coordinates
-fn write_image(src: &[u8], (h, w, c): (usize, usize, usize), layout: Layout, slot: &mut [u8]) {
-    if !layout.float && !layout.chw {
-        slot.copy_from_slice(src);
-        return;
-    }
-    let value = |ch: usize, v: u8| -> f32 {
-        let x = f32::from(v) / 255.0;
-        match layout.normalize {
-            Some((mean, std)) => (x - mean[ch.min(2)]) / std[ch.min(2)],
-            None => x,
-        }
-    };
-    for y in 0..h {
-        for x in 0..w {
-            for ch in 0..c {
-                let v = src[(y * w + x) * c + ch];
-                let at = if layout.chw {
-                    (ch * h + y) * w + x
-                } else {
-                    (y * w + x) * c + ch
-                };
-                if layout.float {
-                    slot[at * 4..at * 4 + 4].copy_from_slice(&value(ch, v).to_ne_bytes());
-                } else {
-                    slot[at] = v;
-                }
-            }
-        }
-    }
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

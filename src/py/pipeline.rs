@@ -222,6 +222,20 @@ fn image_tensor(
     Ok(super::dlpack::PyTensor::new(t))
 }
 
+/// What `ops.decode_image` and `ops.collate` were made with: the
+/// `DataLoader`'s batch op (`py/ops.rs`) is built from them. It lives here,
+/// with the ops that carry it, so that this module never names `ops`.
+#[derive(Clone, Copy)]
+pub(crate) enum OpConfig {
+    /// `decode_image`: the transform, and the seed the user gave (if any).
+    Decode {
+        transform: crate::image::Transform,
+        seed: Option<u64>,
+    },
+    /// `collate`: the layout and dtype of the batch.
+    Collate(crate::image::batch::Layout),
+}
+
 /// A native stage: Rust code run on items without the GIL.
 #[pyclass(name = "NativeOp", module = "ferrofeed._core", frozen)]
 pub(crate) struct PyNativeOp {
@@ -234,7 +248,7 @@ pub(crate) struct PyNativeOp {
     group: Option<(usize, bool, CombineFn<Item, PyErr>)>,
     /// What the op was made with, when another op is built from it
     /// (`DataLoader`'s batch op takes `decode_image`'s and `collate`'s).
-    config: Option<super::ops::OpConfig>,
+    config: Option<OpConfig>,
 }
 
 #[pymethods]
@@ -269,13 +283,13 @@ impl PyNativeOp {
     }
 
     /// The op, remembering what it was made with.
-    pub(crate) fn with_config(mut self, config: super::ops::OpConfig) -> Self {
+    pub(crate) fn with_config(mut self, config: OpConfig) -> Self {
         self.config = Some(config);
         self
     }
 
     /// What the op was made with (see [`PyNativeOp::with_config`]).
-    pub(crate) fn config(&self) -> Option<super::ops::OpConfig> {
+    pub(crate) fn config(&self) -> Option<OpConfig> {
         self.config
     }
 
@@ -1137,7 +1151,6 @@ impl Drop for PyPipeline {
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyPipeline>()?;
     m.add_class::<PyNativeOp>()?;
-    super::ops::register(m)?;
     m.add_function(wrap_pyfunction!(_op_identity, m)?)?;
     m.add_function(wrap_pyfunction!(_after_fork_in_child, m)?)?;
     Ok(())

@@ -4,6 +4,7 @@ use pyo3::exceptions::{PyIndexError, PyValueError};
 use pyo3::prelude::*;
 
 use crate::sampler::{sample_seed, Permutation};
+use crate::seed::{mix, Stream};
 
 /// A seekable pseudo-random permutation of `range(n)`, keyed by
 /// `(seed, epoch)`, or the identity when `shuffle` is false.
@@ -80,7 +81,18 @@ fn py_sample_seed(seed: u64, epoch: u64, index: u64) -> u64 {
     sample_seed(seed, epoch, index)
 }
 
+/// [`crate::seed::mix`]: the seed of item `index`'s draws of kind `stream`
+/// (`"sample"` or `"crop"`) in `epoch` of a run seeded with `seed`.
+#[pyfunction]
+fn mix_seed(seed: u64, epoch: u64, index: u64, stream: &str) -> PyResult<u64> {
+    let stream = Stream::from_name(stream).ok_or_else(|| {
+        PyValueError::new_err(format!("stream is \"sample\" or \"crop\", not {stream:?}"))
+    })?;
+    Ok(mix(seed, epoch, index, stream))
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyPermutation>()?;
-    m.add_function(wrap_pyfunction!(py_sample_seed, m)?)
+    m.add_function(wrap_pyfunction!(py_sample_seed, m)?)?;
+    m.add_function(wrap_pyfunction!(mix_seed, m)?)
 }

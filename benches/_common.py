@@ -1,0 +1,432 @@
+"""What the Python benchmarks share: the JPEGs made from real photos, the Pillow transforms
+every loader runs, running one configuration in a fresh interpreter, and the process tree's
+CPU time and memory.
+
+The scripts in this folder import it as a sibling module (``python benches/NAME.py`` puts
+this folder first on ``sys.path``). Importing it imports neither torch nor ferrofeed, so
+that a child interpreter measuring one loader holds only what that loader needs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image, ImageEnhance
+
+CHILD_FLAG = "--_child"
+
+# scikit-image's bundled photos (camera is greyscale, saved as RGB).
+PHOTOS = [
+    "astronaut",
+    "coffee",
+    "chelsea",
+    "rocket",
+    "immunohistochemistry",
+    "hubble_deep_field",
+    "retina",
+    "camera",
+]
+
+
+# --- data ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JpegPlan:
+    """One JPEG to write: which photo, which crop of it, and how to encode it."""
+
+    path: str
+    label: int
+    size: tuple[int, int]  # width, height
+    box: tuple[int, int, int, int]  # the crop of the source photo, resized to ``size``
+    mirror: bool
+    quality: int
+    # Only in the varied set: colour jitter factors (brightness, contrast, saturation),
+    # greyscale, progressive, chroma subsampling (Pillow's 0 = 4:4:4, 1 = 4:2:2, 2 = 4:2:0).
+    jitter: tuple[float, float, float] | None = None
+    grey: bool = False
+    progressive: bool = False
+    subsampling: int = 2
+
+
+def _photos() -> list[Image.Image]:
+    import skimage.data
+
+    return [Image.fromarray(getattr(skimage.data, name)()).convert("RGB") for name in PHOTOS]
+
+
+def _varied_size(rng: random.Random) -> tuple[int, int]:
+    """ImageNet's mix, roughly: mostly 500x375 or 500x333, some portrait, some large."""
+    r = rng.random()
+    if r < 0.55:
+        return 500, 375
+    if r < 0.70:
+        return 500, 333
+    if r < 0.85:
+        return 375, 500
+    long_side = rng.randint(600, 1000)  # the large ones, up to 1000 px
+    short_side = round(long_side * rng.choice((0.75, 2 / 3)))
+    return (long_side, short_side) if rng.random() < 0.7 else (short_side, long_side)
+
+
+def plan_jpegs(root: str, n: int, seed: int, *, varied: bool) -> list[JpegPlan]:
+    """Decide, from ``seed`` alone, what each of ``n`` JPEGs will be (see `make_jpegs`)."""
+    sizes = [im.size for im in _photos()]
+    rng = random.Random(seed)
+    plans = []
+    for i in range(n):
+        if varied:
+            w, h = _varied_size(rng)
+        else:
+            r = rng.random()
+            w, h = (500, 375) if r < 0.7 else (375, 500) if r < 0.85 else (500, 333)
+        label = i % len(sizes)
+        sw, sh = sizes[label]
+        scale = min(sw / w, sh / h) * rng.uniform(0.5, 1.0)
+        cw, ch = round(w * scale), round(h * scale)
+        left, top = rng.randint(0, sw - cw), rng.randint(0, sh - ch)
+        mirror = rng.random() < 0.5
+        quality = rng.randint(75, 95)
+        extra: dict[str, Any] = {}
+        if varied:
+            extra["jitter"] = (rng.uniform(0.9, 1.1), rng.uniform(0.9, 1.1), rng.uniform(0.9, 1.1))
+            extra["grey"] = rng.random() < 0.05
+            extra["progressive"] = rng.random() < 0.10
+            s = rng.random()
+            extra["subsampling"] = 2 if s < 0.85 else 0 if s < 0.95 else 1
+        path = os.path.join(root, f"{i:05d}.jpg")
+        plans.append(
+            JpegPlan(
+                path, label, (w, h), (left, top, left + cw, top + ch), mirror, quality, **extra
+            )
+        )
+    return plans
+
+
+def _write(plan: JpegPlan, src: Image.Image) -> int:
+    im = src.resize(plan.size, Image.Resampling.LANCZOS, box=plan.box)
+    if plan.mirror:
+        im = im.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    if plan.jitter is not None:
+        b, c, s = plan.jitter
+        im = ImageEnhance.Brightness(im).enhance(b)
+        im = ImageEnhance.Contrast(im).enhance(c)
+        im = ImageEnhance.Color(im).enhance(s)
+    if plan.grey:
+        im = im.convert("L")
+    im.save(
+        plan.path,
+        quality=plan.quality,
+        progressive=plan.progressive,
+        subsampling=plan.subsampling,
+    )
+    return os.path.getsize(plan.path)
+
+
+def make_jpegs(
+    root: str, n: int, seed: int, *, varied: bool = False, threads: int | None = None
+) -> tuple[list[tuple[str, int]], dict[str, Any]]:
+    """Write ``n`` JPEGs cut from scikit-image's photos into ``root``; return (path, label)s.
+
+    Each is a random crop (50 to 100% of the largest crop of its aspect) of one of the
+    photos (its label), randomly mirrored, resized with Lanczos, saved by Pillow with
+    quality 75 to 95. Plain set (``varied=False``): 70% 500x375, 15% 375x500, 15% 500x333,
+    all 4:2:0 baseline RGB. Varied set: 55% 500x375, 15% 500x333, 15% 375x500, 15% larger
+    (long side 600 to 1000 px, 70% of them landscape); mild colour jitter (brightness,
+    contrast and saturation x0.9 to x1.1); 5% greyscale, 10% progressive; subsampling 85%
+    4:2:0, 10% 4:4:4, 5% 4:2:2. Everything follows from ``seed``; the files are written on
+    ``threads`` threads (Pillow's resize and encoder release the GIL).
+    """
+    plans = plan_jpegs(root, n, seed, varied=varied)
+    photos = _photos()
+    with ThreadPoolExecutor(threads or os.cpu_count() or 1) as pool:
+        sizes_on_disk = list(pool.map(lambda p: _write(p, photos[p.label]), plans))
+    counts: dict[str, int] = {}
+    for p in plans:
+        kind = "large" if varied and max(p.size) > 500 else f"{p.size[0]}x{p.size[1]}"
+        counts[kind] = counts.get(kind, 0) + 1
+    info: dict[str, Any] = {
+        "sizes": counts,
+        "mean_file_bytes": round(sum(sizes_on_disk) / max(n, 1)),
+    }
+    if varied:
+        info["grey"] = sum(p.grey for p in plans)
+        info["progressive"] = sum(p.progressive for p in plans)
+        info["subsampling"] = {
+            name: sum(p.subsampling == k for p in plans)
+            for k, name in ((2, "4:2:0"), (1, "4:2:2"), (0, "4:4:4"))
+        }
+    return [(p.path, p.label) for p in plans], info
+
+
+# --- the transforms (module level: the same code in every loader and worker) ------------------
+
+SHORT, CROP = 256, 224
+
+
+def resize_shorter_box(w: int, h: int, short: int = SHORT) -> tuple[int, int]:
+    """torchvision's ``Resize(int)``: the shorter side to ``short``, the other truncated."""
+    return (short, int(short * h / w)) if w <= h else (int(short * w / h), short)
+
+
+def rrc_params(w: int, h: int) -> tuple[int, int, int, int]:
+    """torchvision's ``RandomResizedCrop.get_params`` (scale 0.08-1, ratio 3/4-4/3): a box."""
+    area = w * h
+    log_lo, log_hi = math.log(3 / 4), math.log(4 / 3)
+    for _ in range(10):
+        target = area * random.uniform(0.08, 1.0)
+        aspect = math.exp(random.uniform(log_lo, log_hi))
+        cw = round(math.sqrt(target * aspect))
+        ch = round(math.sqrt(target / aspect))
+        if 0 < cw <= w and 0 < ch <= h:
+            top = random.randint(0, h - ch)
+            left = random.randint(0, w - cw)
+            return left, top, left + cw, top + ch
+    ratio = w / h  # the fallback: a center crop
+    if ratio < 3 / 4:
+        cw, ch = w, round(w / (3 / 4))
+    elif ratio > 4 / 3:
+        cw, ch = round(h * (4 / 3)), h
+    else:
+        cw, ch = w, h
+    top, left = (h - ch) // 2, (w - cw) // 2
+    return left, top, left + cw, top + ch
+
+
+class PillowExact:
+    """torchvision's ``Resize(256)`` + ``CenterCrop(224)`` on PIL images, written out.
+
+    A map-style dataset of ``(uint8 HWC array, label)`` (PyTorch's DataLoader and
+    ferrofeed's take it as it is).
+    """
+
+    def __init__(self, files: list[tuple[str, int]], short: int = SHORT, crop: int = CROP) -> None:
+        self.files, self.short, self.crop = files, short, crop
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
+        path, label = self.files[i]
+        with Image.open(path) as im:
+            return self.apply(im.convert("RGB")), label
+
+    def apply(self, im: Image.Image) -> np.ndarray:
+        """The transform alone, on an RGB image."""
+        im = im.resize(resize_shorter_box(*im.size, self.short), Image.Resampling.BILINEAR)
+        w, h = im.size
+        left = round((w - self.crop) / 2)
+        top = round((h - self.crop) / 2)
+        im = im.crop((left, top, left + self.crop, top + self.crop))
+        return np.array(im)  # a writable copy, as torchvision's PILToTensor
+
+
+class PillowTrain:
+    """torchvision's ``RandomResizedCrop(224)`` + ``RandomHorizontalFlip()`` on PIL images.
+
+    The crop and the resize are one ``Image.resize(..., BILINEAR, box=...)``; uint8 HWC out.
+    """
+
+    def __init__(self, files: list[tuple[str, int]], crop: int = CROP) -> None:
+        self.files, self.crop = files, crop
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
+        path, label = self.files[i]
+        with Image.open(path) as im:
+            return self.apply(im.convert("RGB")), label
+
+    def apply(self, im: Image.Image) -> np.ndarray:
+        """The transform alone, on an RGB image."""
+        box = rrc_params(*im.size)
+        im = im.resize((self.crop, self.crop), Image.Resampling.BILINEAR, box=box)
+        if random.random() < 0.5:
+            im = im.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        return np.array(im)
+
+
+# --- CPU time and memory of a process tree ---------------------------------------------------
+
+
+def cpu_self() -> float:
+    """CPU seconds (user + system) of this process so far."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def cpu_children() -> float:
+    """CPU seconds of this process's children (and theirs) that have ended and been reaped."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def child_pids(ppid: int) -> list[int]:
+    """Direct children of ``ppid``.
+
+    From ``/proc/PID/task/*/children`` (each thread's children: a worker may be forked by
+    any thread), which costs far less than reading every ``/proc/*/stat`` on a busy
+    machine; that scan is the fallback where the kernel lacks those files.
+    """
+    out: set[int] = set()
+    try:
+        tasks = os.listdir(f"/proc/{ppid}/task")
+    except OSError:
+        return []
+    try:
+        for tid in tasks:
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                out.update(
+                    int(p) for p in Path(f"/proc/{ppid}/task/{tid}/children").read_text().split()
+                )
+        return sorted(out)
+    except OSError:
+        pass  # no such files (CONFIG_PROC_CHILDREN off): scan every process
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        # "pid (comm) state ppid ...": comm may contain spaces and parentheses.
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) > 1 and int(fields[1]) == ppid:
+            out.add(int(entry))
+    return sorted(out)
+
+
+def tree_pids(root: int) -> list[int]:
+    """``root`` and all its descendants alive now (worker processes, their helpers)."""
+    pids, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        pids.append(pid)
+        todo.extend(child_pids(pid))
+    return pids
+
+
+def pss(pid: int) -> int:
+    """PSS of ``pid`` in bytes (``/proc/PID/smaps_rollup``), 0 when it is gone."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def tree_pss(root: int) -> int:
+    """Total PSS of ``root`` and its descendants, in bytes (shared pages counted once)."""
+    return sum(pss(p) for p in tree_pids(root))
+
+
+class PssSampler:
+    """Samples the total PSS of a process tree every ``interval`` seconds, on a thread.
+
+    Run from the parent, so that the sampling costs the measured processes nothing.
+    """
+
+    def __init__(self, root: int, interval: float) -> None:
+        self.root, self.interval = root, interval
+        self.samples: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._t0 = time.perf_counter()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            value = tree_pss(self.root)
+            if value:
+                self.samples.append((round(time.perf_counter() - self._t0, 3), value))
+            self._stop.wait(self.interval)
+
+    def stop(self) -> list[tuple[float, int]]:
+        self._stop.set()
+        self._thread.join()
+        return self.samples
+
+
+def run_fresh(
+    script: str | Path,
+    spec: dict[str, Any],
+    workdir: str,
+    timeout: float,
+    *,
+    pss_interval: float | None = None,
+    python: str = sys.executable,
+) -> dict[str, Any]:
+    """Run ``python script --_child SPEC OUT`` in a fresh interpreter; return OUT's JSON.
+
+    Adds ``cpu_tree_s``: the CPU seconds of the whole process tree (the interpreter and
+    every worker it reaped, from ``getrusage(RUSAGE_CHILDREN)`` here), and with
+    ``pss_interval``, ``pss_series``: (seconds, total PSS of the tree) sampled from here.
+    The child's ``main`` answers ``CHILD_FLAG`` with `child_entry`.
+    """
+    out_path = os.path.join(workdir, "child-result.json")
+    spec_path = os.path.join(workdir, "child-spec.json")
+    Path(spec_path).write_text(json.dumps(spec))
+    if os.path.exists(out_path):
+        os.unlink(out_path)
+    before = cpu_children()
+    proc = subprocess.Popen([python, str(Path(script).resolve()), CHILD_FLAG, spec_path, out_path])
+    sampler = PssSampler(proc.pid, pss_interval) if pss_interval else None
+    try:
+        rc = proc.wait(timeout)
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    finally:
+        series = sampler.stop() if sampler else []
+    tree = cpu_children() - before
+    if rc != 0 or not os.path.exists(out_path):
+        raise RuntimeError(f"{spec.get('config', spec)}: the child exited with code {rc}")
+    result: dict[str, Any] = json.loads(Path(out_path).read_text())
+    os.unlink(out_path)
+    result["cpu_tree_s"] = tree
+    if sampler:
+        result["pss_series"] = series
+    return result
+
+
+def child_entry(argv: list[str], run: Any) -> bool:
+    """In a child started by `run_fresh`: run ``run(spec)``, write its result; else False."""
+    if len(argv) < 4 or argv[1] != CHILD_FLAG:
+        return False
+    spec = json.loads(Path(argv[2]).read_text())
+    Path(argv[3]).write_text(json.dumps(run(spec)))
+    return True
+
+
+# --- summaries ---------------------------------------------------------------------------------
+
+
+def med_range(values: list[float]) -> dict[str, float]:
+    """Median, min and max."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def fmt(stat: dict[str, float], scale: float = 1.0, digits: int = 0) -> str:
+    """``median (min-max)``, scaled."""
+    m, lo, hi = (stat[k] * scale for k in ("median", "min", "max"))
+    return f"{m:,.{digits}f} ({lo:,.{digits}f}-{hi:,.{digits}f})"

@@ -1,0 +1,1045 @@
+"""Data loaders side by side on the same images and jobs: numbers, tables and plots.
+
+``make compare`` installs the peers and runs this script; ``make compare COMPARE_ARGS=--quick``
+is a short run. Directly: ``python benches/compare.py [--n 2000] [--rounds 3] [--quick]``.
+Results: ``--out-dir`` (default benches/results/, where the committed ones are; with
+``--quick``, bench-results/compare-quick/) gets compare.json, compare.md (the tables that
+BENCHMARKS.md quotes) and the PNG plots; ``--replot FILE`` redraws them from a JSON.
+
+Data: ``--n`` ImageNet-like JPEGs made from the real photos in scikit-image's wheel (random
+crops, scales, flips, mild colour jitter; about 500x375, some portrait, some up to 1000 px;
+quality 75-95, mostly 4:2:0, some progressive and greyscale; a label each), from ``--seed``
+(see ``_common.make_jpegs``), in a temporary folder; and COCO-like annotation lists for the
+metadata job.
+
+Jobs, batches of 32, shuffled, uint8 224x224x3 images with int labels out:
+
+- ``exact``: resize the shorter side to 256 (bilinear), center crop 224 (ImageNet's
+  evaluation transform);
+- ``train``: torchvision's RandomResizedCrop(224) (scale 0.08-1, ratio 3/4-4/3) and a random
+  horizontal flip;
+- ``ram``: metadata only (the RAM study's experiment: COCO-like annotation dicts read by
+  worker processes from a plain list, the study's NumpySerializedList, and ferrofeed's
+  SharedList), run through benches/ram_study.py (see `ram_experiment`).
+
+Loaders (`LOADERS`): PyTorch's DataLoader with the Pillow transform (0, 1, 2, 4 workers);
+SPDL 0.8 (its PipelineBuilder and its FFmpeg decoder and filters); ferrofeed's native chain
+(decode, resize, crop in Rust); ferrofeed's DataLoader running the same Pillow transform as
+PyTorch on threads and in worker processes; dataloader-rs (threads; the same Pillow
+transform; it needs Python >= 3.13, so it runs in its own interpreter, ``--py313``) and
+datago, where they install and can do the job. Each (job, loader) runs in a fresh
+interpreter, the loaders taking turns, ``--rounds`` rounds with the order rotated each round.
+
+In each run: the loader is built and the time to the first batch taken (construction,
+worker and thread start-up included); then ``--epochs`` epochs (default 3): the first is the
+warm-up (files in the page cache, workers started), the others give the steady images/s.
+CPU seconds per 1000 images: the CPU time of the whole process tree, from building the
+loader until its workers are ended and reaped (``getrusage`` of the interpreter, all its
+threads, plus its reaped children's), over all images loaded; the interpreter's imports
+before and its exit after are left out (a run that leaves a worker alive is flagged). Every
+run imports torch first when it is installed, as a training script would. Memory: the
+total PSS of the process tree (``/proc/PID/smaps_rollup`` of the child and all its
+descendants), sampled from this process every ``--pss-interval`` seconds and at the end of
+each epoch by the child: the peak, the peak less the tree's PSS just before the loader was
+built ("added by the loader"), and the growth from the end of the first epoch to the end of
+the last. Figures are medians over the rounds with min-max; ferrofeed's ratios to each peer
+are taken round by round (the two ran within minutes of each other), then the median and
+range of those.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import gc
+import importlib.metadata
+import importlib.util
+import json
+import multiprocessing
+import os
+import platform
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from _common import (
+    CROP,
+    PillowExact,
+    PillowTrain,
+    child_entry,
+    child_pids,
+    cpu_children,
+    cpu_self,
+    make_jpegs,
+    med_range,
+    rrc_params,
+    run_fresh,
+    tree_pss,
+)
+from bench_machine import cpu_model
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = REPO_ROOT / "benches" / "results"
+QUICK_OUT = REPO_ROOT / "bench-results" / "compare-quick"
+BATCH = 32
+MIB = 1 << 20
+JOBS = ("exact", "train")
+JOB_TITLES = {
+    "exact": "exact 224 (shorter side 256, center crop 224)",
+    "train": "training (RandomResizedCrop 224 + random flip)",
+}
+
+
+@dataclass(frozen=True)
+class Loader:
+    """One loader configuration of the comparison."""
+
+    key: str
+    label: str
+    family: str  # pytorch | spdl | ferrofeed | dataloader-rs | datago
+    workers: int  # worker processes, or threads
+    jobs: tuple[str, ...] = JOBS
+    module: str = ""  # what must import for it to run ("" : nothing beyond this script's)
+    probe: str = ""  # code that must run for it to run (default: import module)
+    python: str = "main"  # "main": this interpreter; "py313": --py313
+
+    @property
+    def ferrofeed(self) -> bool:
+        return self.family == "ferrofeed"
+
+
+LOADERS = [
+    *(
+        Loader(
+            f"pytorch-w{w}",
+            f"PyTorch DataLoader + Pillow, {w} worker{'s' * (w != 1)}",
+            "pytorch",
+            w,
+            module="torch",
+        )
+        for w in (0, 1, 2, 4)
+    ),
+    Loader(
+        "spdl",
+        "SPDL 0.8 pipeline, FFmpeg decode, 2 threads",
+        "spdl",
+        2,
+        module="spdl.io",
+        # SPDL loads FFmpeg's libraries at the first decode: decode a JPEG to know.
+        probe="import io, PIL.Image, spdl.io; b = io.BytesIO(); "
+        "PIL.Image.new('RGB', (8, 8)).save(b, 'JPEG'); "
+        "spdl.io.decode_packets(spdl.io.demux_image(b.getvalue()))",
+    ),
+    Loader(
+        "dataloader-rs",
+        "dataloader-rs + Pillow, 2 threads",
+        "dataloader-rs",
+        2,
+        module="dataloader_rs",
+        python="py313",
+    ),
+    Loader("datago", "datago decode + Pillow crop", "datago", 2, module="datago"),
+    Loader("ferrofeed-native", "ferrofeed native chain, 2 threads", "ferrofeed", 2),
+    Loader(
+        "ferrofeed-native-flip",
+        "ferrofeed native decode, flip drawn in Python, 2 threads",
+        "ferrofeed",
+        2,
+        jobs=("train",),
+    ),
+    Loader("ferrofeed-threads", "ferrofeed + Pillow, 2 threads", "ferrofeed", 2),
+    Loader("ferrofeed-w2", "ferrofeed + Pillow, 2 worker processes", "ferrofeed", 2),
+    Loader("ferrofeed-w4", "ferrofeed + Pillow, 4 worker processes", "ferrofeed", 4),
+]
+BY_KEY = {lo.key: lo for lo in LOADERS}
+# The ferrofeed configuration each headline ratio is quoted for, per job.
+HEADLINE = {"exact": "ferrofeed-native", "train": "ferrofeed-native-flip"}
+
+
+# --- the loaders, each built in its child interpreter ------------------------------------------
+
+
+class NativeTrainFlip:
+    """Training job with ferrofeed's decoder: random resized crop in Rust, flip drawn here.
+
+    ``ferrofeed.io.decode_image(path, size=224, crop="random", seed=..., flip=...)``: the
+    native op of the DataLoader's chain takes ``flip`` as a fixed bool, so a random flip
+    needs the per-sample call (the decode still runs without the GIL).
+    """
+
+    def __init__(self, files: list[tuple[str, int]]) -> None:
+        self.files = files
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
+        import ferrofeed.io
+
+        path, label = self.files[i]
+        tensor = ferrofeed.io.decode_image(
+            path, size=CROP, crop="random", seed=random.getrandbits(63), flip=random.random() < 0.5
+        )
+        return np.from_dlpack(tensor), label
+
+
+def stack_batch(samples: list[tuple[np.ndarray, int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Collate ``(image, label)`` samples into a uint8 NHWC batch and int64 labels."""
+    return np.stack([s[0] for s in samples]), np.array([s[1] for s in samples], np.int64)
+
+
+def spdl_epochs(files: list[tuple[str, int]], job: str, threads: int, seed: int) -> Any:
+    """SPDL 0.8: one pipeline per epoch (SPDL's pattern), decoded and filtered by FFmpeg.
+
+    Source: the epoch's permutation; ``pipe(load, concurrency=threads)``: demux and decode
+    each JPEG with FFmpeg's filters doing the job (``scale_mode="crop"`` for exact 224, a
+    ``crop,scale,hflip`` chain drawn per image for training); ``aggregate(32)``; one
+    ``convert_frames`` per batch.
+    """
+    import spdl.io
+    from spdl.pipeline import PipelineBuilder
+
+    exact_filter = spdl.io.get_video_filter_desc(
+        scale_width=256,
+        scale_height=256,
+        scale_algo="bilinear",
+        scale_mode="crop",
+        crop_width=CROP,
+        crop_height=CROP,
+        pix_fmt="rgb24",
+    )
+
+    def load(i: int) -> tuple[Any, int]:
+        path, label = files[i]
+        packets = spdl.io.demux_image(path)
+        if job == "exact":
+            desc = exact_filter
+        else:
+            left, top, right, bottom = rrc_params(packets.width, packets.height)
+            desc = (
+                f"crop={right - left}:{bottom - top}:{left}:{top},"
+                f"scale={CROP}:{CROP}:flags=bilinear"
+                + (",hflip" if random.random() < 0.5 else "")
+                + ",format=rgb24"
+            )
+        return spdl.io.decode_packets(packets, filter_desc=desc), label
+
+    def collate(items: list[tuple[Any, int]]) -> tuple[np.ndarray, np.ndarray]:
+        buf = spdl.io.convert_frames([frames for frames, _ in items])
+        images = np.asarray(spdl.io.to_numpy(buf))
+        return images, np.array([label for _, label in items], np.int64)
+
+    def epochs() -> Iterator[Iterator[Any]]:
+        epoch = 0
+        while True:
+            order = np.random.default_rng([seed, epoch]).permutation(len(files)).tolist()
+            pipeline = (
+                PipelineBuilder()
+                .add_source(order)
+                .pipe(load, concurrency=threads, output_order="input")
+                .aggregate(BATCH)
+                .pipe(collate)
+                .add_sink(4)
+                .build(num_threads=threads)
+            )
+            with pipeline.auto_stop():
+                yield pipeline.get_iterator(timeout=600)
+            epoch += 1
+
+    return epochs()
+
+
+def datago_epochs(root: str, files: list[tuple[str, int]], job: str) -> Any:
+    """datago: its Rust threads read and decode the folder; Pillow resizes and crops here.
+
+    datago's own processing crops to aspect-ratio buckets, which is not either job: the
+    decoded image comes back as a raw buffer, and the job's resize and crop run in Python
+    on the main thread (as a datago user would write it). Its ``random_sampling`` shuffles;
+    ``start()`` begins each epoch.
+    """
+    import datago
+
+    labels = {os.path.basename(p): label for p, label in files}
+    exact = PillowExact([])
+    train = PillowTrain([])
+    config = {
+        "source_type": "file",
+        "source_config": {"root_path": root, "random_sampling": True, "rank": 0, "world_size": 1},
+        "limit": len(files),
+        "samples_buffer_size": 64,
+    }
+    client = datago.DatagoClient(json.dumps(config))
+
+    def transform(sample: Any) -> tuple[np.ndarray, int]:
+        im = sample.image.to_pil_image().convert("RGB")
+        out = exact.apply(im) if job == "exact" else train.apply(im)
+        return out, labels[os.path.basename(sample.id.strip('"'))]
+
+    def one_epoch() -> Iterator[Any]:
+        client.start()
+        batch: list[tuple[np.ndarray, int]] = []
+        while (sample := client.get_sample()) is not None:
+            batch.append(transform(sample))
+            if len(batch) == BATCH:
+                yield stack_batch(batch)
+                batch = []
+        if batch:
+            yield stack_batch(batch)
+
+    def epochs() -> Iterator[Iterator[Any]]:
+        try:
+            while True:
+                yield one_epoch()
+        finally:
+            client.stop()
+
+    return epochs()
+
+
+def build(lo: Loader, job: str, spec: dict[str, Any]) -> Iterator[Iterable[Any]]:
+    """Build loader ``lo`` for ``job``; return an iterator of epochs (each an iterable)."""
+    files = [(p, int(label)) for p, label in spec["files"]]
+    seed, w = spec["seed"], lo.workers
+    pillow = PillowExact(files) if job == "exact" else PillowTrain(files)
+
+    def forever(loader: Iterable[Any]) -> Iterator[Iterable[Any]]:
+        try:
+            while True:
+                yield loader
+        finally:  # on close(): end the worker processes, so that the child reaps them
+            stop = getattr(loader, "shutdown_workers", None)  # ferrofeed
+            if stop is not None:
+                stop()
+            iterator = getattr(loader, "_iterator", None)  # PyTorch's persistent workers
+            if iterator is not None:
+                iterator._shutdown_workers()
+
+    if lo.family == "pytorch":
+        import torch
+
+        # 4 workers on 2 CPUs is one of the configurations measured, on purpose.
+        warnings.filterwarnings("ignore", "This DataLoader will create", UserWarning)
+        return forever(
+            torch.utils.data.DataLoader(
+                pillow,  # type: ignore[arg-type]  # map-style, duck-typed
+                batch_size=BATCH,
+                shuffle=True,
+                num_workers=w,
+                persistent_workers=w > 0,
+                generator=torch.Generator().manual_seed(seed),
+                multiprocessing_context="fork" if w > 0 else None,
+            )
+        )
+    if lo.family == "spdl":
+        return spdl_epochs(files, job, w, seed)
+    if lo.family == "datago":
+        return datago_epochs(spec["root"], files, job)
+    if lo.family == "dataloader-rs":
+        import dataloader_rs
+
+        class Dataset(dataloader_rs.PyDataset):  # type: ignore[misc]
+            def __init__(self) -> None:
+                super().__init__()
+
+            def __len__(self) -> int:
+                return len(pillow)
+
+            def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
+                return pillow[i]
+
+        return forever(
+            dataloader_rs.PyDataloader(
+                Dataset(),
+                batch_size=BATCH,
+                shuffle=True,
+                seed=seed,
+                num_workers=w,
+                collate_fn=stack_batch,
+            )
+        )
+    import ferrofeed
+    from ferrofeed import ops
+
+    if lo.key == "ferrofeed-native":
+        op = (
+            ops.decode_image(resize_shorter=256, crop=CROP)
+            if job == "exact"
+            else ops.decode_image(size=CROP, crop="random", seed=seed)
+        )
+        return forever(
+            ferrofeed.DataLoader(files, BATCH, shuffle=True, seed=seed, transform=op, num_threads=w)
+        )
+    if lo.key == "ferrofeed-native-flip":
+        return forever(
+            ferrofeed.DataLoader(
+                NativeTrainFlip(files), BATCH, shuffle=True, seed=seed, num_threads=w
+            )
+        )
+    if lo.key == "ferrofeed-threads":
+        return forever(ferrofeed.DataLoader(pillow, BATCH, shuffle=True, seed=seed, num_threads=w))
+    return forever(
+        ferrofeed.DataLoader(
+            pillow,
+            BATCH,
+            shuffle=True,
+            seed=seed,
+            num_workers=w,
+            worker_start_method="fork",
+            persistent_workers=True,
+        )
+    )
+
+
+def batch_images(batch: Any) -> Any:
+    """The images of a batch: ``(images, labels)`` from every loader here."""
+    images, _labels = batch
+    return images
+
+
+def child_main(spec: dict[str, Any]) -> dict[str, Any]:
+    """Run one (job, loader) in this fresh interpreter; return its figures."""
+    lo, job = BY_KEY[spec["loader"]], spec["job"]
+    # Every run imports torch first when it is installed, as a training script would: the
+    # memory then compares loaders, not imports.
+    if spec["import_torch"] and importlib.util.find_spec("torch") is not None:
+        import torch
+
+        torch.set_num_threads(1)
+    if lo.ferrofeed:
+        import ferrofeed  # noqa: F401
+    gc.collect()
+    n, me = len(spec["files"]), os.getpid()
+    pss_before = tree_pss(me)
+    cpu_before = cpu_self() + cpu_children()
+    t0 = time.perf_counter()
+    epochs_it = build(lo, job, spec)
+    ttfb = 0.0
+    epoch_s: list[float] = []
+    pss_epoch_end: list[int] = []
+    shape = None
+    for epoch in range(spec["epochs"]):
+        t = time.perf_counter() if epoch else t0
+        count = 0
+        for batch in next(epochs_it):
+            images = batch_images(batch)
+            if shape is None:
+                ttfb = time.perf_counter() - t0
+                shape, dtype = tuple(images.shape[1:]), str(images.dtype)
+                if shape != (CROP, CROP, 3) or "uint8" not in dtype:
+                    raise AssertionError(f"{lo.key}: batches of {shape} {dtype}")
+            count += len(images)
+            del batch, images
+        epoch_s.append(time.perf_counter() - t)
+        pss_epoch_end.append(tree_pss(me))
+        if count != n:
+            raise AssertionError(f"{lo.key}: epoch {epoch} gave {count} images, not {n}")
+    epochs_it.close()  # ends worker processes, threads, pipelines
+    del epochs_it
+    gc.collect()
+    multiprocessing.active_children()  # reaps the workers that ended
+    # Workers still alive now would leave their CPU time out (flagged).
+    left = child_pids(me)
+    # This interpreter's CPU time (all its threads) and its reaped workers', from building
+    # the loader to here: the interpreter's own exit (torch's teardown) is not the loader's.
+    cpu_loader = cpu_self() + cpu_children() - cpu_before
+    steady = epoch_s[1:] or epoch_s
+    return {
+        "loader": lo.key,
+        "job": job,
+        "python": platform.python_version(),
+        "ttfb_s": ttfb,
+        "epoch_s": epoch_s,
+        "images_per_s": n * len(steady) / sum(steady),
+        "images": n * len(epoch_s),
+        "cpu_before_loader_s": cpu_before,
+        "cpu_loader_s": cpu_loader,
+        "pss_before_loader": pss_before,
+        "pss_epoch_end": pss_epoch_end,
+        "children_left": len(left),
+        "torch_imported": "torch" in sys.modules,
+    }
+
+
+# --- running the rounds ------------------------------------------------------------------------
+
+
+def available(lo: Loader, py313: str | None) -> tuple[bool, str]:
+    """Whether ``lo`` can run here, and if not, why (said in the results)."""
+    if lo.python == "py313":
+        if not py313:
+            return False, "needs Python >= 3.13 (none given: --py313, or make compare finds one)"
+        probe = subprocess.run(
+            [py313, "-c", f"import {lo.module}, PIL, numpy"], capture_output=True, text=True
+        )
+        if probe.returncode != 0:
+            last = (probe.stderr.strip().splitlines() or ["?"])[-1]
+            return False, f"not importable by {py313}: {last}"
+        return True, f"in {py313}"
+    if not lo.module:
+        return True, ""
+    if importlib.util.find_spec(lo.module.split(".")[0]) is None:
+        return False, f"{lo.module.split('.')[0]} is not installed"
+    return runs_here(lo.probe or f"import {lo.module}")
+
+
+@functools.cache
+def runs_here(code: str) -> tuple[bool, str]:
+    """Whether ``code`` runs in a fresh interpreter, and if not, its last error line."""
+    probe = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if probe.returncode != 0:
+        last = (probe.stderr.strip().splitlines() or ["?"])[-1]
+        return False, f"fails here: {last}"
+    return True, ""
+
+
+def version_of(dist: str, python: str | None = None) -> str | None:
+    if python:
+        probe = subprocess.run(
+            [python, "-c", f"import importlib.metadata as m; print(m.version({dist!r}))"],
+            capture_output=True,
+            text=True,
+        )
+        return probe.stdout.strip() or None if probe.returncode == 0 else None
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def run_one(
+    lo: Loader, job: str, base: dict[str, Any], workdir: str, args: argparse.Namespace
+) -> dict[str, Any]:
+    """One (job, loader) in a fresh interpreter, with the tree's CPU time and PSS samples."""
+    spec = {**base, "loader": lo.key, "job": job}
+    python = args.py313 if lo.python == "py313" else sys.executable
+    r = run_fresh(
+        __file__, spec, workdir, args.timeout, pss_interval=args.pss_interval, python=python
+    )
+    r["cpu_s_per_1000"] = r["cpu_loader_s"] / r["images"] * 1000
+    samples = [v for _, v in r.pop("pss_series")] + r["pss_epoch_end"]
+    r["peak_pss"] = max(samples)
+    r["peak_pss_added"] = r["peak_pss"] - r["pss_before_loader"]
+    r["pss_growth"] = r["pss_epoch_end"][-1] - r["pss_epoch_end"][0]
+    return r
+
+
+def ram_experiment(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
+    """The metadata-only job: the RAM study's experiment with the loaders themselves.
+
+    The one place that calls it: benches/ram_loaders.py's ``run_loader_ram`` starts
+    ``--ram-ranks`` rank processes (as torchrun does), each iterating ferrofeed's
+    DataLoader over one shared ``SharedList`` or PyTorch's DataLoader over its own Python
+    list, with ``--ram-workers`` worker processes each, and samples the PSS of the whole
+    process tree over time; a baseline of each (same imports, loader and workers, a few
+    items) gives the job's own footprint. ``--ram-methods`` picks the start methods
+    (PyTorch's DataLoader under forkserver pickles the list into every worker: about 27 GiB
+    at 1M entries, so fork only by default).
+    """
+    from ram_loaders import run_loader_ram
+
+    res = run_loader_ram(
+        n=args.ram_n,
+        ranks=args.ram_ranks,
+        workers=args.ram_workers,
+        methods=args.ram_methods,
+        epochs=1 if args.quick else None,
+        batch_size=128 if args.quick else None,
+        seed=args.seed,
+        interval=args.pss_interval,
+        timeout=args.timeout,
+        shm_dir=workdir if not os.path.isdir("/dev/shm") else None,
+        verbose=not args.no_progress,
+    )
+    base = {
+        (c["method"], c["loader"]): c.get("steady_total_pss")
+        for c in res["configs"]
+        if c.get("baseline") and c.get("round") == 0
+    }
+    names = {"ferrofeed": "ferrofeed DataLoader + SharedList", "torch": "PyTorch DataLoader + list"}
+    runs = [
+        {
+            "container": f"{names.get(c['loader'], c['loader'])}, {c['method']}",
+            "n": c["n"],
+            "peak_total_pss": c.get("peak_total_pss") or 0,
+            # The median over the last epoch; a run too short to have one: its last sample.
+            "total_pss_end": c.get("steady_total_pss")
+            or (c["series"][-1]["total_pss"] if c.get("series") else 0),
+            "footprint": base.get((c["method"], c["loader"])),
+            "lower_bound": bool(c.get("aborted")),
+            "iterate_s": c.get("wall_s", 0.0),
+            "series": [(rec["t"], rec["total_pss"]) for rec in c.get("series", [])],
+        }
+        for c in res["configs"]
+        if not c.get("baseline") and c.get("round") == 0 and not c.get("error")
+    ]
+    if not runs:
+        raise RuntimeError(f"RAM experiment: no run completed: {res.get('notes')}")
+    return {
+        "layout": f"{args.ram_ranks} ranks x {args.ram_workers} workers",
+        "runs": runs,
+        "targets": res.get("targets"),
+        "notes": res.get("notes"),
+    }
+
+
+def ratios(runs: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
+    """Each ferrofeed configuration against each peer, per job, round by round."""
+    out: dict[str, Any] = {}
+    for job, by_loader in runs.items():
+        ours = [k for k in by_loader if BY_KEY[k].ferrofeed]
+        peers = [k for k in by_loader if not BY_KEY[k].ferrofeed]
+        out[job] = {}
+        for f in ours:
+            for p in peers:
+                rounds = min(len(by_loader[f]), len(by_loader[p]))
+                if not rounds:
+                    continue
+                per = [(by_loader[f][i], by_loader[p][i]) for i in range(rounds)]
+                out[job][f"{f} vs {p}"] = {
+                    # >1: ferrofeed better on each.
+                    "throughput": med_range(
+                        [a["images_per_s"] / b["images_per_s"] for a, b in per]
+                    ),
+                    "cpu_per_image_less": med_range(
+                        [b["cpu_s_per_1000"] / a["cpu_s_per_1000"] for a, b in per]
+                    ),
+                    "ttfb_sooner": med_range([b["ttfb_s"] / a["ttfb_s"] for a, b in per]),
+                    "pss_added_less": med_range(
+                        [b["peak_pss_added"] / a["peak_pss_added"] for a, b in per]
+                    ),
+                }
+    return out
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "images_per_s": med_range([r["images_per_s"] for r in runs]),
+        "ttfb_s": med_range([r["ttfb_s"] for r in runs]),
+        "cpu_s_per_1000": med_range([r["cpu_s_per_1000"] for r in runs]),
+        "peak_pss": med_range([r["peak_pss"] for r in runs]),
+        "peak_pss_added": med_range([r["peak_pss_added"] for r in runs]),
+        "pss_growth": med_range([r["pss_growth"] for r in runs]),
+    }
+
+
+# --- report: markdown tables and plots ---------------------------------------------------------
+
+
+def _cell(stat: dict[str, float], scale: float = 1.0, digits: int = 0) -> str:
+    m, lo, hi = (stat[k] * scale for k in ("median", "min", "max"))
+    return f"{m:,.{digits}f} ({lo:,.{digits}f}-{hi:,.{digits}f})"
+
+
+def _ratio(stat: dict[str, float]) -> str:
+    return f"{stat['median']:.2f}x ({stat['min']:.2f}-{stat['max']:.2f})"
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """The tables BENCHMARKS.md quotes, from the results."""
+    lines: list[str] = []
+    for job, summary in results["summary"].items():
+        lines += [
+            f"#### {JOB_TITLES[job]}",
+            "",
+            "| loader | images/s | first batch (ms) | CPU s / 1000 images | peak PSS (MiB) "
+            "| added by the loader (MiB) | growth, epoch 1→3 (MiB) |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for key, s in summary.items():
+            label = BY_KEY[key].label
+            label = f"**{label}**" if BY_KEY[key].ferrofeed else label
+            lines.append(
+                f"| {label} | {_cell(s['images_per_s'])} | {_cell(s['ttfb_s'], 1e3)} "
+                f"| {_cell(s['cpu_s_per_1000'], digits=2)} | {_cell(s['peak_pss'], 1 / MIB)} "
+                f"| {_cell(s['peak_pss_added'], 1 / MIB)} | {_cell(s['pss_growth'], 1 / MIB, 1)} |"
+            )
+        lines.append("")
+        table = results["ratios"].get(job, {})
+        peers = [k for k in summary if not BY_KEY[k].ferrofeed]
+        native = HEADLINE[job]
+        if native in summary and peers:
+            lines += [
+                f"{BY_KEY[native].label} against each peer, from the same rounds (per round, "
+                "then median and range; above 1 is better for ferrofeed):",
+                "",
+                "| peer | images/s | less CPU per image | first batch sooner | less memory added |",
+                "|---|---:|---:|---:|---:|",
+            ]
+            for p in peers:
+                r = table[f"{native} vs {p}"]
+                lines.append(
+                    f"| {BY_KEY[p].label} | {_ratio(r['throughput'])} "
+                    f"| {_ratio(r['cpu_per_image_less'])} | {_ratio(r['ttfb_sooner'])} "
+                    f"| {_ratio(r['pss_added_less'])} |"
+                )
+            lines.append("")
+        same = [k for k in ("ferrofeed-threads", "ferrofeed-w2") if k in summary]
+        if same and peers:
+            lines += [
+                "ferrofeed running the same Pillow transform as PyTorch, against each peer "
+                "(images/s ratio; CPU per image, less):",
+                "",
+                "| peer | " + " | ".join(BY_KEY[k].label for k in same) + " |",
+                "|---|" + "---:|" * len(same),
+            ]
+            for p in peers:
+                cells = [
+                    f"{_ratio(table[f'{k} vs {p}']['throughput'])}; CPU "
+                    f"{_ratio(table[f'{k} vs {p}']['cpu_per_image_less'])}"
+                    for k in same
+                ]
+                lines.append(f"| {BY_KEY[p].label} | " + " | ".join(cells) + " |")
+            lines.append("")
+    not_run = results["not_run"]
+    if not_run:
+        lines += ["Not run:", ""]
+        lines += [f"- {BY_KEY[k].label}: {why}" for k, why in not_run.items()]
+        lines.append("")
+    if results.get("warnings"):
+        lines += ["Warnings:", ""] + [f"- {w}" for w in results["warnings"]] + [""]
+    ram = results.get("ram")
+    if ram:
+        lines += [
+            f"#### metadata only: {ram['runs'][0]['n']:,} COCO-like annotations, "
+            f"{ram['layout']}, each reads every item",
+            "",
+            "| loader | peak total PSS (MiB) | steady total PSS (MiB) "
+            "| job footprint, no data (MiB) | wall time (s) |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        for r in ram["runs"]:
+            name = r["container"]
+            name = f"**{name}**" if name.startswith("ferrofeed") else name
+            bound = " (stopped: a lower bound)" if r.get("lower_bound") else ""
+            footprint = r.get("footprint")
+            lines.append(
+                f"| {name}{bound} | {r['peak_total_pss'] / MIB:,.1f} "
+                f"| {r['total_pss_end'] / MIB:,.1f} "
+                f"| {'-' if footprint is None else f'{footprint / MIB:,.1f}'} "
+                f"| {r['iterate_s']:.1f} |"
+            )
+        lines.append("")
+        for t in ram.get("targets") or []:
+            method = t.get("method", "?")
+            one = t.get("same_libs_one_copy_ratio") or t.get("steady_one_copy_ratio")
+            torch_ratio = t.get("steady_torch_ratio")
+            parts = []
+            if one is not None:
+                parts.append(f"ferrofeed's steady PSS is {one:.3f}x one copy + footprint")
+            if torch_ratio is not None:
+                parts.append(f"{torch_ratio:.3f}x PyTorch's")
+            if parts:
+                lines.append(f"- {method}: " + ", ".join(parts))
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plots(results: dict[str, Any], out_dir: Path) -> list[Path]:
+    """PNG plots: images/s and CPU per image per loader and job; PSS over time (RAM job)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    summary = results["summary"]
+    jobs = [j for j in JOBS if j in summary]
+    keys = [lo.key for lo in LOADERS if any(lo.key in summary[j] for j in jobs)][::-1]
+    metrics = [
+        ("images_per_s", 1.0, "images/s (higher is better)", "throughput"),
+        (
+            "cpu_s_per_1000",
+            1.0,
+            "CPU s per 1000 images, whole process tree (lower is better)",
+            "cpu",
+        ),
+        ("peak_pss_added", 1 / MIB, "peak PSS added by the loader, MiB (lower is better)", "pss"),
+    ]
+    colors = {"exact": "#1b9e77", "train": "#d95f02"}
+    height = 0.8 / max(len(jobs), 1)
+    for metric, scale, xlabel, name in metrics if keys else []:
+        fig, ax = plt.subplots(figsize=(8.5, 0.5 * len(keys) + 1.5))
+        top = 0.0
+        for n, job in enumerate(jobs):
+            ys, med, lo, hi = [], [], [], []
+            for y, key in enumerate(keys):
+                if key not in summary[job]:
+                    continue
+                stat = summary[job][key][metric]
+                ys.append(y + ((len(jobs) - 1) / 2 - n) * height)
+                med.append(stat["median"] * scale)
+                lo.append((stat["median"] - stat["min"]) * scale)
+                hi.append((stat["max"] - stat["median"]) * scale)
+            ax.barh(
+                ys,
+                med,
+                height,
+                xerr=[lo, hi],
+                color=colors[job],
+                capsize=2,
+                error_kw={"lw": 0.8},
+                label=JOB_TITLES[job],
+            )
+            for y, m, h in zip(ys, med, hi, strict=True):
+                ax.text(m + h, y, f" {m:,.0f}" if m >= 10 else f" {m:.2f}", va="center", fontsize=7)
+                top = max(top, m + h)
+        ax.set_xlim(0, top * 1.12)
+        ax.set_yticks(range(len(keys)), [BY_KEY[k].label for k in keys], fontsize=8)
+        for tick, key in zip(ax.get_yticklabels(), keys, strict=True):
+            if BY_KEY[key].ferrofeed:
+                tick.set_fontweight("bold")
+        ax.set_xlabel(f"{xlabel}; median of the rounds, bars: min-max", fontsize=8)
+        ax.grid(axis="x", alpha=0.3)
+        ax.legend(fontsize=8, loc="lower right")
+        ax.set_title(results["title"], fontsize=8)
+        fig.tight_layout()
+        path = out_dir / f"compare_{name}.png"
+        fig.savefig(path, dpi=72)
+        plt.close(fig)
+        written.append(path)
+    ram = results.get("ram")
+    if ram:
+        fig, ax = plt.subplots(figsize=(7, 3.6))
+        for r in ram["runs"]:
+            t = [s[0] for s in r["series"]]
+            v = [s[1] / MIB for s in r["series"]]
+            ax.plot(t, v, label=r["container"], lw=1.5)
+        ax.set_xlabel("seconds since the workers started", fontsize=8)
+        ax.set_ylabel("total PSS, MiB", fontsize=8)
+        ax.set_title(
+            f"{ram['runs'][0]['n']:,} COCO-like annotations, {ram['layout']}: "
+            "PSS of all processes over time",
+            fontsize=9,
+        )
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = out_dir / "compare_ram.png"
+        fig.savefig(path, dpi=80)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+# --- main --------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--n", type=int, default=None, help="JPEGs (default 2000; --quick: 96)")
+    p.add_argument("--rounds", type=int, default=None, help="turns of each loader (default 3)")
+    p.add_argument("--epochs", type=int, default=3, help="epochs per run, the first a warm-up")
+    p.add_argument("--jobs", default="exact,train,ram", help="subset of exact,train,ram")
+    p.add_argument("--loaders", default="all", help=f"subset of {','.join(BY_KEY)}")
+    p.add_argument(
+        "--ram-n",
+        type=int,
+        default=None,
+        help="COCO-like entries (default 1M; the plain list then needs about 16 GiB)",
+    )
+    p.add_argument("--ram-ranks", type=int, default=2, help="ranks (RAM job)")
+    p.add_argument("--ram-workers", type=int, default=None, help="workers per rank (default 4)")
+    p.add_argument(
+        "--ram-methods",
+        default="fork",
+        help="start methods of the RAM job, a subset of fork,forkserver (default fork)",
+    )
+    p.add_argument("--py313", default=None, help="a Python >= 3.13 with dataloader-rs")
+    p.add_argument("--pss-interval", type=float, default=1.0, help="PSS sampling, seconds")
+    p.add_argument("--timeout", type=float, default=1200.0, help="per run, seconds")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="a short run: small sizes, 1 round")
+    p.add_argument(
+        "--out-dir",
+        type=Path,
+        default=None,
+        help="where results go (default benches/results; --quick: bench-results/compare-quick)",
+    )
+    p.add_argument(
+        "--replot",
+        type=Path,
+        default=None,
+        help="only redraw the tables and plots of a compare.json (into --out-dir)",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--no-torch-import",
+        action="store_true",
+        help="do not import torch in the runs of loaders that do not need it (quicker; "
+        "their memory then lacks torch's, which a training process has)",
+    )
+    args = p.parse_args(argv)
+    # --quick: small sizes and one round; what is given explicitly stays.
+    defaults = (96, 1, 20_000, 2) if args.quick else (2000, 3, 1_000_000, 4)
+    for name, value in zip(("n", "rounds", "ram_n", "ram_workers"), defaults, strict=True):
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.out_dir is None:  # a quick run leaves the committed results alone
+        args.out_dir = QUICK_OUT if args.quick else DEFAULT_OUT
+    args.ram_methods = tuple(m.strip() for m in args.ram_methods.split(",") if m.strip())
+    if unknown := set(args.ram_methods) - {"fork", "forkserver"}:
+        p.error(f"unknown start methods: {sorted(unknown)}")
+    args.jobs = [j.strip() for j in args.jobs.split(",") if j.strip()]
+    if unknown := set(args.jobs) - {*JOBS, "ram"}:
+        p.error(f"unknown jobs: {sorted(unknown)}")
+    if args.loaders == "all":
+        args.loaders = list(BY_KEY)
+    else:
+        args.loaders = [k.strip() for k in args.loaders.split(",") if k.strip()]
+        if unknown := set(args.loaders) - set(BY_KEY):
+            p.error(f"unknown loaders: {sorted(unknown)}")
+    if args.n < BATCH or args.epochs < 2 or args.rounds < 1:
+        p.error(f"--n must be >= {BATCH}, --epochs >= 2, --rounds >= 1")
+    return args
+
+
+def versions(py313: str | None) -> dict[str, str | None]:
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for dist in ("ferrofeed", "numpy", "torch", "pillow", "scikit-image", "spdl_io", "datago"):
+        out[dist] = version_of(dist)
+    out["matplotlib"] = version_of("matplotlib")
+    if py313:
+        probe = subprocess.run(
+            [py313, "-c", "import platform; print(platform.python_version())"],
+            capture_output=True,
+            text=True,
+        )
+        out["python (dataloader-rs)"] = probe.stdout.strip() or None
+        out["dataloader-rs"] = version_of("dataloader-rs", py313)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv if argv is None else argv
+    if child_entry(argv, child_main):
+        return 0
+    args = parse_args(argv[1:])
+    if args.replot:
+        results = json.loads(args.replot.read_text())
+        report(results, args.out_dir)
+        return 0
+    from tqdm import tqdm
+
+    loaders = [BY_KEY[k] for k in args.loaders]
+    not_run: dict[str, str] = {}
+    runnable = []
+    for lo in loaders:
+        ok, why = available(lo, args.py313)
+        if ok:
+            runnable.append(lo)
+        else:
+            not_run[lo.key] = why
+    load_start = [round(x, 2) for x in os.getloadavg()]
+    results: dict[str, Any] = {
+        "machine": f"{cpu_model()}, {platform.machine()}, {os.cpu_count()} CPUs, "
+        f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB",
+        "versions": versions(args.py313),
+        "command": "python benches/compare.py " + " ".join(argv[1:]),
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "loadavg_start": load_start,
+        "not_run": not_run,
+    }
+    image_jobs = [j for j in args.jobs if j in JOBS]
+    plan = [
+        (rnd, lo, job)
+        for rnd in range(args.rounds)
+        for job in image_jobs
+        for lo in [lo for lo in runnable if job in lo.jobs]
+    ]
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {
+        job: {lo.key: [] for lo in runnable if job in lo.jobs} for job in image_jobs
+    }
+    workdir = tempfile.mkdtemp(
+        prefix="ferrofeed-compare-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None
+    )
+    try:
+        if image_jobs:
+            t = time.perf_counter()
+            image_dir = os.path.join(workdir, "images")
+            os.makedirs(image_dir)
+            files, info = make_jpegs(image_dir, args.n, args.seed, varied=True)
+            results["data"] = {**info, "n": args.n, "made_s": round(time.perf_counter() - t, 1)}
+            kib = info["mean_file_bytes"] / 1024
+            print(
+                f"{args.n} JPEGs from scikit-image's photos, {kib:.0f} KiB on average: "
+                f"{info['sizes']}; load average {load_start}",
+                flush=True,
+            )
+            base = {
+                "files": files,
+                "root": image_dir,
+                "seed": args.seed,
+                "epochs": args.epochs,
+                "import_torch": not args.no_torch_import,
+            }
+            bar = tqdm(total=len(plan), unit="run", disable=args.no_progress, dynamic_ncols=True)
+            for rnd in range(args.rounds):
+                # Rotate the order each round so that no loader always follows the same one.
+                order = [(lo, job) for r, lo, job in plan if r == rnd]
+                shift = rnd % max(len(order), 1)
+                for lo, job in order[shift:] + order[:shift]:
+                    bar.set_description(f"round {rnd + 1}/{args.rounds} {job}/{lo.key}")
+                    r = run_one(lo, job, base, workdir, args)
+                    runs[job][lo.key].append(r)
+                    bar.write(
+                        f"[round {rnd + 1}] {job:5s} {lo.key:22s} "
+                        f"{r['images_per_s']:7.0f} images/s, "
+                        f"first batch {r['ttfb_s'] * 1e3:6.0f} ms, "
+                        f"{r['cpu_s_per_1000']:6.2f} CPU s/1000 images, "
+                        f"peak PSS {r['peak_pss'] / MIB:6.0f} MiB"
+                    )
+                    bar.update()
+            bar.close()
+        if "ram" in args.jobs:
+            print(f"RAM job: {args.ram_n:,} COCO-like annotations ...", flush=True)
+            results["ram"] = ram_experiment(args, workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    results["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    results["runs"] = runs
+    results["summary"] = {
+        job: {lo.key: summarize(by[lo.key]) for lo in LOADERS if by.get(lo.key)}
+        for job, by in runs.items()
+    }
+    results["warnings"] = [
+        f"{job}/{key}, round {i + 1}: {r['children_left']} worker processes still alive at the "
+        "end (their CPU time is missing from the tree's)"
+        for job, by in runs.items()
+        for key, rs in by.items()
+        for i, r in enumerate(rs)
+        if r["children_left"]
+    ]
+    results["ratios"] = ratios(runs)
+    results["title"] = (
+        f"{results['machine']}; {args.n} JPEGs, batches of {BATCH}, {args.rounds} rounds"
+    )
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    (args.out_dir / "compare.json").write_text(json.dumps(results, indent=1))
+    report(results, args.out_dir)
+    return 0
+
+
+def report(results: dict[str, Any], out_dir: Path) -> None:
+    """Write compare.md and the plots into ``out_dir``; print the tables."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    md = markdown(results)
+    (out_dir / "compare.md").write_text(md + "\n")
+    written = plots(results, out_dir)
+    print()
+    print(md)
+    print(f"results: {out_dir / 'compare.json'}, {out_dir / 'compare.md'}")
+    print("plots: " + ", ".join(str(p) for p in written))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

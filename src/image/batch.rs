@@ -1,0 +1,544 @@
+//! The batch engine: read, decode, resize and crop a group of images, in
+//! parallel on the process's CPU pool ([`crate::cpu`]), straight into the
+//! slots of one batch buffer, laid out and converted as a [`Layout`] says.
+//!
+//! Every native batch of ferrofeed is formed here: `ferrofeed.io.load_images`,
+//! the `DataLoader`'s image batches, and (through [`write_slot`]) the
+//! `ops.collate` pipeline op. The Python bindings only convert arguments
+//! and release the GIL around [`decode_batch`].
+//!
+//! # Example
+//!
+//! ```
+//! use ferrofeed::image::batch::{decode_batch, BatchItem, BatchOptions, OnError, Source};
+//! use ferrofeed::image::{synth, Crop, Transform};
+//!
+//! let jpeg = synth::encode_jpeg(&synth::photo(64, 48, 1), 64, 48, 90, synth::Chroma::Subsampled)?;
+//! let items: Vec<BatchItem<'_>> = (0..3)
+//!     .map(|i| BatchItem::new(Source::Borrowed(&jpeg), format!("item {i}")).with_seed(i))
+//!     .collect();
+//! let t = Transform { size: Some((16, 16)), crop: Some(Crop::random_resized(0)), ..Transform::default() };
+//! let options = BatchOptions { threads: 2, on_error: OnError::Stop, ..BatchOptions::default() };
+//! let mut out = vec![0u8; options.layout.slot_len((16, 16, 3)) * items.len()];
+//! let report = decode_batch(&items, &t, &options, &mut out)?;
+//! assert_eq!(report.kept, 3);
+//! assert!(report.failures.is_empty());
+//! # Ok::<(), ferrofeed::image::ImageError>(())
+//! ```
+
+use std::borrow::Cow;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, PoisonError};
+
+use super::{decode_into, Crop, ImageError, Transform};
+
+/// Reads a whole file: the one file reader of the image paths (errors name
+/// the path).
+///
+/// # Errors
+///
+/// [`ImageError::Io`] when the file cannot be read.
+pub fn read_file(path: &Path) -> Result<Vec<u8>, ImageError> {
+    read_named(path, &path.display().to_string())
+}
+
+/// [`read_file`], naming the file `name` in errors.
+fn read_named(path: &Path, name: &str) -> Result<Vec<u8>, ImageError> {
+    std::fs::read(path).map_err(|source| ImageError::Io {
+        name: name.to_owned(),
+        source,
+    })
+}
+
+/// Where an image's encoded bytes are.
+#[derive(Debug)]
+pub enum Source<'a> {
+    /// A file, read by the thread that decodes it.
+    Path(PathBuf),
+    /// Bytes the batch owns.
+    Owned(Vec<u8>),
+    /// Bytes borrowed for the call.
+    Borrowed(&'a [u8]),
+}
+
+impl Source<'_> {
+    /// The encoded bytes (reads the file).
+    ///
+    /// # Errors
+    ///
+    /// [`ImageError::Io`] (naming `name`) when the file cannot be read.
+    pub fn bytes(&self, name: &str) -> Result<Cow<'_, [u8]>, ImageError> {
+        match self {
+            Source::Path(p) => read_named(p, name).map(Cow::Owned),
+            Source::Owned(v) => Ok(Cow::Borrowed(v)),
+            Source::Borrowed(b) => Ok(Cow::Borrowed(b)),
+        }
+    }
+}
+
+/// One image of a batch.
+#[derive(Debug)]
+pub struct BatchItem<'a> {
+    /// Its encoded bytes.
+    pub source: Source<'a>,
+    /// Its name in errors (a path, or `item 3`).
+    pub name: String,
+    /// The seed of its random draws (a [`Crop::RandomResized`]'s, which it
+    /// replaces); derive it with [`crate::seed::mix`].
+    pub seed: u64,
+}
+
+impl<'a> BatchItem<'a> {
+    /// An item with seed 0.
+    pub fn new(source: Source<'a>, name: String) -> Self {
+        Self {
+            source,
+            name,
+            seed: 0,
+        }
+    }
+
+    /// The item with the seed of its random draws.
+    #[must_use]
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+}
+
+/// How a batch lays out and converts its images: `NHWC` or `NCHW`, `uint8`
+/// or `float32` (0..1, optionally normalized per channel).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Layout {
+    /// Channels first (`NCHW`) rather than last (`NHWC`).
+    pub chw: bool,
+    /// `float32` values (native-endian) rather than `uint8`.
+    pub float: bool,
+    /// Per-channel `(mean, std)` on the 0..1 scale, for float output.
+    pub normalize: Option<([f32; 3], [f32; 3])>,
+}
+
+impl Layout {
+    /// Bytes per value: 1 or 4.
+    pub fn itemsize(&self) -> usize {
+        if self.float {
+            4
+        } else {
+            1
+        }
+    }
+
+    /// Bytes of one image of `(height, width, channels)`.
+    pub fn slot_len(&self, (h, w, c): (usize, usize, usize)) -> usize {
+        h * w * c * self.itemsize()
+    }
+
+    /// The shape of a batch of `n` images of `(height, width, channels)`.
+    pub fn shape(&self, n: usize, (h, w, c): (usize, usize, usize)) -> [usize; 4] {
+        if self.chw {
+            [n, c, h, w]
+        } else {
+            [n, h, w, c]
+        }
+    }
+
+    /// Whether a decoded image is its own slot (`uint8` `NHWC`).
+    fn is_direct(&self) -> bool {
+        !self.float && !self.chw
+    }
+}
+
+/// Writes one `HWC` `uint8` image into its slot of a batch, converting to
+/// `layout`.
+///
+/// # Panics
+///
+/// When `src` or `slot` is shorter than the shape says.
+#[allow(clippy::many_single_char_names)] // h, w, c, x, y: image coordinates
+pub fn write_slot(src: &[u8], (h, w, c): (usize, usize, usize), layout: Layout, slot: &mut [u8]) {
+    if layout.is_direct() {
+        slot[..h * w * c].copy_from_slice(&src[..h * w * c]);
+        return;
+    }
+    let value = |ch: usize, v: u8| -> f32 {
+        let x = f32::from(v) / 255.0;
+        match layout.normalize {
+            Some((mean, std)) => (x - mean[ch.min(2)]) / std[ch.min(2)],
+            None => x,
+        }
+    };
+    for y in 0..h {
+        for x in 0..w {
+            for ch in 0..c {
+                let v = src[(y * w + x) * c + ch];
+                let at = if layout.chw {
+                    (ch * h + y) * w + x
+                } else {
+                    (y * w + x) * c + ch
+                };
+                if layout.float {
+                    slot[at * 4..at * 4 + 4].copy_from_slice(&value(ch, v).to_ne_bytes());
+                } else {
+                    slot[at] = v;
+                }
+            }
+        }
+    }
+}
+
+/// What a batch does with an image that fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnError {
+    /// The batch fails with the failing image of lowest index (the others
+    /// stop at their next image).
+    #[default]
+    Stop,
+    /// The image is left out and reported; the others close the gap.
+    Skip,
+}
+
+/// How [`decode_batch`] runs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BatchOptions {
+    /// The layout of the batch buffer.
+    pub layout: Layout,
+    /// Images decoded at once: the calling thread and `threads - 1` jobs of
+    /// the process's CPU pool ([`crate::cpu`]), so at most one more than
+    /// the pool's threads run at once. 0 counts as 1.
+    pub threads: usize,
+    /// Failing images.
+    pub on_error: OnError,
+}
+
+impl Default for BatchOptions {
+    /// `uint8` `NHWC`, one thread per CPU of the pool, [`OnError::Stop`].
+    fn default() -> Self {
+        Self {
+            layout: Layout::default(),
+            threads: crate::cpu::pool_threads(),
+            on_error: OnError::Stop,
+        }
+    }
+}
+
+/// What became of a batch's images.
+#[derive(Debug, Default)]
+pub struct BatchReport {
+    /// Images in the buffer: slots `0..kept`, in the items' order.
+    pub kept: usize,
+    /// The images left out (under [`OnError::Skip`]), by item index,
+    /// ascending.
+    pub failures: Vec<(usize, ImageError)>,
+}
+
+/// The `(height, width, channels)` a transform gives every image, if it
+/// fixes one (a final size, or a center crop without one).
+pub fn batch_shape(transform: &Transform) -> Option<(usize, usize, usize)> {
+    let (h, w) = match (transform.size, transform.crop) {
+        (Some(size), _) => size,
+        (None, Some(Crop::Center { height, width })) => (height, width),
+        _ => return None,
+    };
+    Some((h, w, transform.mode.channels()))
+}
+
+/// Reads and decodes `items[i]` into slot `i` of `out` (each slot
+/// `options.layout.slot_len(shape)` bytes, `shape` from [`batch_shape`]),
+/// on up to `options.threads` threads. Under [`OnError::Skip`] the images
+/// that fail are left out and the others moved up, in order, into slots
+/// `0..kept`.
+///
+/// # Errors
+///
+/// [`ImageError::InvalidTransform`] when the transform gives images no
+/// fixed shape or `out` is shorter than the batch; under [`OnError::Stop`],
+/// the error of the failing item of lowest index (`out` is then partly
+/// written).
+pub fn decode_batch(
+    items: &[BatchItem<'_>],
+    transform: &Transform,
+    options: &BatchOptions,
+    out: &mut [u8],
+) -> Result<BatchReport, ImageError> {
+    let shape @ (h, w, c) = batch_shape(transform).ok_or_else(|| ImageError::InvalidTransform {
+        reason: "images of a batch need one shape: give a size or a center crop".to_owned(),
+    })?;
+    let layout = options.layout;
+    let slot_len = layout.slot_len(shape);
+    let n = items.len();
+    if out.len() < n * slot_len {
+        return Err(ImageError::InvalidTransform {
+            reason: format!(
+                "a batch of {n} images of {h}x{w}x{c} needs {} bytes, the buffer has {}",
+                n * slot_len,
+                out.len()
+            ),
+        });
+    }
+    if n == 0 || slot_len == 0 {
+        return Ok(BatchReport {
+            kept: n,
+            failures: Vec::new(),
+        });
+    }
+    let skip = options.on_error == OnError::Skip;
+    let failures: Mutex<Vec<(usize, ImageError)>> = Mutex::new(Vec::new());
+    let stop = AtomicBool::new(false);
+    {
+        let slots = Mutex::new(out[..n * slot_len].chunks_exact_mut(slot_len).enumerate());
+        let work = || {
+            // Straight into the slot when the batch is uint8 HWC; through a
+            // per-thread scratch image, then converted into the slot,
+            // otherwise.
+            let mut scratch = if layout.is_direct() {
+                Vec::new()
+            } else {
+                vec![0u8; h * w * c]
+            };
+            while !stop.load(Ordering::Relaxed) {
+                let next = slots.lock().unwrap_or_else(PoisonError::into_inner).next();
+                let Some((i, slot)) = next else { return };
+                let item = &items[i];
+                let mut t = *transform;
+                if let Some(Crop::RandomResized { seed, .. }) = &mut t.crop {
+                    *seed = item.seed;
+                }
+                let r = item.source.bytes(&item.name).and_then(|data| {
+                    if layout.is_direct() {
+                        decode_into(&data, &item.name, &t, slot).map(|_| ())
+                    } else {
+                        decode_into(&data, &item.name, &t, &mut scratch)?;
+                        write_slot(&scratch, shape, layout, slot);
+                        Ok(())
+                    }
+                });
+                if let Err(e) = r {
+                    if !skip {
+                        stop.store(true, Ordering::Relaxed);
+                    }
+                    failures
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .push((i, e));
+                }
+            }
+        };
+        crate::cpu::fan_out(options.threads.clamp(1, n), work);
+    }
+    let mut failures = failures
+        .into_inner()
+        .unwrap_or_else(PoisonError::into_inner);
+    failures.sort_by_key(|(i, _)| *i);
+    if !skip {
+        return match failures.into_iter().next() {
+            Some((_, e)) => Err(e),
+            None => Ok(BatchReport {
+                kept: n,
+                failures: Vec::new(),
+            }),
+        };
+    }
+    // Close the gaps the failed images left, keeping the order.
+    let mut kept = 0;
+    let mut next_failure = failures.iter().map(|(i, _)| *i).peekable();
+    for i in 0..n {
+        if next_failure.peek() == Some(&i) {
+            next_failure.next();
+            continue;
+        }
+        if kept != i {
+            out.copy_within(i * slot_len..(i + 1) * slot_len, kept * slot_len);
+        }
+        kept += 1;
+    }
+    Ok(BatchReport { kept, failures })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::image::{decode, synth, ColorMode};
+
+    fn jpeg(w: usize, h: usize, seed: u64) -> Vec<u8> {
+        synth::encode_jpeg(
+            &synth::photo(w, h, seed),
+            w,
+            h,
+            90,
+            synth::Chroma::Subsampled,
+        )
+        .unwrap()
+    }
+
+    fn items(data: &[Vec<u8>]) -> Vec<BatchItem<'_>> {
+        data.iter()
+            .enumerate()
+            .map(|(i, d)| {
+                BatchItem::new(Source::Borrowed(d), format!("item {i}")).with_seed(i as u64 * 7)
+            })
+            .collect()
+    }
+
+    fn transform() -> Transform {
+        Transform {
+            size: Some((12, 10)),
+            crop: Some(Crop::random_resized(0)),
+            ..Transform::default()
+        }
+    }
+
+    fn options(threads: usize, layout: Layout, on_error: OnError) -> BatchOptions {
+        BatchOptions {
+            layout,
+            threads,
+            on_error,
+        }
+    }
+
+    #[test]
+    fn each_slot_is_the_single_decode_with_the_items_seed() {
+        let data: Vec<Vec<u8>> = (0..7).map(|i| jpeg(40 + i, 30, i as u64)).collect();
+        let t = transform();
+        for threads in [1, 2, 5] {
+            let mut out = vec![0u8; 7 * 12 * 10 * 3];
+            let o = options(threads, Layout::default(), OnError::Stop);
+            let report = decode_batch(&items(&data), &t, &o, &mut out).unwrap();
+            assert_eq!(report.kept, 7);
+            for (i, d) in data.iter().enumerate() {
+                let mut ti = t;
+                ti.crop = Some(Crop::random_resized(i as u64 * 7));
+                let single = decode(d, "x", &ti).unwrap();
+                assert_eq!(&out[i * 360..(i + 1) * 360], &single.data[..], "item {i}");
+            }
+        }
+    }
+
+    #[test]
+    fn layouts_convert_the_same_pixels() {
+        let data: Vec<Vec<u8>> = (0..3).map(|i| jpeg(20, 20, i)).collect();
+        let t = Transform {
+            size: Some((4, 5)),
+            ..Transform::default()
+        };
+        let mut hwc = vec![0u8; 3 * 60];
+        decode_batch(&items(&data), &t, &BatchOptions::default(), &mut hwc).unwrap();
+        let norm = Layout {
+            chw: true,
+            float: true,
+            normalize: Some(([0.5, 0.5, 0.5], [0.25, 0.5, 1.0])),
+        };
+        let mut chw = vec![0u8; 3 * 60 * 4];
+        let o = options(2, norm, OnError::Stop);
+        decode_batch(&items(&data), &t, &o, &mut chw).unwrap();
+        let f32_at = |k: usize| f32::from_ne_bytes(chw[k * 4..k * 4 + 4].try_into().unwrap());
+        for n in 0..3 {
+            for y in 0..4 {
+                for x in 0..5 {
+                    for ch in 0..3 {
+                        let v = f32::from(hwc[n * 60 + (y * 5 + x) * 3 + ch]) / 255.0;
+                        let want = (v - 0.5) / [0.25, 0.5, 1.0][ch];
+                        let got = f32_at(n * 60 + (ch * 4 + y) * 5 + x);
+                        assert!((got - want).abs() < 1e-6);
+                    }
+                }
+            }
+        }
+        assert_eq!(norm.shape(3, (4, 5, 3)), [3, 3, 4, 5]);
+        assert_eq!(Layout::default().shape(3, (4, 5, 3)), [3, 4, 5, 3]);
+    }
+
+    #[test]
+    fn stop_returns_the_lowest_failing_item() {
+        let mut data: Vec<Vec<u8>> = (0..6).map(|i| jpeg(20, 20, i)).collect();
+        data[4] = b"not an image".to_vec();
+        data[2] = Vec::new();
+        let mut out = vec![0u8; 6 * 360];
+        for threads in [1, 3] {
+            let o = options(threads, Layout::default(), OnError::Stop);
+            let err = decode_batch(&items(&data), &transform(), &o, &mut out).unwrap_err();
+            assert!(
+                matches!(err, ImageError::Empty { ref name } if name == "item 2"),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn skip_reports_failures_and_closes_the_gaps() {
+        let mut data: Vec<Vec<u8>> = (0..6).map(|i| jpeg(20 + i, 20, i as u64)).collect();
+        data[0] = b"junk".to_vec();
+        data[3] = jpeg(20, 20, 9)[..100].to_vec();
+        let t = transform();
+        let o = options(2, Layout::default(), OnError::Skip);
+        let mut out = vec![0u8; 6 * 360];
+        let report = decode_batch(&items(&data), &t, &o, &mut out).unwrap();
+        assert_eq!(report.kept, 4);
+        let failed: Vec<usize> = report.failures.iter().map(|(i, _)| *i).collect();
+        assert_eq!(failed, [0, 3]);
+        for (slot, i) in [1usize, 2, 4, 5].into_iter().enumerate() {
+            let mut ti = t;
+            ti.crop = Some(Crop::random_resized(i as u64 * 7));
+            let single = decode(&data[i], "x", &ti).unwrap();
+            assert_eq!(&out[slot * 360..(slot + 1) * 360], &single.data[..]);
+        }
+    }
+
+    #[test]
+    fn files_are_read_and_missing_ones_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.jpg");
+        std::fs::write(&path, jpeg(20, 20, 1)).unwrap();
+        let missing = dir.path().join("missing.jpg");
+        let batch = vec![
+            BatchItem::new(Source::Path(path.clone()), path.display().to_string()),
+            BatchItem::new(Source::Path(missing.clone()), missing.display().to_string()),
+        ];
+        let t = Transform {
+            size: Some((8, 8)),
+            mode: ColorMode::Gray,
+            ..Transform::default()
+        };
+        let mut out = vec![0u8; 2 * 64];
+        let err = decode_batch(&batch, &t, &BatchOptions::default(), &mut out).unwrap_err();
+        assert!(matches!(err, ImageError::Io { ref name, .. } if name.ends_with("missing.jpg")));
+        let skip = options(2, Layout::default(), OnError::Skip);
+        let report = decode_batch(&batch, &t, &skip, &mut out).unwrap();
+        assert_eq!(report.kept, 1);
+        assert_eq!(
+            &out[..64],
+            &decode(&read_file(&path).unwrap(), "a", &t).unwrap().data[..]
+        );
+        assert!(matches!(read_file(&missing), Err(ImageError::Io { .. })));
+    }
+
+    #[test]
+    fn bad_shapes_and_short_buffers_are_errors() {
+        let data = vec![jpeg(20, 20, 0)];
+        let mut out = vec![0u8; 10];
+        let no_size = Transform::default();
+        assert!(matches!(
+            decode_batch(&items(&data), &no_size, &BatchOptions::default(), &mut out),
+            Err(ImageError::InvalidTransform { .. })
+        ));
+        assert!(matches!(
+            decode_batch(
+                &items(&data),
+                &transform(),
+                &BatchOptions::default(),
+                &mut out
+            ),
+            Err(ImageError::InvalidTransform { .. })
+        ));
+        let center = Transform {
+            crop: Some(Crop::Center {
+                height: 3,
+                width: 2,
+            }),
+            ..Transform::default()
+        };
+        assert_eq!(batch_shape(&center), Some((3, 2, 3)));
+        let report = decode_batch(&[], &transform(), &BatchOptions::default(), &mut []).unwrap();
+        assert_eq!(report.kept, 0);
+    }
+}
