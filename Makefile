@@ -170,6 +170,17 @@ valgrind: build-deps ## The image unit tests (libjpeg-turbo's C code included) u
 miri: ## The DLPack export and deleters under Miri (nightly, with the miri component)
 	cargo $(NIGHTLY) miri test --lib --no-default-features -- dlpack::export
 
+# MALLOC_ARENA_MAX=2: every epoch starts new threads, which glibc spreads over up to 8 malloc
+# arenas per core; their fragmentation adds a few MiB of RSS over the first epochs that is
+# not memory ferrofeed holds (RELIABILITY.md, "Soak", has both runs). OPENBLAS_NUM_THREADS=1:
+# NumPy's BLAS threads come and go around forks of their own accord.
+SOAK_ENV ?= MALLOC_ARENA_MAX=2 OPENBLAS_NUM_THREADS=1
+
+.PHONY: soak
+soak: install-test ## 10 epochs over 20,000 generated images: RSS, fds, threads and /dev/shm must not grow (tests/soak.py)
+	$(SOAK_ENV) FERROFEED_SOAK_IMAGES=$${FERROFEED_SOAK_IMAGES:-20000} \
+		FERROFEED_SOAK_EPOCHS=$${FERROFEED_SOAK_EPOCHS:-10} $(PY) tests/soak.py
+
 .PHONY: bench-deps
 bench-deps: ## Install FFmpeg 5's shared libraries (SPDL's image decoding) with apt-get, when missing
 	@if ! ldconfig -p | grep 'libavcodec\.so\.59' >/dev/null; then \

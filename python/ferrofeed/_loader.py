@@ -304,6 +304,12 @@ class DataLoader:
             either ``on_error`` (the worker holding it is stuck). On the native image
             chain, one batch's decode: `TimeoutError`.
 
+    Ctrl-C while iterating raises `KeyboardInterrupt` within about 0.25 s. Before it
+    reaches you, the worker processes are ended (terminated if busy), and on threads every
+    thread of the loader is joined except those still inside a call of ``dataset[i]`` or
+    ``transform``: such a call cannot be interrupted, so its thread is left to end when the
+    call returns (its sample is thrown away).
+
     Raises (while iterating, with workers):
         WorkerDiedError: a worker was killed (a signal, the OOM killer) or exited; the
             error names its pid, the signal and the samples it held.

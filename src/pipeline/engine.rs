@@ -24,9 +24,16 @@ const MAX_BATCH: usize = 64;
 /// rather than once per item.
 const MIN_CAPACITY: usize = 16;
 
-/// How long `stop` waits for threads running user code to return before
-/// leaving them to finish on their own.
-const JOIN_DEADLINE: Duration = Duration::from_secs(2);
+/// How long stopping waits, in all, for the runtime and for threads still
+/// inside a call of user code (a stage function, the source's `next`, a
+/// native op on the runtime's blocking pool) to return, before it leaves
+/// such calls to finish on their own (their results are thrown away, their
+/// threads end when they return). Threads outside
+/// user code notice the stop within 10 ms (`SEND_POLL`, or their own poll)
+/// and are always joined.
+/// Short enough that Ctrl-C raises within half a second (issue 12), long
+/// enough that a call of a few hundred milliseconds usually ends first.
+pub const STOP_GRACE: Duration = Duration::from_millis(250);
 
 /// Settings of a pipeline.
 #[derive(Debug, Clone)]
@@ -180,6 +187,8 @@ pub struct Pipeline<T: Send + 'static, E: Send + 'static> {
     stats: Vec<Arc<StageStats>>,
     capacities: Vec<usize>,
     creator_pid: u32,
+    /// See [`Pipeline::take_left_running`].
+    left_running: Vec<String>,
 }
 
 impl<T: Send + 'static, E: Send + 'static> Pipeline<T, E> {
@@ -273,6 +282,7 @@ impl<T: Send + 'static, E: Send + 'static> Pipeline<T, E> {
             stats,
             capacities,
             creator_pid: std::process::id(),
+            left_running: Vec::new(),
         })
     }
 
@@ -339,6 +349,7 @@ impl<T: Send + 'static, E: Send + 'static> Pipeline<T, E> {
             chain,
             tx,
             own: Arc::clone(&self.stats[0]),
+            shared: Arc::clone(&self.shared),
         };
         threads.push(spawn_source(
             plan.source,
@@ -358,6 +369,7 @@ impl<T: Send + 'static, E: Send + 'static> Pipeline<T, E> {
                 chain,
                 tx,
                 own: Arc::clone(&ctx.stats),
+                shared: Arc::clone(&self.shared),
             };
             let task: BoxFuture<()> = match stage {
                 Stage::Map(m) => {
@@ -493,8 +505,10 @@ impl<T: Send + 'static, E: Send + 'static> Pipeline<T, E> {
         !self.leftovers.is_empty()
     }
 
-    /// Stops every stage and joins every thread. The finished items the
-    /// consumer has not taken yet (those in the sink) stay readable through
+    /// Stops every stage and joins every thread, except those still inside
+    /// a call of user code after [`STOP_GRACE`]: they are left to finish on
+    /// their own (see [`Pipeline::take_left_running`]), so `stop` returns within
+    /// about `STOP_GRACE`. The finished items the consumer has not taken yet (those in the sink) stay readable through
     /// [`Pipeline::next_timeout`] and [`Pipeline::try_next`]; a failure
     /// among them is dropped (the consumer asked to stop). Idempotent.
     ///
@@ -516,8 +530,8 @@ impl<T: Send + 'static, E: Send + 'static> Pipeline<T, E> {
         self.halt();
     }
 
-    /// Stops every stage and joins every thread; what the sink holds is
-    /// dropped.
+    /// Stops every stage and joins every thread (but those left inside user
+    /// code, as for [`Pipeline::stop`]); what the sink holds is dropped.
     fn halt(&mut self) {
         self.plan = None;
         if !self.is_in_creator_process() {
@@ -539,12 +553,17 @@ impl<T: Send + 'static, E: Send + 'static> Pipeline<T, E> {
         let Some(running) = self.running.take() else {
             return;
         };
+        // One grace period for everything: stopping takes at most about
+        // STOP_GRACE, however many threads are stuck in user code.
+        let deadline = Instant::now() + STOP_GRACE;
         if let Some(w) = running.watch {
             w.thread().unpark();
             let _ = w.join();
         }
-        running.runtime.shutdown_timeout(JOIN_DEADLINE);
-        let deadline = Instant::now() + JOIN_DEADLINE;
+        running
+            .runtime
+            .shutdown_timeout(deadline.saturating_duration_since(Instant::now()));
+        self.left_running.clear();
         for t in running.threads {
             // A thread stuck in a call that ran past its timeout is not
             // waited for: it returns when the call does.
@@ -556,10 +575,23 @@ impl<T: Send + 'static, E: Send + 'static> Pipeline<T, E> {
             }
             if t.is_finished() {
                 let _ = t.join();
+            } else {
+                // Still inside user code (every other wait looks at the stop
+                // flag within SEND_POLL): it is left to finish on its own,
+                // its result thrown away; it ends when the call returns.
+                self.left_running
+                    .push(t.thread().name().unwrap_or("?").to_owned());
             }
-            // Else it is still inside user code; it exits when that returns,
-            // since its channels are closed.
         }
+    }
+
+    /// Takes the names of the threads that stopping left behind, still
+    /// inside a call of user code that did not return within [`STOP_GRACE`]
+    /// (or that ran past its stage's timeout). Each ends when its call
+    /// returns; its result is thrown away. Empty when every thread was
+    /// joined (or when they were taken already).
+    pub fn take_left_running(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.left_running)
     }
 
     /// Snapshots of every stage's counters: the source, the stages, the sink.

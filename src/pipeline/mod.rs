@@ -49,9 +49,14 @@
 //! optional bound). A panic in a stage function is a failure, never a
 //! crash or a hang. Stopping aborts every task at its next await point,
 //! closes every channel (so threads blocked on them return) and joins the
-//! threads; threads that wait look at the stop flag at least every 10 ms;
-//! threads inside user code are given a deadline, then left to finish on
-//! their own. A thread stage's function is not wrapped in `catch_unwind`
+//! threads; threads that wait (for input, or for room in a full channel)
+//! look at the stop flag at least every 10 ms. Threads inside user code (a
+//! stage function, the source's `next`) have [`STOP_GRACE`] in all to
+//! return; those that do not are left to finish on their own (their results
+//! are thrown away, they end when the call returns) and named by
+//! [`Pipeline::take_left_running`]: no thread can interrupt a call that holds it
+//! (a Python `time.sleep`). Every other thread is joined before `stop`
+//! returns, so stopping takes about `STOP_GRACE` at most. A thread stage's function is not wrapped in `catch_unwind`
 //! (an interpreter that ends a thread with a forced unwind at exit must be
 //! let through): a panic ends its thread and fails the stage.
 
@@ -63,7 +68,7 @@ mod stats;
 mod threads;
 
 pub use engine::{
-    Next, Pipeline, PipelineConfig, ReportFn, Stall, StallFn, StallWatch, StatsReporter,
+    Next, Pipeline, PipelineConfig, ReportFn, Stall, StallFn, StallWatch, StatsReporter, STOP_GRACE,
 };
 pub use error::{Failure, FailureKind, PipelineError};
 pub use stage::{

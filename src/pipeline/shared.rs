@@ -18,6 +18,11 @@ use super::stats::StageStats;
 /// results on.
 pub(super) const BATCH_SLICE: Duration = Duration::from_millis(1);
 
+/// Longest a thread blocked sending into a full channel goes without looking
+/// at the stop flag: a stage downstream may be stuck in a call, and keep its
+/// input channel open, for as long as the call lasts.
+pub(super) const SEND_POLL: Duration = Duration::from_millis(10);
+
 /// The outcome of one call of a stage function: `Err` holds a panic message.
 pub(super) type Outcome<T, E> = Result<Result<Option<T>, E>, String>;
 
@@ -259,6 +264,8 @@ pub(super) struct Emitter<T, E> {
     pub(super) tx: flume::Sender<Msg<T, E>>,
     /// The emitting stage's counters.
     pub(super) own: Arc<StageStats>,
+    /// For the stop flag: a blocking send gives up once the pipeline stops.
+    pub(super) shared: Arc<Shared<E>>,
 }
 
 impl<T, E> Emitter<T, E> {
@@ -305,11 +312,29 @@ impl<T, E> Emitter<T, E> {
             Err(_) => return true,
         };
         let t = Instant::now();
-        if self.tx.send(Msg::Item(item)).is_err() {
+        if !self.send_blocking(Msg::Item(item)) {
             return false;
         }
         stats.sent(t.elapsed(), self.tx.len());
         true
+    }
+
+    /// Sends `msg`, waiting for room; `false` when nobody receives any more
+    /// or the pipeline stops meanwhile. (A plain blocking send would wait
+    /// for as long as a stuck call downstream keeps the channel open.)
+    fn send_blocking(&self, mut msg: Msg<T, E>) -> bool {
+        loop {
+            match self.tx.send_timeout(msg, SEND_POLL) {
+                Ok(()) => return true,
+                Err(flume::SendTimeoutError::Disconnected(_)) => return false,
+                Err(flume::SendTimeoutError::Timeout(back)) => {
+                    if self.shared.stopping() {
+                        return false;
+                    }
+                    msg = back;
+                }
+            }
+        }
     }
 
     /// Sends an item on if that takes no waiting and no work (no fused
@@ -340,6 +365,6 @@ impl<T, E> Emitter<T, E> {
 
     /// [`Emitter::fail`] from a thread.
     pub(super) fn fail_blocking(&self, failure: Failure<E>) {
-        let _ = self.tx.send(Msg::Fail(failure));
+        let _ = self.send_blocking(Msg::Fail(failure));
     }
 }

@@ -320,6 +320,120 @@ fn stop_is_prompt_and_joins_threads() {
     p.stop(); // idempotent
 }
 
+/// A gate that calls wait at, until the test opens it.
+struct Gate {
+    open: std::sync::Mutex<bool>,
+    changed: std::sync::Condvar,
+}
+
+impl Gate {
+    fn new() -> Arc<Self> {
+        Arc::new(Self {
+            open: std::sync::Mutex::new(false),
+            changed: std::sync::Condvar::new(),
+        })
+    }
+
+    fn wait(&self) {
+        let mut open = self.open.lock().unwrap();
+        while !*open {
+            open = self.changed.wait(open).unwrap();
+        }
+    }
+
+    fn open(&self) {
+        *self.open.lock().unwrap() = true;
+        self.changed.notify_all();
+    }
+}
+
+#[test]
+fn stop_leaves_calls_stuck_in_user_code_and_joins_every_other_thread() {
+    // source -> "fast" (2 threads) -> "stuck" (1 thread, its call never returns until the
+    // gate opens): the source and "fast" block sending into full channels that the stuck
+    // stage keeps open; stopping must still join them, within the grace period.
+    let gate = Gate::new();
+    let entered = Arc::new(AtomicUsize::new(0));
+    let stuck: ItemFn<u64, String> = {
+        let (gate, entered) = (Arc::clone(&gate), Arc::clone(&entered));
+        Arc::new(move |x| {
+            entered.fetch_add(1, Ordering::SeqCst);
+            gate.wait();
+            Ok(Some(x))
+        })
+    };
+    let alive = Arc::downgrade(&stuck);
+    let fast: ItemFn<u64, String> = Arc::new(|x| Ok(Some(x)));
+    let mut p = P::new(
+        source(u64::MAX),
+        vec![
+            map("fast", Work::Dedicated(fast, None), 2, true),
+            map("stuck", Work::Dedicated(stuck, None), 1, true),
+        ],
+        config(2),
+        None,
+    )
+    .unwrap();
+    p.start().unwrap();
+    let t = Instant::now();
+    while entered.load(Ordering::SeqCst) == 0 {
+        assert!(t.elapsed() < Duration::from_secs(5), "the stage never ran");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    std::thread::sleep(Duration::from_millis(100)); // the channels fill up behind it
+    assert!(matches!(p.next_timeout(Duration::ZERO), Next::Timeout));
+    let t = Instant::now();
+    p.stop();
+    let took = t.elapsed();
+    assert!(took >= STOP_GRACE, "did not wait for the call: {took:?}");
+    assert!(took < Duration::from_secs(1), "stop took {took:?}");
+    // Only the thread inside the call was left; every other one was joined.
+    assert_eq!(p.take_left_running(), vec!["ff-stuck-0".to_owned()]);
+    assert!(p.take_left_running().is_empty());
+    assert!(
+        alive.upgrade().is_some(),
+        "the stuck thread still holds its function"
+    );
+    gate.open();
+    let t = Instant::now();
+    while alive.upgrade().is_some() {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "the left thread did not end after its call returned"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(
+        entered.load(Ordering::SeqCst),
+        1,
+        "a call started after the stop"
+    );
+}
+
+#[test]
+fn stop_waits_for_calls_that_end_within_the_grace_period() {
+    let slow: ItemFn<u64, String> = Arc::new(|x| {
+        std::thread::sleep(Duration::from_millis(50));
+        Ok(Some(x))
+    });
+    let mut p = P::new(
+        source(u64::MAX),
+        vec![map("slow", Work::Dedicated(slow, None), 3, true)],
+        config(2),
+        None,
+    )
+    .unwrap();
+    assert!(matches!(
+        p.next_timeout(Duration::from_secs(5)),
+        Next::Item(0)
+    ));
+    p.stop();
+    assert!(
+        p.take_left_running().is_empty(),
+        "a 50 ms call was not waited for"
+    );
+}
+
 #[test]
 fn invalid_configurations_are_refused() {
     let id: ItemFn<u64, String> = Arc::new(|x| Ok(Some(x)));

@@ -820,19 +820,34 @@ impl PyPipeline {
     /// GIL for the joins, attached for the runner). The finished items the
     /// consumer has not taken stay readable.
     fn shutdown(&self, py: Python<'_>) -> PyResult<()> {
-        let (feeder, runner, in_creator) = py.detach(|| {
+        let (feeder, runner, in_creator, left) = py.detach(|| {
             let mut inner = self.lock();
             inner.pipeline.stop();
+            let left = inner.pipeline.take_left_running();
             // A stopped pipeline is finished once its leftovers are read:
             // iterating it again then says so.
             inner.exhausted = !inner.pipeline.has_leftovers();
             if self.in_creator(&inner) {
-                (inner.feeder.take(), inner.runner.take(), true)
+                (inner.feeder.take(), inner.runner.take(), true, left)
             } else {
                 forget_in_child(&mut inner);
-                (None, None, false)
+                (None, None, false, left)
             }
         });
+        if !left.is_empty() {
+            // Not a warning: Ctrl-C during a long call is the usual cause,
+            // and nothing is wrong (see `stop` in `PipelineBuilder`'s docs).
+            let _ = logger(py).and_then(|l| {
+                l.call_method1(
+                    "info",
+                    (
+                        "pipeline stopped; %d thread(s) still inside a call of user code                          (%s) are left to finish on their own, their results discarded",
+                        left.len(),
+                        left.join(", "),
+                    ),
+                )
+            });
+        }
         let result = match &runner {
             Some(r) => r.bind(py).call_method0("stop").map(drop),
             None => Ok(()),
@@ -980,7 +995,9 @@ impl PyPipeline {
             .map_err(|e| PyRuntimeError::new_err(e.to_string()))
     }
 
-    /// Stops every stage and joins every thread; idempotent.
+    /// Stops every stage and joins every thread, except those still inside
+    /// a call of user code after 0.25 s (left to finish on their own, their
+    /// results discarded); idempotent.
     fn stop(&self, py: Python<'_>) -> PyResult<()> {
         self.shutdown(py)
     }
