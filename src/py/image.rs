@@ -166,6 +166,7 @@ pub(crate) fn parse_transform(
         size,
         flip,
         dct_scaling,
+        crop_decode: true,
     })
 }
 
