@@ -1,5 +1,5 @@
-//! Criterion benches of the image kernels: JPEG decode (full size and
-//! DCT-scaled), the resize, PNG decode, and batch assembly (`decode_into` of
+//! Criterion benches of the image kernels: JPEG decode (full size,
+//! DCT-scaled, and of the crop's window only), the resize, PNG decode, and batch assembly (`decode_into` of
 //! 32 images into the slots of one pooled batch buffer).
 //!
 //! Run with `cargo bench --bench image` (JPEG by libjpeg-turbo, the default
@@ -65,7 +65,9 @@ fn png_rgb(px: &[u8], w: usize, h: usize) -> Vec<u8> {
     out
 }
 
-/// torchvision's eval transform: `Resize(256)` then `CenterCrop(224)`.
+/// torchvision's eval transform: `Resize(256)` then `CenterCrop(224)`,
+/// decoding every pixel (the crop-window decode is benched on its own, in
+/// `bench_crop_window`, so these ids keep their meaning).
 fn resize256_crop224(dct_scaling: bool) -> Transform {
     Transform {
         resize_shorter: Some(256),
@@ -74,6 +76,19 @@ fn resize256_crop224(dct_scaling: bool) -> Transform {
             width: 224,
         }),
         dct_scaling,
+        crop_decode: false,
+        ..Transform::default()
+    }
+}
+
+/// torchvision's training transform: `RandomResizedCrop(224)` (the crop
+/// drawn from `seed`) and a flip.
+fn random_resized_crop224(seed: u64, crop_decode: bool) -> Transform {
+    Transform {
+        crop: Some(Crop::random_resized(seed)),
+        size: Some((224, 224)),
+        flip: seed % 2 == 0,
+        crop_decode,
         ..Transform::default()
     }
 }
@@ -181,6 +196,51 @@ fn bench_jpeg(c: &mut Criterion) {
     bench_set(c, &format!("jpeg_{w}x{h}_q90"), &images, &transforms);
 }
 
+/// The crop-window decode (`Transform::crop_decode`) against decoding every
+/// pixel, DCT scaling on in both: the training transform (a random resized
+/// crop to 224, a different crop for each image) and the evaluation one
+/// (`Resize(256)`, `CenterCrop(224)`), per image, on `ImageNet`-sized and on
+/// large JPEGs.
+fn bench_crop_window(c: &mut Criterion) {
+    for (w, h, n) in [(W, H, SET), (2048, 1536, 2)] {
+        let images: Vec<Vec<u8>> = (0..n)
+            .map(|i| jpeg(&photo(w, h, 200 + i as u64), w, h, 90))
+            .collect();
+        let bytes: u64 = images.iter().map(|v| v.len() as u64).sum();
+        let mut g = c.benchmark_group(format!("crop_window_jpeg_{w}x{h}_q90"));
+        g.throughput(Throughput::ElementsAndBytes {
+            elements: images.len() as u64,
+            bytes,
+        });
+        for (label, crop_decode) in [("crop_decode", true), ("full_decode", false)] {
+            // Training: a new crop for each image and each pass.
+            let mut out = vec![0u8; 224 * 224 * 3];
+            let mut seed = 0u64;
+            g.bench_function(format!("{DECODER}/random_resized_crop224/{label}"), |b| {
+                b.iter(|| {
+                    for img in &images {
+                        seed += 1;
+                        let t = random_resized_crop224(seed, crop_decode);
+                        black_box(decode_into(black_box(img), "bench", &t, &mut out).unwrap());
+                    }
+                });
+            });
+            let t = Transform {
+                crop_decode,
+                ..resize256_crop224(true)
+            };
+            g.bench_function(format!("{DECODER}/resize256_crop224/{label}"), |b| {
+                b.iter(|| {
+                    for img in &images {
+                        black_box(decode_into(black_box(img), "bench", &t, &mut out).unwrap());
+                    }
+                });
+            });
+        }
+        g.finish();
+    }
+}
+
 /// The resample alone: the `fast_image_resize` call that the kernel makes
 /// (antialiased bilinear convolution of the source rectangle into the
 /// 224x224 output), from the full-size and from the 6/8-scaled decode.
@@ -276,6 +336,17 @@ fn bench_batch(c: &mut Criterion) {
             b.iter(|| assemble(&pool, &images, &t, slot_len, threads));
         });
     }
+    // The same with the crop-window decode.
+    let t = Transform {
+        crop_decode: true,
+        ..t
+    };
+    for threads in [1, 2] {
+        let name = format!("{DECODER}/decode_into_pooled_batch_{threads}_threads/crop_decode");
+        g.bench_function(name, |b| {
+            b.iter(|| assemble(&pool, &images, &t, slot_len, threads));
+        });
+    }
     g.finish();
 }
 
@@ -291,6 +362,6 @@ fn config() -> Criterion {
 criterion_group! {
     name = benches;
     config = config();
-    targets = bench_jpeg, bench_resize, bench_png, bench_batch
+    targets = bench_jpeg, bench_crop_window, bench_resize, bench_png, bench_batch
 }
 criterion_main!(benches);

@@ -892,7 +892,7 @@ fn window_transforms(seed: u64) -> Vec<Transform> {
         ColorMode::Rgb
     };
     let mut v = Vec::new();
-    for size in [(224, 224), (64, 48), (24, 32), (8, 8)] {
+    for size in [(96, 96), (64, 48), (24, 32), (8, 8)] {
         v.push(Transform {
             mode,
             crop: Some(Crop::random_resized(seed)),
@@ -953,7 +953,7 @@ fn window_vs_full(data: &[u8], t: &Transform) -> f64 {
 fn crop_window_decode_matches_a_full_decode_on_real_photos() {
     let mut worst = f64::INFINITY;
     for (name, data) in PHOTOS {
-        for seed in 0..40 {
+        for seed in 0..24 {
             for t in window_transforms(seed) {
                 let p = window_vs_full(data, &t);
                 assert!(p >= 40.0, "{name} seed {seed} {t:?}: PSNR {p:.1} dB");
@@ -971,7 +971,7 @@ fn crop_window_decode_handles_every_exif_orientation() {
     for (name, data) in [PHOTOS[0], PHOTOS[1], PHOTOS[2], PHOTOS[5]] {
         for o in 1..=8u16 {
             let data = with_orientation(data, o);
-            for seed in 0..12 {
+            for seed in 0..4 {
                 for t in window_transforms(seed) {
                     let p = window_vs_full(&data, &t);
                     assert!(p >= 40.0, "{name} orientation {o} seed {seed}: {p:.1} dB");
@@ -999,7 +999,7 @@ fn crop_window_decode_on_variants_edges_and_tiny_images() {
     let (mut right, mut bottom, mut one_pixel) = (0, 0, 0);
     for (name, data) in &variants {
         let info = probe(data, "v.jpg").unwrap();
-        for seed in 0..60 {
+        for seed in 0..20 {
             for t in window_transforms(seed) {
                 if let Some(Crop::RandomResized { scale, ratio, seed }) = t.crop {
                     let (top, left, h, w) =
@@ -1013,6 +1013,7 @@ fn crop_window_decode_on_variants_edges_and_tiny_images() {
             }
         }
     }
+    eprintln!("crops at the right edge {right}, bottom {bottom}, of one pixel {one_pixel}");
     // The cases the test is about did come up.
     assert!(right > 100 && bottom > 100 && one_pixel > 20, "{right} {bottom} {one_pixel}");
 }
