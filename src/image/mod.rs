@@ -205,16 +205,16 @@ pub struct Transform {
     /// resize). On by default; ignored by builds without the `turbojpeg`
     /// feature, which always decode at full size.
     pub dct_scaling: bool,
-    /// Decode only the part of the image that the output reads: for a
-    /// JPEG, libjpeg-turbo decodes just the rows and iMCU columns of the
-    /// source rectangle (after the crop is drawn, in the coordinates of the
-    /// `n/8` scale picked as with `dct_scaling`), plus the resize filter's
-    /// reach; for a PNG, decoding stops after the rectangle's last row. The
-    /// result equals a full decode's but for libjpeg-turbo's chroma
-    /// upsampling at the window's edges, which the filter does not reach in
-    /// practice (tested: PSNR >= 40 dB against a full decode on real
-    /// photos). On by default; `false` decodes every pixel. Builds without
-    /// the `turbojpeg` feature always decode JPEGs whole.
+    /// Decode only the part of a JPEG that the output reads: libjpeg-turbo
+    /// decodes just the rows and iMCU columns (8 to 32 pixels wide) of the
+    /// source rectangle, plus the resize filter's reach and a small margin,
+    /// at the `n/8` scale that `dct_scaling` picks; EXIF-rotated JPEGs
+    /// included (the window is mapped to the stored orientation). Lossless
+    /// and unusually subsampled JPEGs, which libjpeg-turbo cannot decode
+    /// partially, PNG, WebP and BMP, and every JPEG in builds without the
+    /// `turbojpeg` feature, are decoded whole. The pixels equal a full
+    /// decode's (tested on real photos: PSNR >= 40 dB required, equal in
+    /// practice). On by default; `false` decodes every pixel.
     pub crop_decode: bool,
 }
 

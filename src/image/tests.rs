@@ -1015,7 +1015,10 @@ fn crop_window_decode_on_variants_edges_and_tiny_images() {
     }
     eprintln!("crops at the right edge {right}, bottom {bottom}, of one pixel {one_pixel}");
     // The cases the test is about did come up.
-    assert!(right > 100 && bottom > 100 && one_pixel > 20, "{right} {bottom} {one_pixel}");
+    assert!(
+        right > 100 && bottom > 100 && one_pixel > 20,
+        "{right} {bottom} {one_pixel}"
+    );
 }
 
 /// The window libjpeg-turbo decodes holds the pixels of a full decode
@@ -1047,11 +1050,18 @@ fn jpeg_window_is_partial_and_equals_the_full_decode_inside() {
                 width: (sw / 4).max(1),
                 height: (sh / 4).max(1),
             };
-            let (px, win, size) = codecs::decode_jpeg_window(data, num, ColorMode::Rgb, want).unwrap();
+            let (px, win, size) =
+                codecs::decode_jpeg_window(data, num, ColorMode::Rgb, want).unwrap();
             assert_eq!(size, (sw, sh));
-            assert!(win.x <= want.x && win.y == want.y, "{name} 1/{num}: {win:?}");
+            assert!(
+                win.x <= want.x && win.y == want.y,
+                "{name} 1/{num}: {win:?}"
+            );
             assert!(win.x + win.width == want.x + want.width && win.height == want.height);
-            assert!(win.width < sw, "{name} {num}/8: the window is the whole width");
+            assert!(
+                win.width < sw,
+                "{name} {num}/8: the window is the whole width"
+            );
             // Inside the window, away from its edges (the margin that
             // decode_inner adds), the pixels are a full decode's.
             let m = super::WINDOW_MARGIN;
@@ -1065,7 +1075,10 @@ fn jpeg_window_is_partial_and_equals_the_full_decode_inside() {
                     }
                 }
             }
-            assert!(worst <= 1, "{name} {num}/8: differs by {worst} inside the window");
+            assert!(
+                worst <= 1,
+                "{name} {num}/8: differs by {worst} inside the window"
+            );
         }
     }
 }
@@ -1123,7 +1136,12 @@ fn window_boxes_follow_the_exif_orientation() {
     let px: Vec<u8> = (0..w * h).map(|i| i as u8).collect();
     for o in 1..=8u16 {
         let (opx, ow, oh) = ops::orient(&px, w, h, 1, o).unwrap();
-        for (x0, y0, x1, y1) in [(0, 0, ow, oh), (1, 2, 3, 4), (0, 1, 2, oh), (ow - 1, 0, ow, 1)] {
+        for (x0, y0, x1, y1) in [
+            (0, 0, ow, oh),
+            (1, 2, 3, 4),
+            (0, 1, 2, oh),
+            (ow - 1, 0, ow, 1),
+        ] {
             let b = plan::BoxU { x0, y0, x1, y1 };
             let s = plan::box_to_stored(b, o, w, h);
             assert_eq!(plan::box_to_oriented(s, o, w, h), b, "orientation {o}");
