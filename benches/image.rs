@@ -87,7 +87,7 @@ fn random_resized_crop224(seed: u64, crop_decode: bool) -> Transform {
     Transform {
         crop: Some(Crop::random_resized(seed)),
         size: Some((224, 224)),
-        flip: seed % 2 == 0,
+        flip: seed.is_multiple_of(2),
         crop_decode,
         ..Transform::default()
     }

@@ -274,6 +274,10 @@ pub(crate) struct Window {
     pub height: usize,
 }
 
+/// Decoded pixels of a window: packed rows, the window they hold, and the
+/// size of the whole image (at the scale decoded).
+pub(crate) type WindowPixels = (Vec<u8>, Window, (usize, usize));
+
 /// Decodes the window `want` (in the coordinates of the image scaled to
 /// `num/8`, as stored: before EXIF orientation) of a JPEG in `mode`, into
 /// a new buffer of packed rows. Returns the buffer, the window it holds
@@ -292,7 +296,7 @@ pub(crate) fn decode_jpeg_window(
     num: usize,
     mode: ColorMode,
     want: Window,
-) -> Result<(Vec<u8>, Window, (usize, usize)), ImageError> {
+) -> Result<WindowPixels, ImageError> {
     #[cfg(feature = "turbojpeg")]
     return jpeg_turbo::decode_window(data, num, mode, want);
     #[cfg(not(feature = "turbojpeg"))]

@@ -553,28 +553,7 @@ fn decode_inner(
             } else {
                 8
             };
-            let (sw, sh) = codecs::jpeg_scaled_size(&info, num);
-            let want = if transform.crop_decode {
-                let b = plan::box_to_stored(
-                    support(&p, info.orientation, (ow, oh), (sw, sh)),
-                    info.orientation,
-                    sw,
-                    sh,
-                );
-                codecs::Window {
-                    x: b.x0,
-                    y: b.y0,
-                    width: b.x1 - b.x0,
-                    height: b.y1 - b.y0,
-                }
-            } else {
-                codecs::Window {
-                    x: 0,
-                    y: 0,
-                    width: sw,
-                    height: sh,
-                }
-            };
+            let want = jpeg_window(&p, &info, num, transform.crop_decode);
             codecs::decode_jpeg_window(data, num, transform.mode, want)?
         }
         Format::Png | Format::Webp | Format::Bmp => {
@@ -641,6 +620,30 @@ fn decode_inner(
     })?;
     finish(slot, &p, c, transform.flip);
     Ok((p.out_h, p.out_w, c))
+}
+
+/// The window of a JPEG to decode at `num/8` (stored coordinates): what
+/// the resample of the plan reads, or with `crop_decode` off all of it.
+fn jpeg_window(p: &plan::Plan, info: &ImageInfo, num: usize, crop_decode: bool) -> codecs::Window {
+    let (sw, sh) = codecs::jpeg_scaled_size(info, num);
+    let b = if crop_decode {
+        let oriented = info.oriented_size();
+        let b = support(p, info.orientation, oriented, (sw, sh));
+        plan::box_to_stored(b, info.orientation, sw, sh)
+    } else {
+        plan::BoxU {
+            x0: 0,
+            y0: 0,
+            x1: sw,
+            y1: sh,
+        }
+    };
+    codecs::Window {
+        x: b.x0,
+        y: b.y0,
+        width: b.x1 - b.x0,
+        height: b.y1 - b.y0,
+    }
 }
 
 /// The plan's source rectangle (in full-size oriented coordinates of an

@@ -886,7 +886,7 @@ fn psnr(a: &[u8], b: &[u8]) -> f64 {
 /// crops to several sizes (so every DCT scale is picked), with flips and
 /// both color modes, and center crops after a shorter-side resize.
 fn window_transforms(seed: u64) -> Vec<Transform> {
-    let mode = if seed % 3 == 0 {
+    let mode = if seed.is_multiple_of(3) {
         ColorMode::Gray
     } else {
         ColorMode::Rgb
@@ -897,7 +897,7 @@ fn window_transforms(seed: u64) -> Vec<Transform> {
             mode,
             crop: Some(Crop::random_resized(seed)),
             size: Some(size),
-            flip: seed % 2 == 1,
+            flip: !seed.is_multiple_of(2),
             ..Transform::default()
         });
     }
@@ -1121,7 +1121,7 @@ fn lossless_jpeg_falls_back_to_a_full_decode() {
         }
     );
     // (RGB only: libjpeg-turbo converts a lossless RGB JPEG to nothing else.)
-    for seed in (0..30).filter(|s| s % 3 != 0) {
+    for seed in (0..30).filter(|s: &u64| !s.is_multiple_of(3)) {
         for t in window_transforms(seed) {
             assert!(window_vs_full(&data, &t).is_infinite(), "seed {seed} {t:?}");
         }

@@ -1,6 +1,6 @@
 //! JPEG through libjpeg-turbo (the `turbojpeg` feature): SIMD IDCT,
 //! DCT-domain scaling to `n/8` of the stored size, and partial decoding of
-//! a window (TurboJPEG 3's cropping region: only the rows of the window
+//! a window (`TurboJPEG` 3's cropping region: only the rows of the window
 //! are color-converted and inverse-transformed, only its iMCU columns are
 //! inverse-transformed).
 //!
@@ -15,7 +15,7 @@ use std::ptr::NonNull;
 
 use turbojpeg::raw;
 
-use super::{corrupt, ColorMode, ImageError, Window, MAX_JPEG_SCANS};
+use super::{corrupt, ColorMode, ImageError, Window, WindowPixels, MAX_JPEG_SCANS};
 use crate::image::Format;
 
 thread_local! {
@@ -25,7 +25,7 @@ thread_local! {
 
 const FMT: Format = Format::Jpeg;
 
-/// A TurboJPEG decompression instance (`tjhandle`), owned: destroyed on drop.
+/// A `TurboJPEG` decompression instance (`tjhandle`), owned: destroyed on drop.
 struct Handle(NonNull<c_void>);
 
 /// What `tj3DecompressHeader` reads.
@@ -49,7 +49,7 @@ impl Handle {
     fn new() -> Result<Self, ImageError> {
         // SAFETY: tj3Init has no preconditions; it returns a new instance, or
         // null when it cannot allocate one.
-        let ptr = unsafe { raw::tj3Init(raw::TJINIT_TJINIT_DECOMPRESS as c_int) };
+        let ptr = unsafe { raw::tj3Init(raw::TJINIT_TJINIT_DECOMPRESS.cast_signed()) };
         NonNull::new(ptr)
             .map(Self)
             .ok_or_else(|| corrupt(FMT, "TurboJPEG error: cannot create a decompressor"))
@@ -80,12 +80,12 @@ impl Handle {
     fn get(&self, param: raw::TJPARAM) -> c_int {
         // SAFETY: the handle is live; tj3Get reads a parameter (-1 for an
         // unknown one), it has no other effect.
-        unsafe { raw::tj3Get(self.ptr(), param as c_int) }
+        unsafe { raw::tj3Get(self.ptr(), param.cast_signed()) }
     }
 
     fn set(&mut self, param: raw::TJPARAM, value: c_int) -> Result<(), ImageError> {
         // SAFETY: the handle is live and not shared (thread-local, `&mut`).
-        let rc = unsafe { raw::tj3Set(self.ptr(), param as c_int, value) };
+        let rc = unsafe { raw::tj3Set(self.ptr(), param.cast_signed(), value) };
         self.check(rc)
     }
 
@@ -225,10 +225,12 @@ pub(crate) fn scaled_size(width: usize, height: usize, num: usize) -> (usize, us
 /// unusual one (such JPEGs cannot be decoded partially).
 fn mcu_width(subsamp: c_int) -> Option<usize> {
     match subsamp {
-        raw::TJSAMP_TJSAMP_444 | raw::TJSAMP_TJSAMP_GRAY | raw::TJSAMP_TJSAMP_440 => Some(8),
+        raw::TJSAMP_TJSAMP_444
+        | raw::TJSAMP_TJSAMP_GRAY
+        | raw::TJSAMP_TJSAMP_440
+        | raw::TJSAMP_TJSAMP_441 => Some(8),
         raw::TJSAMP_TJSAMP_422 | raw::TJSAMP_TJSAMP_420 => Some(16),
         raw::TJSAMP_TJSAMP_411 => Some(32),
-        raw::TJSAMP_TJSAMP_441 => Some(8),
         _ => None,
     }
 }
@@ -281,14 +283,14 @@ fn prepare(
     } else {
         d.set_crop(window)?;
     }
-    let cmyk = header.colorspace == raw::TJCS_TJCS_CMYK as c_int
-        || header.colorspace == raw::TJCS_TJCS_YCCK as c_int;
+    let cmyk = header.colorspace == raw::TJCS_TJCS_CMYK.cast_signed()
+        || header.colorspace == raw::TJCS_TJCS_YCCK.cast_signed();
     Ok((window, full, cmyk))
 }
 
 impl Handle {
     fn set_scan_limit(&mut self) -> Result<(), ImageError> {
-        self.set(raw::TJPARAM_TJPARAM_SCANLIMIT, MAX_JPEG_SCANS as c_int)
+        self.set(raw::TJPARAM_TJPARAM_SCANLIMIT, c_len(MAX_JPEG_SCANS)?)
     }
 }
 
@@ -319,7 +321,7 @@ pub(crate) fn decode_window(
     num: usize,
     mode: ColorMode,
     want: Window,
-) -> Result<(Vec<u8>, Window, (usize, usize)), ImageError> {
+) -> Result<WindowPixels, ImageError> {
     with_decompressor(|d| {
         let (w, full, cmyk) = prepare(d, data, num, Some(want))?;
         let pitch = w.width * mode.channels();
