@@ -11,7 +11,10 @@
 //! `Image.resize(..., BILINEAR)` and torchvision's `antialias=True`). For a
 //! JPEG much larger than its output, libjpeg-turbo decodes at the smallest
 //! `n/8` scale that still covers the output (DCT-domain scaling), so a
-//! 4000 x 3000 photo bound for 224 x 224 is decoded at 1/8 size.
+//! 4000 x 3000 photo bound for 224 x 224 is decoded at 1/8 size. And since
+//! the crop is drawn before the decode, libjpeg-turbo decodes only the
+//! window of the JPEG that the resample reads (its rows and iMCU columns;
+//! [`Transform::crop_decode`]).
 //!
 //! # JPEG decoders
 //!
