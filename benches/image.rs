@@ -1,7 +1,7 @@
-//! Criterion benches of the image kernels: JPEG decode (full size and
-//! DCT-scaled), the resize, PNG decode, and the batch engine
-//! (`image::batch::decode_batch` of 32 images into the slots of one pooled
-//! batch buffer; criterion reports it per image).
+//! Criterion benches of the image kernels: JPEG decode (full size,
+//! DCT-scaled, and of the crop's window only), the resize, PNG decode, and
+//! the batch engine (`image::batch::decode_batch` of 32 images into the slots
+//! of one pooled batch buffer; criterion reports it per image).
 //!
 //! Run with `cargo bench --bench image` (JPEG by libjpeg-turbo, the default
 //! build) and `cargo bench --bench image --no-default-features` (JPEG by
@@ -67,7 +67,9 @@ fn png_rgb(px: &[u8], w: usize, h: usize) -> Vec<u8> {
     out
 }
 
-/// torchvision's eval transform: `Resize(256)` then `CenterCrop(224)`.
+/// torchvision's eval transform: `Resize(256)` then `CenterCrop(224)`,
+/// decoding every pixel (the crop-window decode is benched on its own, in
+/// `bench_crop_window`, so these ids keep their meaning).
 fn resize256_crop224(dct_scaling: bool) -> Transform {
     Transform {
         resize_shorter: Some(256),
@@ -76,6 +78,19 @@ fn resize256_crop224(dct_scaling: bool) -> Transform {
             width: 224,
         }),
         dct_scaling,
+        crop_decode: false,
+        ..Transform::default()
+    }
+}
+
+/// torchvision's training transform: `RandomResizedCrop(224)` (the crop
+/// drawn from `seed`) and a flip.
+fn random_resized_crop224(seed: u64, crop_decode: bool) -> Transform {
+    Transform {
+        crop: Some(Crop::random_resized(seed)),
+        size: Some((224, 224)),
+        flip: seed.is_multiple_of(2),
+        crop_decode,
         ..Transform::default()
     }
 }
@@ -183,6 +198,50 @@ fn bench_jpeg(c: &mut Criterion) {
     bench_set(c, &format!("jpeg_{w}x{h}_q90"), &images, &transforms);
 }
 
+/// The crop-window decode (`Transform::crop_decode`) against decoding every
+/// pixel, DCT scaling on in both: the training transform (a random resized
+/// crop to 224, a different crop for each image) and the evaluation one
+/// (`Resize(256)`, `CenterCrop(224)`), per image, on `ImageNet`-sized and on
+/// large JPEGs.
+fn bench_crop_window(c: &mut Criterion) {
+    for (w, h, n) in [(W, H, SET), (2048, 1536, 2)] {
+        let images: Vec<Vec<u8>> = (0..n)
+            .map(|i| jpeg(&photo(w, h, 200 + i as u64), w, h, 90))
+            .collect();
+        let mut g = c.benchmark_group(format!("crop_window_jpeg_{w}x{h}_q90"));
+        for (label, crop_decode) in [("crop_decode", true), ("full_decode", false)] {
+            g.throughput(Throughput::Elements(16));
+            // Training: 16 crops per iteration (8 images twice, or 2 large
+            // images 8 times each), the same ones with and without crop_decode.
+            let mut out = vec![0u8; 224 * 224 * 3];
+            let per_image = 16 / images.len();
+            g.bench_function(format!("{DECODER}/random_resized_crop224/{label}"), |b| {
+                b.iter(|| {
+                    for (i, img) in images.iter().enumerate() {
+                        for k in 0..per_image {
+                            let t = random_resized_crop224((i * per_image + k) as u64, crop_decode);
+                            black_box(decode_into(black_box(img), "bench", &t, &mut out).unwrap());
+                        }
+                    }
+                });
+            });
+            let t = Transform {
+                crop_decode,
+                ..resize256_crop224(true)
+            };
+            g.throughput(Throughput::Elements(images.len() as u64));
+            g.bench_function(format!("{DECODER}/resize256_crop224/{label}"), |b| {
+                b.iter(|| {
+                    for img in &images {
+                        black_box(decode_into(black_box(img), "bench", &t, &mut out).unwrap());
+                    }
+                });
+            });
+        }
+        g.finish();
+    }
+}
+
 /// The resample alone: the `fast_image_resize` call that the kernel makes
 /// (antialiased bilinear convolution of the source rectangle into the
 /// 224x224 output), from the full-size and from the 6/8-scaled decode.
@@ -275,6 +334,7 @@ fn bench_batch(c: &mut Criterion) {
                 size: Some((224, 224)),
                 crop: Some(Crop::random_resized(0)),
                 flip: true,
+                crop_decode: false,
                 ..Transform::default()
             },
         ),
@@ -289,12 +349,18 @@ fn bench_batch(c: &mut Criterion) {
         elements: BATCH as u64,
         bytes,
     });
-    for (job, t) in &jobs {
-        for threads in [1, 2] {
-            let name = format!("{DECODER}/decode_batch_{job}_{threads}_threads");
-            g.bench_function(name, |b| {
-                b.iter(|| assemble(&pool, &items, t, threads));
-            });
+    // Every pixel decoded (the ids of earlier measurements), then only the
+    // crop's window.
+    for crop_decode in [false, true] {
+        let suffix = if crop_decode { "/crop_decode" } else { "" };
+        for (job, t) in &jobs {
+            let t = Transform { crop_decode, ..*t };
+            for threads in [1, 2] {
+                let name = format!("{DECODER}/decode_batch_{job}_{threads}_threads{suffix}");
+                g.bench_function(name, |b| {
+                    b.iter(|| assemble(&pool, &items, &t, threads));
+                });
+            }
         }
     }
     g.finish();
@@ -312,6 +378,6 @@ fn config() -> Criterion {
 criterion_group! {
     name = benches;
     config = config();
-    targets = bench_jpeg, bench_resize, bench_png, bench_batch
+    targets = bench_jpeg, bench_crop_window, bench_resize, bench_png, bench_batch
 }
 criterion_main!(benches);

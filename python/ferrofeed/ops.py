@@ -55,6 +55,7 @@ def decode_image(
     ratio: tuple[float, float] = (3 / 4, 4 / 3),
     seed: int | None = None,
     dct_scaling: bool = True,
+    crop_decode: bool = True,
 ) -> NativeOp:
     """Decode each item's bytes (or path) into an image, without the GIL.
 
@@ -79,6 +80,7 @@ def decode_image(
         ratio=ratio,
         seed=seed,
         dct_scaling=dct_scaling,
+        crop_decode=crop_decode,
     )
 
 

@@ -265,6 +265,58 @@ pub(crate) fn decode_jpeg_into(
     }
 }
 
+/// A window of an image: `width` x `height` pixels from column `x`, row `y`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Window {
+    pub x: usize,
+    pub y: usize,
+    pub width: usize,
+    pub height: usize,
+}
+
+/// Decoded pixels of a window: packed rows, the window they hold, and the
+/// size of the whole image (at the scale decoded).
+pub(crate) type WindowPixels = (Vec<u8>, Window, (usize, usize));
+
+/// Decodes the window `want` (in the coordinates of the image scaled to
+/// `num/8`, as stored: before EXIF orientation) of a JPEG in `mode`, into
+/// a new buffer of packed rows. Returns the buffer, the window it holds
+/// (which contains `want` clipped to the image: libjpeg-turbo widens it
+/// left to an iMCU boundary), and the size of the whole image at the scale
+/// decoded.
+///
+/// libjpeg-turbo decodes only the window's rows and iMCU columns (entropy
+/// decoding still reads the whole file up to the window's last row); a
+/// lossless or unusually subsampled JPEG, which libjpeg-turbo cannot
+/// decode partially, and every JPEG in builds without the `turbojpeg`
+/// feature (zune-jpeg has no partial decoding, and `num` is then 8) are
+/// decoded whole, and the window returned is the whole image.
+pub(crate) fn decode_jpeg_window(
+    data: &[u8],
+    num: usize,
+    mode: ColorMode,
+    want: Window,
+) -> Result<WindowPixels, ImageError> {
+    #[cfg(feature = "turbojpeg")]
+    return jpeg_turbo::decode_window(data, num, mode, want);
+    #[cfg(not(feature = "turbojpeg"))]
+    {
+        debug_assert_eq!(num, 8, "zune-jpeg has no DCT scaling");
+        let _ = want;
+        let (w, h) = jpeg_zune::header(data)?;
+        let mut buf = zeroed(w * h * mode.channels())?;
+        let (w, h) = jpeg_zune::decode_into(data, mode, &mut buf, w * mode.channels())?;
+        buf.truncate(w * h * mode.channels());
+        let all = Window {
+            x: 0,
+            y: 0,
+            width: w,
+            height: h,
+        };
+        Ok((buf, all, (w, h)))
+    }
+}
+
 /// Converts `w`-wide Adobe-inverted CMYK (what libjpeg-turbo and zune-jpeg
 /// give for CMYK and YCCK JPEGs) to `mode` as Pillow does, into `out`, rows
 /// `pitch` bytes apart.

@@ -268,6 +268,82 @@ pub(crate) fn jpeg_scale_num(plan: &Plan, width: usize, height: usize) -> usize 
     8
 }
 
+/// An integer box of pixels, `[x0, x1) x [y0, y1)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct BoxU {
+    pub x0: usize,
+    pub y0: usize,
+    pub x1: usize,
+    pub y1: usize,
+}
+
+/// The pixels of a `w` x `h` image that resampling `rect` onto `dst_w` x
+/// `dst_h` pixels reads (antialiased bilinear: the filter reaches
+/// `max(1, scale)` pixels either side of each output pixel's center, see
+/// `ops::resample`), widened by `margin` pixels on each side and clipped
+/// to the image. Decoding only these pixels changes nothing in the result.
+#[allow(clippy::cast_possible_truncation)]
+pub(crate) fn resample_support(
+    rect: RectF,
+    dst_w: usize,
+    dst_h: usize,
+    w: usize,
+    h: usize,
+    margin: usize,
+) -> BoxU {
+    let axis = |start: f64, len: f64, out: usize, n: usize| -> (usize, usize) {
+        let radius = (len / out.max(1) as f64).max(1.0);
+        let lo = (start - radius).floor().max(0.0) as usize;
+        let hi = (start + len + radius).ceil().max(0.0) as usize;
+        (lo.saturating_sub(margin).min(n), (hi + margin).min(n))
+    };
+    let (x0, x1) = axis(rect.left, rect.width, dst_w, w);
+    let (y0, y1) = axis(rect.top, rect.height, dst_h, h);
+    BoxU { x0, y0, x1, y1 }
+}
+
+/// `[a, b)` mirrored in `[0, n)`.
+fn mirror((a, b): (usize, usize), n: usize) -> (usize, usize) {
+    (n - b, n - a)
+}
+
+/// The box of the stored image (`stored_w` x `stored_h`, before EXIF
+/// `orientation`) that holds the pixels of box `b` of the oriented image
+/// (`ops::orient`'s mapping, on boxes).
+pub(crate) fn box_to_stored(b: BoxU, orientation: u16, stored_w: usize, stored_h: usize) -> BoxU {
+    let (xs, ys) = ((b.x0, b.x1), (b.y0, b.y1));
+    let (w, h) = (stored_w, stored_h);
+    let ((x0, x1), (y0, y1)) = match orientation {
+        2 => (mirror(xs, w), ys),
+        3 => (mirror(xs, w), mirror(ys, h)),
+        4 => (xs, mirror(ys, h)),
+        5 => (ys, xs),
+        6 => (ys, mirror(xs, h)),
+        7 => (mirror(ys, w), mirror(xs, h)),
+        8 => (mirror(ys, w), xs),
+        _ => (xs, ys),
+    };
+    BoxU { x0, y0, x1, y1 }
+}
+
+/// The inverse of [`box_to_stored`]: the box of the oriented image that
+/// the stored box `b` becomes.
+pub(crate) fn box_to_oriented(b: BoxU, orientation: u16, stored_w: usize, stored_h: usize) -> BoxU {
+    let (xs, ys) = ((b.x0, b.x1), (b.y0, b.y1));
+    let (w, h) = (stored_w, stored_h);
+    let ((x0, x1), (y0, y1)) = match orientation {
+        2 => (mirror(xs, w), ys),
+        3 => (mirror(xs, w), mirror(ys, h)),
+        4 => (xs, mirror(ys, h)),
+        5 => (ys, xs),
+        6 => (mirror(ys, h), xs),
+        7 => (mirror(ys, h), mirror(xs, w)),
+        8 => (ys, mirror(xs, w)),
+        _ => (xs, ys),
+    };
+    BoxU { x0, y0, x1, y1 }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

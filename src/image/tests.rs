@@ -836,3 +836,344 @@ fn fuzz_corpus_replays_without_a_decoder_panic() {
     let n = inputs.len();
     assert!(n >= 20, "only {n} corpus files");
 }
+
+// ---------------------------------------------------------------------------
+// Crop-window decode (`Transform::crop_decode`)
+
+/// Small JPEGs made from scikit-image's photos (tests/fixtures/photos/make.py).
+const PHOTOS: [(&str, &[u8]); 6] = [
+    (
+        "coffee 4:2:0 q90",
+        include_bytes!("../../tests/fixtures/photos/coffee_420_q90.jpg"),
+    ),
+    (
+        "chelsea 4:4:4 q75 progressive",
+        include_bytes!("../../tests/fixtures/photos/chelsea_444_q75_progressive.jpg"),
+    ),
+    (
+        "camera gray q85",
+        include_bytes!("../../tests/fixtures/photos/camera_gray_q85.jpg"),
+    ),
+    (
+        "astronaut 4:2:2 q95 EXIF 6",
+        include_bytes!("../../tests/fixtures/photos/astronaut_422_q95_exif6.jpg"),
+    ),
+    (
+        "rocket 4:2:0 q80 progressive EXIF 8",
+        include_bytes!("../../tests/fixtures/photos/rocket_420_q80_progressive_exif8.jpg"),
+    ),
+    (
+        "hubble CMYK q90",
+        include_bytes!("../../tests/fixtures/photos/hubble_cmyk_q90.jpg"),
+    ),
+];
+
+/// Peak signal-to-noise ratio in dB (infinite for equal images).
+fn psnr(a: &[u8], b: &[u8]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let se: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(&x, &y)| (f64::from(x) - f64::from(y)).powi(2))
+        .sum();
+    if se == 0.0 {
+        return f64::INFINITY;
+    }
+    10.0 * (255.0f64.powi(2) * a.len() as f64 / se).log10()
+}
+
+/// The transforms of the crop-window tests for `seed`: random resized
+/// crops to several sizes (so every DCT scale is picked), with flips and
+/// both color modes, and center crops after a shorter-side resize.
+fn window_transforms(seed: u64) -> Vec<Transform> {
+    let mode = if seed.is_multiple_of(3) {
+        ColorMode::Gray
+    } else {
+        ColorMode::Rgb
+    };
+    let mut v = Vec::new();
+    for size in [(96, 96), (64, 48), (24, 32), (8, 8)] {
+        v.push(Transform {
+            mode,
+            crop: Some(Crop::random_resized(seed)),
+            size: Some(size),
+            flip: !seed.is_multiple_of(2),
+            ..Transform::default()
+        });
+    }
+    // Tiny crops: a few pixels, or one.
+    v.push(Transform {
+        mode,
+        crop: Some(Crop::RandomResized {
+            scale: (0.0001, 0.002),
+            ratio: (0.5, 2.0),
+            seed,
+        }),
+        size: Some((7, 5)),
+        ..Transform::default()
+    });
+    let shorter = [32, 64, 100, 256][(seed % 4) as usize];
+    let crop = shorter * 7 / 8;
+    v.push(Transform {
+        mode,
+        resize_shorter: Some(shorter),
+        crop: Some(Crop::Center {
+            height: crop,
+            width: crop,
+        }),
+        ..Transform::default()
+    });
+    v
+}
+
+/// Decodes `data` with `t` with and without the crop window; returns the
+/// PSNR between the two.
+fn window_vs_full(data: &[u8], t: &Transform) -> f64 {
+    let window = decode(data, "w.jpg", t).unwrap();
+    let full = decode(
+        data,
+        "f.jpg",
+        &Transform {
+            crop_decode: false,
+            ..*t
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        (window.height, window.width, window.channels),
+        (full.height, full.width, full.channels)
+    );
+    psnr(&window.data, &full.data)
+}
+
+/// A few crops of each photo, in every build (without the `turbojpeg`
+/// feature `crop_decode` changes nothing: zune-jpeg decodes whole).
+#[test]
+fn crop_decode_keeps_the_output() {
+    for (name, data) in PHOTOS {
+        for seed in 0..2 {
+            for t in window_transforms(seed) {
+                let p = window_vs_full(data, &t);
+                assert!(p >= 40.0, "{name} seed {seed} {t:?}: PSNR {p:.1} dB");
+                if !cfg!(feature = "turbojpeg") {
+                    assert!(p.is_infinite(), "{name} seed {seed} {t:?}");
+                }
+            }
+        }
+    }
+}
+
+/// On real photos (4:2:0, 4:2:2, 4:4:4, gray, CMYK, baseline and
+/// progressive, EXIF-rotated), the crop-window decode gives what a full
+/// decode, crop and resize give, to PSNR >= 40 dB, for many random crops.
+#[cfg(feature = "turbojpeg")] // zune-jpeg decodes whole: nothing to compare
+#[test]
+fn crop_window_decode_matches_a_full_decode_on_real_photos() {
+    let mut worst = f64::INFINITY;
+    for (name, data) in PHOTOS {
+        for seed in 0..24 {
+            for t in window_transforms(seed) {
+                let p = window_vs_full(data, &t);
+                assert!(p >= 40.0, "{name} seed {seed} {t:?}: PSNR {p:.1} dB");
+                worst = worst.min(p);
+            }
+        }
+    }
+    eprintln!("crop window vs full decode, real photos: worst PSNR {worst:.1} dB");
+}
+
+/// Every EXIF orientation: the window is mapped to stored coordinates
+/// before decoding, and the result still matches the full decode.
+#[cfg(feature = "turbojpeg")] // zune-jpeg decodes whole: nothing to compare
+#[test]
+fn crop_window_decode_handles_every_exif_orientation() {
+    for (name, data) in [PHOTOS[0], PHOTOS[1], PHOTOS[2], PHOTOS[5]] {
+        for o in 1..=8u16 {
+            let data = with_orientation(data, o);
+            for seed in 0..4 {
+                for t in window_transforms(seed) {
+                    let p = window_vs_full(&data, &t);
+                    assert!(p >= 40.0, "{name} orientation {o} seed {seed}: {p:.1} dB");
+                }
+            }
+        }
+    }
+}
+
+/// Every JPEG variant (chroma subsamplings, progressive, restart markers,
+/// gray, CMYK, YCCK) of a 75 x 53 image (not a multiple of the MCU), and
+/// tiny images, with crops that reach the right and bottom edges and
+/// crops of a single pixel.
+#[cfg(feature = "turbojpeg")] // zune-jpeg decodes whole: nothing to compare
+#[test]
+fn crop_window_decode_on_variants_edges_and_tiny_images() {
+    let mut variants = jpeg_variants();
+    for (w, h) in [(1, 1), (2, 3), (9, 17), (17, 9), (16, 16)] {
+        let opts = JpegOpts {
+            sampling: jpeg_encoder::SamplingFactor::R_4_2_0,
+            ..JpegOpts::default()
+        };
+        let data = jpeg_of(&gradient(w, h), w, h, jpeg_encoder::ColorType::Rgb, opts);
+        variants.push((format!("{w}x{h}"), data));
+    }
+    let (mut right, mut bottom, mut one_pixel) = (0, 0, 0);
+    for (name, data) in &variants {
+        let info = probe(data, "v.jpg").unwrap();
+        for seed in 0..20 {
+            for t in window_transforms(seed) {
+                if let Some(Crop::RandomResized { scale, ratio, seed }) = t.crop {
+                    let (top, left, h, w) =
+                        plan::random_resized_crop(info.width, info.height, scale, ratio, seed);
+                    right += usize::from(left + w == info.width);
+                    bottom += usize::from(top + h == info.height);
+                    one_pixel += usize::from(w * h == 1);
+                }
+                let p = window_vs_full(data, &t);
+                assert!(p >= 40.0, "{name} seed {seed} {t:?}: PSNR {p:.1} dB");
+            }
+        }
+    }
+    eprintln!("crops at the right edge {right}, bottom {bottom}, of one pixel {one_pixel}");
+    // The cases the test is about did come up.
+    assert!(
+        right > 100 && bottom > 100 && one_pixel > 20,
+        "{right} {bottom} {one_pixel}"
+    );
+}
+
+/// The window libjpeg-turbo decodes holds the pixels of a full decode
+/// (away from the window's inner edges), is smaller than the image, and
+/// this holds for progressive JPEGs too.
+#[cfg(feature = "turbojpeg")]
+#[test]
+fn jpeg_window_is_partial_and_equals_the_full_decode_inside() {
+    for (name, data) in PHOTOS {
+        let info = probe(data, "p.jpg").unwrap();
+        for num in [1, 2, 4, 8] {
+            let (sw, sh) = codecs::jpeg_scaled_size(&info, num);
+            let full = codecs::decode_jpeg_window(
+                data,
+                num,
+                ColorMode::Rgb,
+                codecs::Window {
+                    x: 0,
+                    y: 0,
+                    width: sw,
+                    height: sh,
+                },
+            )
+            .unwrap();
+            assert_eq!(full.1.width * full.1.height, sw * sh, "{name}");
+            let want = codecs::Window {
+                x: sw * 3 / 8,
+                y: sh / 3,
+                width: (sw / 4).max(1),
+                height: (sh / 4).max(1),
+            };
+            let (px, win, size) =
+                codecs::decode_jpeg_window(data, num, ColorMode::Rgb, want).unwrap();
+            assert_eq!(size, (sw, sh));
+            assert!(
+                win.x <= want.x && win.y == want.y,
+                "{name} 1/{num}: {win:?}"
+            );
+            assert!(win.x + win.width == want.x + want.width && win.height == want.height);
+            assert!(
+                win.width < sw,
+                "{name} {num}/8: the window is the whole width"
+            );
+            // Inside the window, away from its edges (the margin that
+            // decode_inner adds), the pixels are a full decode's.
+            let m = super::WINDOW_MARGIN;
+            let mut worst = 0u8;
+            for y in m..win.height.saturating_sub(m) {
+                for x in (if win.x == 0 { 0 } else { m })..win.width.saturating_sub(m) {
+                    for k in 0..3 {
+                        let a = px[(y * win.width + x) * 3 + k];
+                        let b = full.0[((win.y + y) * sw + win.x + x) * 3 + k];
+                        worst = worst.max(a.abs_diff(b));
+                    }
+                }
+            }
+            assert!(
+                worst <= 1,
+                "{name} {num}/8: differs by {worst} inside the window"
+            );
+        }
+    }
+}
+
+/// A lossless JPEG cannot be decoded partially (nor scaled): it is decoded
+/// whole, and the result is the same with or without `crop_decode`.
+#[cfg(feature = "turbojpeg")]
+#[test]
+fn lossless_jpeg_falls_back_to_a_full_decode() {
+    let (w, h) = (60, 44);
+    let px = gradient(w, h);
+    let mut c = turbojpeg::Compressor::new().unwrap();
+    c.set_lossless(true).unwrap();
+    let image = turbojpeg::Image {
+        pixels: px.as_slice(),
+        width: w,
+        pitch: w * 3,
+        height: h,
+        format: turbojpeg::PixelFormat::RGB,
+    };
+    let data = c.compress_to_vec(image).unwrap();
+    assert!(
+        codecs::decode_jpeg_window(
+            &data,
+            1,
+            ColorMode::Rgb,
+            codecs::Window {
+                x: 16,
+                y: 8,
+                width: 3,
+                height: 3
+            }
+        )
+        .unwrap()
+        .1 == codecs::Window {
+            x: 0,
+            y: 0,
+            width: w,
+            height: h
+        }
+    );
+    // (RGB only: libjpeg-turbo converts a lossless RGB JPEG to nothing else.)
+    for seed in (0..30).filter(|s: &u64| !s.is_multiple_of(3)) {
+        for t in window_transforms(seed) {
+            assert!(window_vs_full(&data, &t).is_infinite(), "seed {seed} {t:?}");
+        }
+    }
+}
+
+/// `box_to_stored` and `box_to_oriented` follow `ops::orient`: the stored
+/// box, oriented, is the oriented image's box.
+#[test]
+fn window_boxes_follow_the_exif_orientation() {
+    let (w, h) = (7, 5);
+    let px: Vec<u8> = (0..w * h).map(|i| i as u8).collect();
+    for o in 1..=8u16 {
+        let (opx, ow, oh) = ops::orient(&px, w, h, 1, o).unwrap();
+        for (x0, y0, x1, y1) in [
+            (0, 0, ow, oh),
+            (1, 2, 3, 4),
+            (0, 1, 2, oh),
+            (ow - 1, 0, ow, 1),
+        ] {
+            let b = plan::BoxU { x0, y0, x1, y1 };
+            let s = plan::box_to_stored(b, o, w, h);
+            assert_eq!(plan::box_to_oriented(s, o, w, h), b, "orientation {o}");
+            let sub: Vec<u8> = (s.y0..s.y1)
+                .flat_map(|y| px[y * w + s.x0..y * w + s.x1].to_vec())
+                .collect();
+            let (got, gw, gh) = ops::orient(&sub, s.x1 - s.x0, s.y1 - s.y0, 1, o).unwrap();
+            let want: Vec<u8> = (y0..y1)
+                .flat_map(|y| opx[y * ow + x0..y * ow + x1].to_vec())
+                .collect();
+            assert_eq!((gw, gh), (x1 - x0, y1 - y0), "orientation {o}");
+            assert_eq!(got, want, "orientation {o} box {b:?}");
+        }
+    }
+}

@@ -89,6 +89,7 @@ pub(crate) fn parse_transform(
     ratio: (f64, f64),
     seed: Option<u64>,
     dct_scaling: bool,
+    crop_decode: bool,
 ) -> PyResult<Transform> {
     let mode = match mode {
         "RGB" => ColorMode::Rgb,
@@ -135,6 +136,7 @@ pub(crate) fn parse_transform(
         size,
         flip,
         dct_scaling,
+        crop_decode,
     })
 }
 
@@ -142,10 +144,11 @@ pub(crate) fn parse_transform(
 #[pyfunction]
 #[pyo3(signature = (
     src, /, *, size=None, mode="RGB", resize_shorter=None, crop=None, flip=false,
-    scale=(0.08, 1.0), ratio=(0.75, 4.0 / 3.0), seed=None, dct_scaling=true, pool=None
+    scale=(0.08, 1.0), ratio=(0.75, 4.0 / 3.0), seed=None, dct_scaling=true, crop_decode=true,
+    pool=None
 ), text_signature = "(src, /, *, size=None, mode='RGB', resize_shorter=None, crop=None, \
     flip=False, scale=(0.08, 1.0), ratio=(0.75, 1.3333333333333333), seed=None, \
-    dct_scaling=True, pool=None)")]
+    dct_scaling=True, crop_decode=True, pool=None)")]
 #[allow(clippy::too_many_arguments)]
 fn decode_image(
     py: Python<'_>,
@@ -159,6 +162,7 @@ fn decode_image(
     ratio: (f64, f64),
     seed: Option<u64>,
     dct_scaling: bool,
+    crop_decode: bool,
     pool: Option<&Bound<'_, PyBufferPool>>,
 ) -> PyResult<PyTensor> {
     let transform = parse_transform(
@@ -171,6 +175,7 @@ fn decode_image(
         ratio,
         seed,
         dct_scaling,
+        crop_decode,
     )?;
     let source = parse_source(src)?;
     let pool = pool_or_default(py, pool)?;
@@ -194,11 +199,11 @@ fn decode_image(
 #[pyfunction]
 #[pyo3(signature = (
     sources, /, *, size, mode="RGB", resize_shorter=None, crop=None, flip=false,
-    scale=(0.08, 1.0), ratio=(0.75, 4.0 / 3.0), seed=None, dct_scaling=true, threads=None,
-    pool=None
+    scale=(0.08, 1.0), ratio=(0.75, 4.0 / 3.0), seed=None, dct_scaling=true, crop_decode=true,
+    threads=None, pool=None
 ), text_signature = "(sources, /, *, size, mode='RGB', resize_shorter=None, crop=None, \
     flip=False, scale=(0.08, 1.0), ratio=(0.75, 1.3333333333333333), seed=None, \
-    dct_scaling=True, threads=None, pool=None)")]
+    dct_scaling=True, crop_decode=True, threads=None, pool=None)")]
 #[allow(clippy::too_many_arguments)]
 fn load_images(
     py: Python<'_>,
@@ -212,6 +217,7 @@ fn load_images(
     ratio: (f64, f64),
     seed: Option<u64>,
     dct_scaling: bool,
+    crop_decode: bool,
     threads: Option<usize>,
     pool: Option<&Bound<'_, PyBufferPool>>,
 ) -> PyResult<PyTensor> {
@@ -225,6 +231,7 @@ fn load_images(
         ratio,
         seed,
         dct_scaling,
+        crop_decode,
     )?;
     let (height, width) = transform
         .size

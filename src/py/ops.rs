@@ -77,7 +77,8 @@ fn crop_seed(seed: u64, epoch: u64, name: &str) -> u64 {
 #[pyfunction]
 #[pyo3(signature = (
     *, size=None, mode="RGB", resize_shorter=None, crop=None, flip=false,
-    scale=(0.08, 1.0), ratio=(0.75, 1.333_333_333_333_333_3), seed=None, dct_scaling=true
+    scale=(0.08, 1.0), ratio=(0.75, 1.333_333_333_333_333_3), seed=None, dct_scaling=true,
+    crop_decode=true
 ))]
 #[allow(clippy::too_many_arguments)]
 fn _op_decode_image(
@@ -90,6 +91,7 @@ fn _op_decode_image(
     ratio: (f64, f64),
     seed: Option<u64>,
     dct_scaling: bool,
+    crop_decode: bool,
 ) -> PyResult<PyNativeOp> {
     let base_seed = seed.unwrap_or_else(crate::seed::fresh_seed);
     let transform = parse_transform(
@@ -102,6 +104,7 @@ fn _op_decode_image(
         ratio,
         Some(base_seed),
         dct_scaling,
+        crop_decode,
     )?;
     let for_item = move |name: &str| -> Transform {
         let mut t = transform;
