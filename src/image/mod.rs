@@ -58,6 +58,7 @@
 #![allow(clippy::cast_precision_loss, clippy::cast_sign_loss)]
 
 pub mod batch;
+mod buffer;
 mod codecs;
 mod ops;
 mod plan;
@@ -574,7 +575,7 @@ fn decode_inner(
                 finish(slot, &p, c, transform.flip);
                 return Ok((p.out_h, p.out_w, c));
             }
-            let mut buf = codecs::zeroed(px.width * px.height * c)?;
+            let mut buf = buffer::zeroed(px.width * px.height * c)?;
             ops::convert_channels(&px.data, px.channels, &mut buf, c);
             let all = codecs::Window {
                 x: 0,
@@ -750,7 +751,7 @@ pub fn fuzz_every_path(data: &[u8], max_pixels: usize) -> Result<(), ImageError>
     if codecs::sniff(data) == Some(Format::Jpeg) {
         keep_panics(guarded("fuzz", || {
             let info = probe_inner(data)?;
-            let mut buf = codecs::zeroed(info.width * info.height * 3)?;
+            let mut buf = buffer::zeroed(info.width * info.height * 3)?;
             codecs::jpeg_zune::decode_into(data, ColorMode::Rgb, &mut buf, info.width * 3).map(drop)
         }))?;
     }

@@ -81,7 +81,7 @@ pub(crate) fn orient(
 ) -> Result<(Vec<u8>, usize, usize), super::ImageError> {
     let transposed = orientation >= 5;
     let (ow, oh) = if transposed { (h, w) } else { (w, h) };
-    let mut out = super::codecs::zeroed(ow * oh * c)?;
+    let mut out = super::buffer::zeroed(ow * oh * c)?;
     for oy in 0..oh {
         for ox in 0..ow {
             let (sx, sy) = match orientation {

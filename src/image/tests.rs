@@ -793,9 +793,9 @@ fn png_too_short_for_its_header_fails_before_allocating() {
 
 #[test]
 fn zeroed_buffers_fail_instead_of_aborting() {
-    assert_eq!(codecs::zeroed(0).unwrap(), Vec::<u8>::new());
-    assert_eq!(codecs::zeroed(5).unwrap(), vec![0u8; 5]);
-    let e = codecs::zeroed(usize::MAX / 2).unwrap_err();
+    assert_eq!(buffer::zeroed(0).unwrap(), Vec::<u8>::new());
+    assert_eq!(buffer::zeroed(5).unwrap(), vec![0u8; 5]);
+    let e = buffer::zeroed(usize::MAX / 2).unwrap_err();
     assert!(matches!(e, ImageError::OutOfMemory { .. }), "{e}");
     assert!(codecs::headroom(usize::MAX / 2).is_err());
     assert!(codecs::headroom(1 << 20).is_ok());
