@@ -298,6 +298,12 @@ def child_pids(ppid: int) -> list[int]:
         return sorted(out)
     except OSError:
         pass  # no such files (CONFIG_PROC_CHILDREN off): scan every process
+    return sorted(pid for pid, parent in parent_pids().items() if parent == ppid)
+
+
+def parent_pids() -> dict[int, int]:
+    """Every live process's parent: {pid: ppid} (from /proc/*/stat)."""
+    out: dict[int, int] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -307,9 +313,9 @@ def child_pids(ppid: int) -> list[int]:
             continue
         # "pid (comm) state ppid ...": comm may contain spaces and parentheses.
         fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) > 1 and int(fields[1]) == ppid:
-            out.add(int(entry))
-    return sorted(out)
+        if len(fields) > 1:
+            out[int(entry)] = int(fields[1])
+    return out
 
 
 def tree_pids(root: int) -> list[int]:

@@ -55,7 +55,7 @@ from typing import Any
 import ferrofeed
 import numpy as np
 import numpy.typing as npt
-from _common import child_pids
+from _common import child_pids, parent_pids
 from bench_machine import cpu_model
 from ferrofeed.memory import process_memory
 
@@ -163,23 +163,6 @@ def read_mem(pid: int) -> Mem | None:
     except (OSError, LookupError, ValueError):
         return None
     return {f: int(getattr(m, f)) for f in MEM_FIELDS}
-
-
-def parent_pids() -> dict[int, int]:
-    """Every live process's parent: {pid: ppid} (from /proc/*/stat)."""
-    out: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        # "pid (comm) state ppid ...": comm may contain spaces and parentheses.
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) > 1:
-            out[int(entry)] = int(fields[1])
-    return out
 
 
 def process_tree(roots: Iterable[int]) -> dict[int, int]:
