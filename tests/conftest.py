@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -206,3 +207,27 @@ def last_json_line(text: str) -> Any:
 @pytest.fixture(name="last_json_line")
 def last_json_line_fixture() -> Callable[[str], Any]:
     return last_json_line
+
+
+def process_gone(pid: int) -> bool:
+    """Whether process ``pid`` has exited (a zombie not yet reaped counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    # A zombie still answers kill(0): it has exited, its parent just has not reaped it.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+def wait_gone(pids: Sequence[int], within: float) -> bool:
+    """Wait up to ``within`` seconds for every process of ``pids`` to exit; whether they did."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if all(process_gone(p) for p in pids):
+            return True
+        time.sleep(0.02)
+    return all(process_gone(p) for p in pids)

@@ -46,6 +46,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from thread_counts import os_threads
+
 SHM = "/dev/shm"
 
 
@@ -108,15 +110,6 @@ def rss_bytes() -> int:
 def open_fds() -> int:
     """Open file descriptors of this process."""
     return len(os.listdir("/proc/self/fd"))
-
-
-def os_threads() -> int:
-    """Threads of this process, as the kernel counts them."""
-    with open("/proc/self/status", encoding="ascii") as f:
-        for line in f:
-            if line.startswith("Threads:"):
-                return int(line.split()[1])
-    raise AssertionError("no Threads: line in /proc/self/status")
 
 
 def shm_files() -> int:

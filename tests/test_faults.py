@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import last_json_line, run_python
+from conftest import last_json_line, process_gone, run_python, wait_gone
 
 SHM = Path("/dev/shm")
 # OpenBLAS (NumPy's) runs a thread pool of its own, which it ends before a fork and starts
@@ -83,23 +83,6 @@ def shm_names():
 
 def probe_snippet(body: str) -> str:
     return PROBES + textwrap.dedent(body)
-
-
-def _gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in "ZX"
-    except FileNotFoundError:
-        return True
-
-
-def _wait_gone(pids: list[int], within: float) -> bool:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if all(_gone(p) for p in pids):
-            return True
-        time.sleep(0.02)
-    return all(_gone(p) for p in pids)
 
 
 # --------------------------------------------------------------------------------------
@@ -302,7 +285,7 @@ def test_signal_mid_epoch_ends_the_process_and_leaves_nothing(
     for bad in ("panicked", "Fatal", "Segmentation"):
         assert bad not in err, err
     assert not Path(info["arena"]).exists(), "the arena was left in /dev/shm"
-    assert _wait_gone(info["workers"], 5), "worker processes outlived the main process"
+    assert wait_gone(info["workers"], 5), "worker processes outlived the main process"
     assert sorted(p.name for p in arena_dir.iterdir()) == []
 
 
@@ -660,7 +643,7 @@ def test_full_shm_at_creation_and_at_growth() -> None:
 
 def test_helpers_can_fail() -> None:
     """The probes above can tell a live process from a gone one."""
-    assert not _gone(os.getpid())
+    assert not process_gone(os.getpid())
     p = subprocess.Popen([sys.executable, "-c", "pass"])
     p.wait()
-    assert _gone(p.pid)
+    assert process_gone(p.pid)

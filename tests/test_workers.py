@@ -17,6 +17,7 @@ from typing import Any
 import ferrofeed
 import numpy as np
 import pytest
+from conftest import wait_gone
 from ferrofeed import (
     DataLoader,
     SharedList,
@@ -196,28 +197,6 @@ def torch_collate(samples: list[int]) -> Any:
 
 def _worker_pids(loader: DataLoader) -> list[int]:
     return [w["pid"] for w in loader.stats()["workers"]["workers"]]
-
-
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    # A zombie still answers kill(0): it has exited, its parent just has not reaped it.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] in ("Z", "X")
-    except FileNotFoundError:
-        return True
-
-
-def _wait_gone(pids: list[int], within: float) -> bool:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if all(_gone(p) for p in pids):
-            return True
-        time.sleep(0.02)
-    return all(_gone(p) for p in pids)
 
 
 # -- the same batches as threads ---------------------------------------------------------
@@ -653,14 +632,14 @@ def test_persistent_workers_stay_between_epochs() -> None:
         assert [first, *rest] == [b["y"].tolist() for b in loader.epoch_batches(2)]
     finally:
         loader.shutdown_workers()
-    assert _wait_gone(pids, 3)
+    assert wait_gone(pids, 3)
 
 
 def test_non_persistent_workers_end_with_the_epoch() -> None:
     loader = DataLoader(Pids(), 8, num_workers=2)
     pids = {int(p) for b in loader for p in b[0]}
     assert len(pids) == 2
-    assert _wait_gone(list(pids), 3)
+    assert wait_gone(list(pids), 3)
     assert loader.stats()["workers"] == {}
 
 
@@ -671,7 +650,7 @@ def test_dropping_the_iterator_ends_the_workers() -> None:
     pids = list({int(p) for p in batch[0]})
     del it
     gc.collect()
-    assert _wait_gone(pids, 3)
+    assert wait_gone(pids, 3)
 
 
 def test_dropping_the_loader_ends_persistent_workers() -> None:
@@ -680,7 +659,7 @@ def test_dropping_the_loader_ends_persistent_workers() -> None:
     pids = _worker_pids(loader)
     del loader
     gc.collect()
-    assert _wait_gone(pids, 3)
+    assert wait_gone(pids, 3)
 
 
 # -- faults ----------------------------------------------------------------------------------
@@ -700,7 +679,7 @@ def test_worker_killed_by_a_signal_is_named(sig: int) -> None:
     assert f"pid {err.pid}" in str(err)
     assert signal.Signals(sig).name in str(err)
     assert "13" in str(err)
-    assert _wait_gone(_pids_of_loader_children(), 3)
+    assert wait_gone(_pids_of_loader_children(), 3)
 
 
 def _pids_of_loader_children() -> list[int]:
@@ -787,7 +766,7 @@ def test_workers_exit_when_the_main_process_is_killed(run_python: Any) -> None:
         assert proc.returncode == -signal.SIGKILL, proc.stderr
         main_pid, *pids = [int(p) for p in proc.stdout.split()]
         assert len(pids) == 2
-        assert _wait_gone(pids, 5), f"{method}: workers outlived their parent"
+        assert wait_gone(pids, 5), f"{method}: workers outlived their parent"
         # Only what these processes made counts (other processes of the machine may be
         # using /dev/shm meanwhile): ferrofeed's files there carry their creator's pid.
         ours = {
@@ -813,7 +792,7 @@ def test_interpreter_exit_ends_the_workers(run_python: Any) -> None:
         cwd=TESTS_DIR,
     )
     pids = [int(p) for p in proc.stdout.split()]
-    assert _wait_gone(pids, 5)
+    assert wait_gone(pids, 5)
 
 
 def test_argument_checks() -> None:
