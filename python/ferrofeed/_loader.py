@@ -1101,8 +1101,16 @@ def _check_device(output: Output, device: str) -> None:
     if output == "torch":
         import torch
 
-        if torch.device(device).type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"device={device!r}: no CUDA device is available to PyTorch")
+        dev = torch.device(device)
+        if dev.type == "cuda":
+            if not torch.cuda.is_available():
+                raise ValueError(f"device={device!r}: no CUDA device is available to PyTorch")
+            count = torch.cuda.device_count()
+            if dev.index is not None and dev.index >= count:
+                raise ValueError(
+                    f"device={device!r}: PyTorch sees {count} CUDA device(s), "
+                    f"cuda:0 to cuda:{count - 1}"
+                )
         return
     import jax
 
