@@ -32,7 +32,7 @@ use fast_image_resize::images::{Image, ImageRef};
 use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
 use ferrofeed::image::batch::{decode_batch, BatchItem, BatchOptions, Source};
 use ferrofeed::image::synth::{encode_jpeg, photo, Chroma};
-use ferrofeed::image::{decode_into, output_shape, Crop, Transform};
+use ferrofeed::image::{decode_into, output_shape, Crop, Flip, Transform};
 use ferrofeed::seed::{mix, Stream};
 use ferrofeed::staging::{BufferPool, Pinning, PoolConfig};
 
@@ -89,7 +89,7 @@ fn random_resized_crop224(seed: u64, crop_decode: bool) -> Transform {
     Transform {
         crop: Some(Crop::random_resized(seed)),
         size: Some((224, 224)),
-        flip: seed.is_multiple_of(2),
+        flip: seed.is_multiple_of(2).into(),
         crop_decode,
         ..Transform::default()
     }
@@ -333,7 +333,7 @@ fn bench_batch(c: &mut Criterion) {
             Transform {
                 size: Some((224, 224)),
                 crop: Some(Crop::random_resized(0)),
-                flip: true,
+                flip: Flip::Random { seed: 0 },
                 crop_decode: false,
                 ..Transform::default()
             },

@@ -91,6 +91,9 @@ pub enum Stream {
     Sample,
     /// The draws of one image's random resized crop.
     Crop,
+    /// Whether one image is mirrored by a random horizontal flip (drawn
+    /// from the image's seed, the one its crop draws from).
+    Flip,
 }
 
 impl Stream {
@@ -99,6 +102,7 @@ impl Stream {
         match self {
             Stream::Sample => 0x5EED_5A3D_1E5E_ED00,
             Stream::Crop => 0xC409_5EED_0000_0001,
+            Stream::Flip => 0xF11B_5EED_0000_0002,
         }
     }
 
@@ -107,6 +111,7 @@ impl Stream {
         match name {
             "sample" => Some(Stream::Sample),
             "crop" => Some(Stream::Crop),
+            "flip" => Some(Stream::Flip),
             _ => None,
         }
     }
@@ -238,6 +243,14 @@ mod tests {
         );
     }
 
+    #[test]
+    fn flip_stream_is_pinned() {
+        assert_eq!(mix(0, 0, 0, Stream::Flip), FLIP_GOLDEN[0]);
+        assert_eq!(mix(7, 1, 3, Stream::Flip), FLIP_GOLDEN[1]);
+    }
+
+    const FLIP_GOLDEN: [u64; 2] = [7_597_842_688_844_317_922, 1_284_616_718_397_077_426];
+
     const CROP_GOLDEN: [u64; 3] = [
         11_492_569_862_326_130_707,
         3_522_167_460_412_779_704,
@@ -271,7 +284,7 @@ mod tests {
     #[test]
     fn streams_indices_epochs_and_seeds_all_matter() {
         let mut seen = std::collections::HashSet::new();
-        for stream in [Stream::Sample, Stream::Crop] {
+        for stream in [Stream::Sample, Stream::Crop, Stream::Flip] {
             for seed in 0..4 {
                 for epoch in 0..4 {
                     for index in 0..64 {
@@ -308,6 +321,7 @@ mod tests {
         }
         assert_eq!(g.below(0), 0);
         assert_eq!(Stream::from_name("crop"), Some(Stream::Crop));
+        assert_eq!(Stream::from_name("flip"), Some(Stream::Flip));
         assert_eq!(Stream::from_name("sample"), Some(Stream::Sample));
         assert_eq!(Stream::from_name("shuffle"), None);
     }

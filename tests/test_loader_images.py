@@ -400,6 +400,57 @@ def test_random_crops_same_for_any_thread_count_and_differ_by_epoch(data: Datase
     assert not same_batches(other, runs[1][0])
 
 
+def test_random_flip_mirrors_the_same_crop_about_half_the_time(data: Dataset) -> None:
+    # RandomResizedCrop + RandomHorizontalFlip natively: each image is the crop drawn with
+    # flip=False, mirrored or not; both happen; the draw does not depend on threads.
+    def run(flip: bool | str, threads: int = 2) -> list[tuple[np.ndarray, list[int]]]:
+        op = ops.decode_image(size=SIZE, crop="random", flip=flip)  # type: ignore[arg-type]
+        return collect(
+            indexed_loader(data, batch_size=8, seed=11, num_threads=threads, transform=op)
+        )
+
+    plain = np.concatenate([im for im, _ in run(False)])
+    flipped = run("random")
+    assert same_batches(flipped, run("random", threads=1))
+    images = np.concatenate([im for im, _ in flipped])
+    mirrored = 0
+    for got, crop in zip(images, plain, strict=True):
+        if np.array_equal(got, crop[:, ::-1]) and not np.array_equal(got, crop):
+            mirrored += 1
+        else:
+            assert np.array_equal(got, crop), "a random flip changed more than the mirroring"
+    # 45 images, each mirrored with probability 1/2: 1 to 44 (chance of failing < 1e-12)
+    assert 0 < mirrored < len(images), mirrored
+    # flip=True mirrors every one.
+    always = np.concatenate([im for im, _ in run(True)])
+    assert np.array_equal(always, plain[:, :, ::-1])
+
+
+def test_flip_argument_errors_and_seeded_single_decode(data: Dataset) -> None:
+    for bad in ("yes", 2, 0.5):
+        with pytest.raises(ValueError, match="flip is True, False or"):
+            ops.decode_image(size=SIZE, flip=bad)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="flip is True, False or"):
+            io.decode_image(data.paths[0], size=SIZE, flip=bad)  # type: ignore[arg-type]
+    path = data.paths[0]
+    outcomes = set()
+    for seed in range(24):
+        one = io.decode_image(path, size=SIZE, flip="random", seed=seed).numpy()
+        assert np.array_equal(
+            one, io.decode_image(path, size=SIZE, flip="random", seed=seed).numpy()
+        )
+        plain = data.refs[0]
+        outcomes.add("mirrored" if np.array_equal(one, plain[:, ::-1]) else "plain")
+        assert np.array_equal(one, plain) or np.array_equal(one, plain[:, ::-1])
+        # load_images: item i draws from mix_seed(seed, 0, i, "crop")
+        batch = io.load_images([path, path], size=SIZE, flip="random", seed=seed).numpy()
+        for i in range(2):
+            s = ferrofeed._core.mix_seed(seed, 0, i, "crop")
+            want = io.decode_image(path, size=SIZE, flip="random", seed=s).numpy()
+            assert np.array_equal(batch[i], want)
+    assert outcomes == {"mirrored", "plain"}
+
+
 def test_random_crop_with_op_seed_is_reproducible(data: Dataset) -> None:
     def run() -> list[tuple[np.ndarray, list[int]]]:
         return collect(

@@ -285,6 +285,9 @@ def test_mix_seed_is_pinned() -> None:
     assert mix_seed(0, 0, 0, "crop") == 11492569862326130707
     assert mix_seed(7, 1, 3, "crop") == 3522167460412779704
     assert mix_seed(top, top, top, "crop") == 15917774939899584926
+    # a random flip: the top bit of the "flip" stream of the image's (crop) seed
+    assert mix_seed(0, 0, 0, "flip") == 7597842688844317922
+    assert mix_seed(7, 1, 3, "flip") == 1284616718397077426
     for args in [(0, 0, 0), (5, 2, 99), (top, 0, 1)]:
         assert mix_seed(*args, "sample") == ferrofeed._core.sample_seed(*args)
     with pytest.raises(ValueError, match="stream"):

@@ -85,7 +85,7 @@ def _op_decode_image(
     mode: str = "RGB",
     resize_shorter: int | None = None,
     crop: Any = None,
-    flip: bool = False,
+    flip: bool | str = False,
     scale: tuple[float, float] = ...,
     ratio: tuple[float, float] = ...,
     seed: int | None = None,
@@ -143,7 +143,7 @@ class Permutation:
 def sample_seed(seed: int, epoch: int, index: int) -> int:
     """Return the seed of one sample's random augmentations (fixed, pinned mixing)."""
 
-def mix_seed(seed: int, epoch: int, index: int, stream: Literal["sample", "crop"]) -> int:
+def mix_seed(seed: int, epoch: int, index: int, stream: Literal["sample", "crop", "flip"]) -> int:
     """Return the seed of item ``index``'s draws of kind ``stream`` (ferrofeed's one mixer).
 
     ``mix_seed(s, e, i, "sample") == sample_seed(s, e, i)``; the values are pinned forever.
@@ -381,7 +381,7 @@ def decode_image(
     mode: Literal["RGB", "L", "gray"] = "RGB",
     resize_shorter: int | None = None,
     crop: int | tuple[int, int] | Literal["random"] | None = None,
-    flip: bool = False,
+    flip: bool | Literal["random"] = False,
     scale: tuple[float, float] = (0.08, 1.0),
     ratio: tuple[float, float] = (0.75, 1.3333333333333333),
     seed: int | None = None,
@@ -405,10 +405,12 @@ def decode_image(
         crop: ``(height, width)`` (or an int) for torchvision's ``CenterCrop`` (padding with
             zeros when larger than the image), or ``"random"`` for ``RandomResizedCrop``
             (needs ``size``; bounds ``scale`` and ``ratio``; reproducible with ``seed``).
-        flip: Mirror left-right.
+        flip: Mirror left-right: ``True``, or ``"random"`` for torchvision's
+            ``RandomHorizontalFlip()`` (each image mirrored with probability 1/2, drawn
+            from ``seed`` independently of the crop).
         scale: Area fraction bounds of the random crop.
         ratio: Aspect ratio bounds of the random crop.
-        seed: Seed of the random crop (``None``: a fresh one).
+        seed: Seed of the random crop and flip (``None``: a fresh one).
         dct_scaling: Let libjpeg-turbo decode a JPEG at a reduced n/8 scale that still
             covers the output (much faster for large photos, slightly different pixels).
         crop_decode: Decode only the part of a JPEG that the output reads (the rows and
@@ -443,7 +445,7 @@ def load_images(
     mode: Literal["RGB", "L", "gray"] = "RGB",
     resize_shorter: int | None = None,
     crop: int | tuple[int, int] | Literal["random"] | None = None,
-    flip: bool = False,
+    flip: bool | Literal["random"] = False,
     scale: tuple[float, float] = (0.08, 1.0),
     ratio: tuple[float, float] = (0.75, 1.3333333333333333),
     seed: int | None = None,
@@ -457,8 +459,9 @@ def load_images(
     Each image is decoded, transformed (as `decode_image`, with the same arguments) and
     written straight into its slot of one pooled buffer, by up to ``threads`` threads (the
     calling one and threads of ferrofeed's CPU pool, made once per process; default: one
-    per CPU), with the GIL released. With ``crop="random"``, item ``i`` gets the seed
-    ``mix_seed(seed, 0, i, "crop")``, so a seeded batch is reproducible.
+    per CPU), with the GIL released. With ``crop="random"`` or ``flip="random"``, item ``i``
+    gets the seed ``mix_seed(seed, 0, i, "crop")`` (its flip draws from it through the
+    ``"flip"`` stream), so a seeded batch is reproducible.
 
     Args:
         sources: Paths or encoded bytes.

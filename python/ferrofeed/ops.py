@@ -15,6 +15,8 @@ Example:
 
 from __future__ import annotations
 
+from typing import Literal
+
 from . import _core
 
 __all__ = ["NativeOp", "collate", "decode_image", "identity", "read_file"]
@@ -50,7 +52,7 @@ def decode_image(
     mode: str = "RGB",
     resize_shorter: int | None = None,
     crop: int | tuple[int, int] | str | None = None,
-    flip: bool = False,
+    flip: bool | Literal["random"] = False,
     scale: tuple[float, float] = (0.08, 1.0),
     ratio: tuple[float, float] = (3 / 4, 4 / 3),
     seed: int | None = None,
@@ -63,7 +65,10 @@ def decode_image(
     flip).
 
     With ``crop="random"`` each image's crop is drawn from ``seed`` and the image's name,
-    so it does not depend on thread timing. A corrupt image raises
+    so it does not depend on thread timing; so is its mirroring with ``flip="random"``
+    (torchvision's ``RandomHorizontalFlip()``: probability 1/2, independent of the crop).
+    The training transform ``RandomResizedCrop(224)`` + ``RandomHorizontalFlip()`` is
+    ``decode_image(size=224, crop="random", flip="random")``. A corrupt image raises
     `ferrofeed.ImageDecodeError` naming the file (or is skipped with ``on_error="skip"``).
 
     Example:

@@ -84,8 +84,10 @@ pub struct BatchItem<'a> {
     pub source: Source<'a>,
     /// Its name in errors (a path, or `item 3`).
     pub name: String,
-    /// The seed of its random draws (a [`Crop::RandomResized`]'s, which it
-    /// replaces); derive it with [`crate::seed::mix`].
+    /// The seed of its random draws (a [`Crop::RandomResized`]'s and a
+    /// [`crate::image::Flip::Random`]'s, which it replaces: see
+    /// [`crate::image::Transform::with_seed`]); derive it with
+    /// [`crate::seed::mix`].
     pub seed: u64,
 }
 
@@ -300,10 +302,7 @@ pub fn decode_batch(
                 let next = slots.lock().unwrap_or_else(PoisonError::into_inner).next();
                 let Some((i, slot)) = next else { return };
                 let item = &items[i];
-                let mut t = *transform;
-                if let Some(Crop::RandomResized { seed, .. }) = &mut t.crop {
-                    *seed = item.seed;
-                }
+                let t = transform.with_seed(item.seed);
                 let r = item.source.bytes(&item.name).and_then(|data| {
                     if layout.is_direct() {
                         decode_into(&data, &item.name, &t, slot).map(|_| ())
@@ -358,7 +357,7 @@ pub fn decode_batch(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::image::{decode, synth, ColorMode};
+    use crate::image::{decode, synth, ColorMode, Flip};
 
     fn jpeg(w: usize, h: usize, seed: u64) -> Vec<u8> {
         synth::encode_jpeg(
@@ -412,6 +411,34 @@ mod tests {
                 assert_eq!(&out[i * 360..(i + 1) * 360], &single.data[..], "item {i}");
             }
         }
+    }
+
+    #[test]
+    fn a_random_flip_draws_from_each_items_seed() {
+        let data: Vec<Vec<u8>> = (0..16).map(|i| jpeg(40, 30 + i, i as u64)).collect();
+        let t = Transform {
+            flip: Flip::Random { seed: 0 },
+            ..transform()
+        };
+        let mut out = vec![0u8; 16 * 360];
+        decode_batch(
+            &items(&data),
+            &t,
+            &options(3, Layout::default(), OnError::Stop),
+            &mut out,
+        )
+        .unwrap();
+        let mut mirrored = 0;
+        for (i, d) in data.iter().enumerate() {
+            let seed = i as u64 * 7;
+            let single = decode(d, "x", &t.with_seed(seed)).unwrap();
+            assert_eq!(&out[i * 360..(i + 1) * 360], &single.data[..], "item {i}");
+            mirrored += usize::from(Flip::Random { seed }.applies());
+        }
+        assert!(
+            (1..16).contains(&mirrored),
+            "both outcomes occur: {mirrored} of 16"
+        );
     }
 
     #[test]

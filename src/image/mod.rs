@@ -190,6 +190,47 @@ impl Crop {
     }
 }
 
+/// Horizontal mirroring, the last step of a [`Transform`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Flip {
+    /// Never mirrored.
+    #[default]
+    Never,
+    /// Always mirrored.
+    Always,
+    /// torchvision's `RandomHorizontalFlip()`: mirrored with probability
+    /// 1/2, drawn from `seed` (the image's seed, the one its random crop
+    /// draws from: [`Transform::with_seed`] sets both), through
+    /// [`crate::seed::Stream::Flip`], so the flip does not follow the crop.
+    Random {
+        /// The image's seed.
+        seed: u64,
+    },
+}
+
+impl Flip {
+    /// Whether the image is mirrored.
+    pub fn applies(self) -> bool {
+        match self {
+            Flip::Never => false,
+            Flip::Always => true,
+            Flip::Random { seed } => {
+                crate::seed::mix(seed, 0, 0, crate::seed::Stream::Flip) >> 63 == 1
+            }
+        }
+    }
+}
+
+impl From<bool> for Flip {
+    fn from(flip: bool) -> Self {
+        if flip {
+            Flip::Always
+        } else {
+            Flip::Never
+        }
+    }
+}
+
 /// What to do with a decoded image, in this order: EXIF orientation,
 /// shorter-side resize, crop, resize to `size`, horizontal flip.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -203,8 +244,8 @@ pub struct Transform {
     pub crop: Option<Crop>,
     /// Final `(height, width)`: the (cropped) image is resized to it.
     pub size: Option<(usize, usize)>,
-    /// Mirror left-right at the end.
-    pub flip: bool,
+    /// Mirror left-right at the end: never, always, or at random.
+    pub flip: Flip,
     /// Let libjpeg-turbo decode at a reduced `n/8` scale when the output is
     /// much smaller (faster; slightly different from a full decode and
     /// resize). On by default; ignored by builds without the `turbojpeg`
@@ -223,6 +264,31 @@ pub struct Transform {
     pub crop_decode: bool,
 }
 
+impl Transform {
+    /// The transform for one image whose random draws come from `seed`:
+    /// a [`Crop::RandomResized`]'s and a [`Flip::Random`]'s seed become
+    /// `seed`; everything else is kept.
+    #[must_use]
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        if let Some(Crop::RandomResized { seed: s, .. }) = &mut self.crop {
+            *s = seed;
+        }
+        if let Flip::Random { seed: s } = &mut self.flip {
+            *s = seed;
+        }
+        self
+    }
+
+    /// The seed of the random draws, if any is random (a random crop's, or
+    /// else a random flip's).
+    pub fn seed(&self) -> Option<u64> {
+        match (self.crop, self.flip) {
+            (Some(Crop::RandomResized { seed, .. }), _) | (_, Flip::Random { seed }) => Some(seed),
+            _ => None,
+        }
+    }
+}
+
 impl Default for Transform {
     fn default() -> Self {
         Self {
@@ -230,7 +296,7 @@ impl Default for Transform {
             resize_shorter: None,
             crop: None,
             size: None,
-            flip: false,
+            flip: Flip::Never,
             dct_scaling: true,
             crop_decode: true,
         }
@@ -699,8 +765,8 @@ fn support(
 /// from a full decode's.
 const WINDOW_MARGIN: usize = 4;
 
-fn finish(slot: &mut [u8], p: &plan::Plan, c: usize, flip: bool) {
-    if flip {
+fn finish(slot: &mut [u8], p: &plan::Plan, c: usize, flip: Flip) {
+    if flip.applies() {
         ops::flip_horizontal(slot, p.out_w, c);
     }
 }
@@ -741,7 +807,7 @@ pub fn fuzz_every_path(data: &[u8], max_pixels: usize) -> Result<(), ImageError>
             width: 10,
         }),
         size: Some((8, 8)),
-        flip: true,
+        flip: Flip::Always,
         dct_scaling: true,
         crop_decode: true,
     };

@@ -198,7 +198,7 @@ fn center_crop_and_flip() {
             height: 4,
             width: 6,
         }),
-        flip: true,
+        flip: Flip::Always,
         ..Transform::default()
     };
     let img = decode(&data, "a.png", &t).unwrap();
@@ -219,6 +219,69 @@ fn random_resized_crop_is_seeded() {
     assert_eq!(a, decode(&data, "a.png", &t(1)).unwrap());
     assert_eq!((a.height, a.width), (16, 16));
     assert!((2..20).any(|s| decode(&data, "a.png", &t(s)).unwrap() != a));
+}
+
+/// A random flip mirrors the image or leaves it, as its seed draws, about
+/// half the time, and never moves the crop: the same seed with
+/// `Flip::Never` gives the same crop unmirrored.
+#[test]
+fn random_flip_mirrors_about_half_and_keeps_the_crop() {
+    let (data, _) = png_rgb(50, 40);
+    let t = |seed, flip| {
+        Transform {
+            crop: Some(Crop::random_resized(0)),
+            size: Some((12, 16)),
+            flip,
+            ..Transform::default()
+        }
+        .with_seed(seed)
+    };
+    let mut mirrored = 0;
+    for seed in 0..200u64 {
+        let plain = decode(&data, "a.png", &t(seed, Flip::Never)).unwrap();
+        let random = decode(&data, "a.png", &t(seed, Flip::Random { seed: 0 })).unwrap();
+        let always = decode(&data, "a.png", &t(seed, Flip::Always)).unwrap();
+        assert_eq!(
+            random,
+            decode(&data, "a.png", &t(seed, Flip::Random { seed: 9 })).unwrap()
+        );
+        let mut flipped = plain.data.clone();
+        ops::flip_horizontal(&mut flipped, 16, 3);
+        assert_eq!(always.data, flipped, "seed {seed}");
+        if (Flip::Random { seed }).applies() {
+            assert_eq!(random.data, flipped, "seed {seed}");
+            mirrored += 1;
+        } else {
+            assert_eq!(random.data, plain.data, "seed {seed}");
+        }
+    }
+    // Binomial(200, 1/2): 100 +- 7; these bounds are over 5 standard deviations.
+    assert!((65..=135).contains(&mirrored), "{mirrored} of 200 mirrored");
+}
+
+#[test]
+fn transform_seed_and_with_seed() {
+    let t = Transform::default();
+    assert_eq!(t.seed(), None);
+    assert_eq!(t.with_seed(5), t, "nothing random: nothing changes");
+    let flip = Transform {
+        flip: Flip::Random { seed: 1 },
+        ..Transform::default()
+    };
+    assert_eq!(flip.seed(), Some(1));
+    assert_eq!(flip.with_seed(5).flip, Flip::Random { seed: 5 });
+    let both = Transform {
+        crop: Some(Crop::random_resized(2)),
+        ..flip
+    };
+    assert_eq!(both.seed(), Some(2));
+    let both = both.with_seed(7);
+    assert_eq!(
+        (both.crop, both.flip),
+        (Some(Crop::random_resized(7)), Flip::Random { seed: 7 })
+    );
+    assert!(!Flip::Never.applies() && Flip::Always.applies());
+    assert_eq!(Flip::from(true), Flip::Always);
 }
 
 #[test]
@@ -897,7 +960,7 @@ fn window_transforms(seed: u64) -> Vec<Transform> {
             mode,
             crop: Some(Crop::random_resized(seed)),
             size: Some(size),
-            flip: !seed.is_multiple_of(2),
+            flip: (!seed.is_multiple_of(2)).into(),
             ..Transform::default()
         });
     }

@@ -12,13 +12,13 @@ use std::path::PathBuf;
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyInt, PyString};
+use pyo3::types::{PyBool, PyBytes, PyInt, PyString};
 
 use super::dlpack::PyTensor;
 use super::staging::{acquire, pool_or_default, PyBufferPool};
 use crate::dlpack::DType;
 use crate::image::batch::{decode_batch, BatchItem, BatchOptions, Layout, OnError, Source};
-use crate::image::{self, ColorMode, Crop, ImageError, Transform};
+use crate::image::{self, ColorMode, Crop, Flip, ImageError, Transform};
 use crate::seed::{fresh_seed, mix, Stream};
 use crate::staging::Tensor;
 
@@ -77,6 +77,24 @@ fn item_seed(seed: u64, index: usize) -> u64 {
     mix(seed, 0, index as u64, Stream::Crop)
 }
 
+/// `flip=`: `False`/`None` (never), `True` (always) or `"random"`
+/// (torchvision's `RandomHorizontalFlip()`, drawn from `seed`).
+fn parse_flip(flip: Option<&Bound<'_, PyAny>>, seed: u64) -> PyResult<Flip> {
+    let Some(flip) = flip.filter(|f| !f.is_none()) else {
+        return Ok(Flip::Never);
+    };
+    if let Ok(b) = flip.cast::<PyBool>() {
+        return Ok(b.is_true().into());
+    }
+    if flip.extract::<&str>().is_ok_and(|s| s == "random") {
+        return Ok(Flip::Random { seed });
+    }
+    Err(PyValueError::new_err(format!(
+        "flip is True, False or \"random\" (a random horizontal flip), not {}",
+        flip.repr()?
+    )))
+}
+
 /// The keyword arguments shared by `decode_image` and `load_images`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn parse_transform(
@@ -84,7 +102,7 @@ pub(crate) fn parse_transform(
     mode: &str,
     resize_shorter: Option<usize>,
     crop: Option<&Bound<'_, PyAny>>,
-    flip: bool,
+    flip: Option<&Bound<'_, PyAny>>,
     scale: (f64, f64),
     ratio: (f64, f64),
     seed: Option<u64>,
@@ -104,6 +122,10 @@ pub(crate) fn parse_transform(
         return Err(PyValueError::new_err("resize_shorter must be positive"));
     }
     let size = parse_size(size, "size")?;
+    // One seed for the random crop and the random flip (each draws from it
+    // through its own stream); a fresh one when none is given.
+    let seed = seed.unwrap_or_else(fresh_seed);
+    let flip = parse_flip(flip, seed)?;
     let crop = match crop.filter(|c| !c.is_none()) {
         None => None,
         Some(c) if c.extract::<&str>().is_ok_and(|s| s == "random") => {
@@ -112,11 +134,7 @@ pub(crate) fn parse_transform(
                     "crop=\"random\" (a random resized crop) needs an output size=",
                 ));
             }
-            Some(Crop::RandomResized {
-                scale,
-                ratio,
-                seed: seed.unwrap_or_else(fresh_seed),
-            })
+            Some(Crop::RandomResized { scale, ratio, seed })
         }
         Some(c) => {
             let (height, width) = parse_size(Some(c), "crop")
@@ -143,7 +161,7 @@ pub(crate) fn parse_transform(
 /// Decodes one image into a new tensor of shape `(H, W, C)`.
 #[pyfunction]
 #[pyo3(signature = (
-    src, /, *, size=None, mode="RGB", resize_shorter=None, crop=None, flip=false,
+    src, /, *, size=None, mode="RGB", resize_shorter=None, crop=None, flip=None,
     scale=(0.08, 1.0), ratio=(0.75, 4.0 / 3.0), seed=None, dct_scaling=true, crop_decode=true,
     pool=None
 ), text_signature = "(src, /, *, size=None, mode='RGB', resize_shorter=None, crop=None, \
@@ -157,7 +175,7 @@ fn decode_image(
     mode: &str,
     resize_shorter: Option<usize>,
     crop: Option<&Bound<'_, PyAny>>,
-    flip: bool,
+    flip: Option<&Bound<'_, PyAny>>,
     scale: (f64, f64),
     ratio: (f64, f64),
     seed: Option<u64>,
@@ -198,7 +216,7 @@ fn decode_image(
 /// Decodes many images into one `(N, H, W, C)` batch, in parallel.
 #[pyfunction]
 #[pyo3(signature = (
-    sources, /, *, size, mode="RGB", resize_shorter=None, crop=None, flip=false,
+    sources, /, *, size, mode="RGB", resize_shorter=None, crop=None, flip=None,
     scale=(0.08, 1.0), ratio=(0.75, 4.0 / 3.0), seed=None, dct_scaling=true, crop_decode=true,
     threads=None, pool=None
 ), text_signature = "(sources, /, *, size, mode='RGB', resize_shorter=None, crop=None, \
@@ -212,7 +230,7 @@ fn load_images(
     mode: &str,
     resize_shorter: Option<usize>,
     crop: Option<&Bound<'_, PyAny>>,
-    flip: bool,
+    flip: Option<&Bound<'_, PyAny>>,
     scale: (f64, f64),
     ratio: (f64, f64),
     seed: Option<u64>,
@@ -246,10 +264,7 @@ fn load_images(
         .collect::<PyResult<_>>()?;
     let parsed: Vec<Source<'_>> = items.iter().map(parse_source).collect::<PyResult<_>>()?;
     let n = parsed.len();
-    let batch_seed = match transform.crop {
-        Some(Crop::RandomResized { seed, .. }) => seed,
-        _ => 0,
-    };
+    let batch_seed = transform.seed().unwrap_or(0);
     let batch: Vec<BatchItem<'_>> = parsed
         .into_iter()
         .enumerate()

@@ -18,7 +18,7 @@ use crate::image::batch::{
     batch_shape, decode_batch, read_file, write_slot, BatchItem, BatchOptions, Layout, OnError,
     Source,
 };
-use crate::image::{decode, Crop, ImageError, Transform};
+use crate::image::{decode, ImageError, Transform};
 use crate::pipeline::CombineFn;
 use crate::seed::{hash_bytes, mix, Stream};
 use crate::staging::{BufferPool, Pinning, PoolConfig, Tensor};
@@ -76,7 +76,7 @@ fn crop_seed(seed: u64, epoch: u64, name: &str) -> u64 {
 /// `ops.decode_image(...)`: encoded bytes (or a path) become an image.
 #[pyfunction]
 #[pyo3(signature = (
-    *, size=None, mode="RGB", resize_shorter=None, crop=None, flip=false,
+    *, size=None, mode="RGB", resize_shorter=None, crop=None, flip=None,
     scale=(0.08, 1.0), ratio=(0.75, 1.333_333_333_333_333_3), seed=None, dct_scaling=true,
     crop_decode=true
 ))]
@@ -86,7 +86,7 @@ fn _op_decode_image(
     mode: &str,
     resize_shorter: Option<usize>,
     crop: Option<&Bound<'_, PyAny>>,
-    flip: bool,
+    flip: Option<&Bound<'_, PyAny>>,
     scale: (f64, f64),
     ratio: (f64, f64),
     seed: Option<u64>,
@@ -106,17 +106,8 @@ fn _op_decode_image(
         dct_scaling,
         crop_decode,
     )?;
-    let for_item = move |name: &str| -> Transform {
-        let mut t = transform;
-        if let Some(Crop::RandomResized { scale, ratio, .. }) = t.crop {
-            t.crop = Some(Crop::RandomResized {
-                scale,
-                ratio,
-                seed: crop_seed(base_seed, 0, name),
-            });
-        }
-        t
-    };
+    let for_item =
+        move |name: &str| -> Transform { transform.with_seed(crop_seed(base_seed, 0, name)) };
     let config = OpConfig::Decode { transform, seed };
     Ok(PyNativeOp::new(
         "decode_image",

@@ -82,11 +82,13 @@ fn py_sample_seed(seed: u64, epoch: u64, index: u64) -> u64 {
 }
 
 /// [`crate::seed::mix`]: the seed of item `index`'s draws of kind `stream`
-/// (`"sample"` or `"crop"`) in `epoch` of a run seeded with `seed`.
+/// (`"sample"`, `"crop"` or `"flip"`) in `epoch` of a run seeded with `seed`.
 #[pyfunction]
 fn mix_seed(seed: u64, epoch: u64, index: u64, stream: &str) -> PyResult<u64> {
     let stream = Stream::from_name(stream).ok_or_else(|| {
-        PyValueError::new_err(format!("stream is \"sample\" or \"crop\", not {stream:?}"))
+        PyValueError::new_err(format!(
+            "stream is \"sample\", \"crop\" or \"flip\", not {stream:?}"
+        ))
     })?;
     Ok(mix(seed, epoch, index, stream))
 }
