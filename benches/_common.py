@@ -406,7 +406,8 @@ def run_fresh(
         series = sampler.stop() if sampler else []
     tree = cpu_children() - before
     if rc != 0 or not os.path.exists(out_path):
-        raise RuntimeError(f"{spec.get('config', spec)}: the child exited with code {rc}")
+        what = spec.get("config") or "/".join(str(spec.get(k, "?")) for k in ("job", "loader"))
+        raise RuntimeError(f"{what}: the child exited with code {rc}")
     result: dict[str, Any] = json.loads(Path(out_path).read_text())
     os.unlink(out_path)
     result["cpu_tree_s"] = tree
