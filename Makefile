@@ -243,6 +243,10 @@ compare: compare-deps ## Every loader side by side: JSON, tables and plots in be
 bench-workers: install-test ## Python transforms in worker processes against PyTorch's DataLoader (benches/loader_workers.py)
 	$(PY) benches/loader_workers.py
 
+.PHONY: bench-gpu
+bench-gpu: install-test ## On a CUDA machine: copies to the GPU and loaders ending there, against PyTorch's pin_memory=True (benches/gpu_feed.py)
+	$(PY) benches/gpu_feed.py $(GPU_FEED_ARGS)
+
 .PHONY: bench-ram-workers
 bench-ram-workers: install-test ## RAM of 2 ranks x 4 workers over 1M annotations: ferrofeed vs PyTorch's DataLoader (benches/ram_loaders.py)
 	$(PY) benches/ram_loaders.py $(RAM_LOADERS_ARGS)
