@@ -84,7 +84,9 @@ def _varied_size(rng: random.Random) -> tuple[int, int]:
     return (long_side, short_side) if rng.random() < 0.7 else (short_side, long_side)
 
 
-def plan_jpegs(root: str, n: int, seed: int, *, varied: bool) -> list[JpegPlan]:
+def plan_jpegs(
+    root: str, n: int, seed: int, *, varied: bool, folders: bool = False
+) -> list[JpegPlan]:
     """Decide, from ``seed`` alone, what each of ``n`` JPEGs will be (see `make_jpegs`)."""
     sizes = [im.size for im in _photos()]
     rng = random.Random(seed)
@@ -109,7 +111,8 @@ def plan_jpegs(root: str, n: int, seed: int, *, varied: bool) -> list[JpegPlan]:
             extra["progressive"] = rng.random() < 0.10
             s = rng.random()
             extra["subsampling"] = 2 if s < 0.85 else 0 if s < 0.95 else 1
-        path = os.path.join(root, f"{i:05d}.jpg")
+        name = f"{i:05d}.jpg"
+        path = os.path.join(root, f"class_{label}", name) if folders else os.path.join(root, name)
         plans.append(
             JpegPlan(
                 path, label, (w, h), (left, top, left + cw, top + ch), mirror, quality, **extra
@@ -129,6 +132,7 @@ def _write(plan: JpegPlan, src: Image.Image) -> int:
         im = ImageEnhance.Color(im).enhance(s)
     if plan.grey:
         im = im.convert("L")
+    os.makedirs(os.path.dirname(plan.path), exist_ok=True)
     im.save(
         plan.path,
         quality=plan.quality,
@@ -139,7 +143,13 @@ def _write(plan: JpegPlan, src: Image.Image) -> int:
 
 
 def make_jpegs(
-    root: str, n: int, seed: int, *, varied: bool = False, threads: int | None = None
+    root: str,
+    n: int,
+    seed: int,
+    *,
+    varied: bool = False,
+    folders: bool = False,
+    threads: int | None = None,
 ) -> tuple[list[tuple[str, int]], dict[str, Any]]:
     """Write ``n`` JPEGs cut from scikit-image's photos into ``root``; return (path, label)s.
 
@@ -150,9 +160,11 @@ def make_jpegs(
     (long side 600 to 1000 px, 70% of them landscape); mild colour jitter (brightness,
     contrast and saturation x0.9 to x1.1); 5% greyscale, 10% progressive; subsampling 85%
     4:2:0, 10% 4:4:4, 5% 4:2:2. Everything follows from ``seed``; the files are written on
-    ``threads`` threads (Pillow's resize and encoder release the GIL).
+    ``threads`` threads (Pillow's resize and encoder release the GIL). With ``folders``
+    each goes into a subfolder ``class_<label>`` of ``root`` (an image folder, whose sorted
+    class names give the same labels), else straight into ``root``.
     """
-    plans = plan_jpegs(root, n, seed, varied=varied)
+    plans = plan_jpegs(root, n, seed, varied=varied, folders=folders)
     photos = _photos()
     with ThreadPoolExecutor(threads or os.cpu_count() or 1) as pool:
         sizes_on_disk = list(pool.map(lambda p: _write(p, photos[p.label]), plans))

@@ -1,7 +1,9 @@
 """An image folder through ferrofeed's DataLoader and through PyTorch's, side by side.
 
-Both load the same generated ImageNet-like JPEG folder (about 500x375, quality 75-95, one
-subfolder per class) with the ImageNet evaluation preprocessing (shorter side to 256,
+Both load the same folder of ImageNet-like JPEGs cut from the real photos in scikit-image's
+wheel (``_common.make_jpegs(..., varied=True, folders=True)``: about 500x375, some portrait
+and some up to 1000 px, quality 75-95, some progressive and greyscale; one subfolder per
+photo, its class) with the ImageNet evaluation preprocessing (shorter side to 256,
 bilinear; center crop 224) into uint8 batches, shuffled, with the same number of CPU
 workers:
 
@@ -35,9 +37,8 @@ from typing import Any
 
 import ferrofeed
 import torch
-from _common import PillowExact
+from _common import PillowExact, make_jpegs
 from bench_machine import cpu_model
-from ferrofeed.samples import image_folder
 from PIL import Image
 
 
@@ -81,9 +82,9 @@ def main() -> int:
         "workers": args.workers,
     }
     with tempfile.TemporaryDirectory(prefix="ferrofeed-bench-") as root:
-        files = image_folder(root, args.n, seed=0)
-        size = sum(os.path.getsize(p) for p, _ in files)
-        print(f"{args.n} JPEGs, {size / args.n / 1024:.0f} KiB each on average, in {root}")
+        files, info = make_jpegs(root, args.n, 0, varied=True, folders=True)
+        results["data"] = info
+        print(f"{args.n} JPEGs from real photos, {info['mean_file_bytes'] / 1024:.0f} KiB each")
 
         def ferro() -> Iterable[Any]:
             return ferrofeed.DataLoader(
