@@ -301,6 +301,35 @@ def test_python_batches_copied_on_a_busy_stream_match(workers: int) -> None:
     assert mismatches(got, ref) == []
 
 
+def test_worker_batches_for_the_gpu_come_in_page_locked_slots() -> None:
+    # Worker processes write batches into shared-memory slots; with a CUDA device the
+    # main process page-locks them, so the copies run asynchronously (as from pinned
+    # buffers) and the batches still match a CPU run under a busy stream.
+    kw: dict[str, Any] = {"batch_size": 4, "shuffle": True, "seed": 6, "num_workers": 2}
+    ref = cpu_reference(DataLoader(Arrays(40), **kw), 2)
+    loader = DataLoader(Arrays(40), output="torch", device="cuda", **kw)
+    seen_pinned = []
+    original = ft._to_device
+
+    def spy(t: Any, device: Any, non_blocking: bool, **k: Any) -> Any:
+        seen_pinned.append(t.is_pinned())
+        return original(t, device, non_blocking, **k)
+
+    ft._to_device = spy  # type: ignore[assignment]
+    try:
+        got = list(gpu_batches(loader, 2))
+    finally:
+        ft._to_device = original  # type: ignore[assignment]
+    torch.cuda.synchronize()
+    assert mismatches(got, ref) == []
+    slots = loader.stats()["workers"]["slots"]
+    assert slots["pinned"] == slots["slots"] > 0, slots
+    assert slots["pin_error"] is None
+    assert seen_pinned
+    assert all(seen_pinned), seen_pinned
+    loader.shutdown_workers()
+
+
 def test_a_device_index_torch_has_not_is_refused_at_construction(files: list[str]) -> None:
     n = torch.cuda.device_count()
     with pytest.raises(ValueError, match=f"cuda:{n}"):

@@ -274,6 +274,21 @@ def test_sample_seed_is_pinned() -> None:
     assert ferrofeed._core.sample_seed(42, 3, 1_000_000) == 7443091746617491268
 
 
+def test_slot_pinning_without_a_driver_says_why_and_keeps_plain_memory() -> None:
+    ring = ferrofeed._core._SlotRing()
+    reason = ring.pin_for_cuda()
+    if reason is None:
+        pytest.skip("a CUDA driver is present (tests/test_gpu.py covers pinned slots)")
+    assert reason == ferrofeed._core.pinned_memory_status()[1]
+    slot = ring.create()
+    assert ring.acquire() == slot
+    os.ftruncate(ring.fd(slot), 4096)
+    lease = ring.lease(slot, 100)
+    assert not lease.pinned
+    stats = ring.stats()
+    assert (stats["pinned"], stats["pin_error"]) == (0, None)
+
+
 def test_mix_seed_is_pinned() -> None:
     # ferrofeed's one seed mixer (src/seed.rs), pinned by the same golden values as its
     # Rust unit tests: per-sample seeds are its "sample" stream, random crops its "crop"

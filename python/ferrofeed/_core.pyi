@@ -169,13 +169,20 @@ class _SlotRing:
         """Return the slot's descriptor, owned by the ring."""
     def lease(self, id: int, nbytes: int) -> _SlotLease:
         """Lease the first ``nbytes`` of a dispatched slot to the consumer."""
-    def stats(self) -> dict[str, int]:
-        """Return the counters: slots, free, dispatched, leased, bytes, leases."""
+    def pin_for_cuda(self) -> str | None:
+        """Page-lock slots for CUDA from now on; None, or why it is unavailable."""
+    def stats(self) -> dict[str, int | str | None]:
+        """Return the counters (slots, free, dispatched, leased, bytes, leases, pinned...).
+
+        ``pinned``: slots page-locked for CUDA; ``pin_error``: why one could not be, or None.
+        """
 
 @final
 class _SlotLease:
     """A consumer's writable view of one slot's batch bytes (buffer protocol)."""
 
+    @property
+    def pinned(self) -> bool: ...
     @property
     def slot(self) -> int: ...
     def __len__(self) -> int: ...

@@ -487,11 +487,15 @@ class DataLoader:
         # one without a fixed output size, fails here rather than at the first batch.
         self._batch_op(0)
 
+    def _wants_pinned(self) -> bool:
+        """Whether batches go to a CUDA device (their host memory is then page-locked)."""
+        return self.device is not None and "cuda" in self.device
+
     def _batch_op(self, epoch: int) -> _core.NativeOp:
         """The native op that turns a list of files into a batch, for ``epoch``."""
         assert isinstance(self.transform, _core.NativeOp)
         if self._pool is None:
-            pinned = None if self.device is not None and "cuda" in self.device else False
+            pinned = None if self._wants_pinned() else False
             # No bound on buffers (the pipeline's queues bound the read-ahead, and a
             # consumer may keep batches), a few kept for reuse from batch to batch.
             self._pool = _core.BufferPool(
@@ -824,7 +828,9 @@ class DataLoader:
             parent_pid=os.getpid(),
             start_method=self.worker_start_method,
         )
-        self._workers = WorkerPool(setup, self.num_workers, self.prefetch_factor)
+        self._workers = WorkerPool(
+            setup, self.num_workers, self.prefetch_factor, pin_memory=self._wants_pinned()
+        )
         return self._workers
 
     def _worker_batches(self, epoch: int) -> Iterator[Any]:

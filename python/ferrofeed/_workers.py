@@ -473,10 +473,18 @@ class Loaded:
 class WorkerPool:
     """N worker processes, their sockets and the shared slot ring (main process side)."""
 
-    def __init__(self, setup: _Setup, num_workers: int, prefetch_factor: int) -> None:
+    def __init__(
+        self, setup: _Setup, num_workers: int, prefetch_factor: int, pin_memory: bool = False
+    ) -> None:
         self.setup = setup
         self.prefetch_factor = prefetch_factor
         self.ring = _core._SlotRing()
+        if pin_memory:
+            # Batches bound for a GPU: page-lock the slots (as PyTorch's pin_memory=True
+            # does with a copy), so that each one is copied there asynchronously, by DMA.
+            why = self.ring.pin_for_cuda()
+            if why is not None:
+                _log.info("worker batch slots stay unpinned: %s", why)
         self.workers: list[_Worker] = []
         self.tasks: dict[int, _Task] = {}
         self.next_task = 0

@@ -69,7 +69,16 @@ impl PySlotRing {
         Ok(PySlotLease { lease })
     }
 
-    /// The ring's counters: slots, free, dispatched, leased, bytes, leases.
+    /// Page-locks the slots for CUDA from now on (best effort); returns None,
+    /// or why pinned memory is unavailable in this process.
+    fn pin_for_cuda(&self, py: Python<'_>) -> Option<String> {
+        // The first call probes the driver (cuInit): not under the GIL.
+        py.detach(|| self.ring.pin_for_cuda()).err()
+    }
+
+    /// The ring's counters: slots, free, dispatched, leased, bytes, leases,
+    /// pinned (slots page-locked for CUDA), `pin_error` (why the last slot
+    /// could not be, or None).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.ring.stats();
         let d = PyDict::new(py);
@@ -79,6 +88,8 @@ impl PySlotRing {
         d.set_item("leased", s.leased)?;
         d.set_item("bytes", s.bytes)?;
         d.set_item("leases", s.leases)?;
+        d.set_item("pinned", s.pinned)?;
+        d.set_item("pin_error", self.ring.pin_error())?;
         Ok(d)
     }
 }
@@ -93,6 +104,12 @@ struct PySlotLease {
 
 #[pymethods]
 impl PySlotLease {
+    /// Whether the bytes are page-locked for CUDA.
+    #[getter]
+    fn pinned(&self) -> bool {
+        self.lease.is_pinned()
+    }
+
     /// The slot's number.
     #[getter]
     fn slot(&self) -> usize {

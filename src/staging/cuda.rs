@@ -248,6 +248,90 @@ pub(crate) unsafe fn host_free(p: NonNull<u8>) {
     }
 }
 
+/// A host memory range page-locked for CUDA with `cuMemHostRegister`, so
+/// that copies from it to a GPU run asynchronously by DMA; unregistered when
+/// dropped (in the process that registered it: a forked child only forgets
+/// it, as the driver cannot be called there).
+#[derive(Debug)]
+pub(crate) struct Registration {
+    ptr: NonNull<u8>,
+    pid: i32,
+}
+
+// SAFETY: the pointer is only an address handed back to the driver on drop,
+// never dereferenced by Rust; the driver allows unregistering from any
+// thread (the context is pushed for the call).
+unsafe impl Send for Registration {}
+// SAFETY: as above; `&Registration` gives no access to the memory.
+unsafe impl Sync for Registration {}
+
+/// Page-locks the `len` bytes at `ptr` for CUDA (`CU_MEMHOSTREGISTER_PORTABLE`:
+/// for every context). `Err` says why not: pinned memory unavailable in this
+/// process (no driver, disabled, a forked child) or the driver refused
+/// (`RLIMIT_MEMLOCK`, say).
+///
+/// # Safety
+///
+/// The range is mapped, and stays mapped until the returned `Registration`
+/// is dropped (drop it before unmapping).
+pub(crate) unsafe fn register(ptr: NonNull<u8>, len: usize) -> Result<Registration, String> {
+    #[cfg(feature = "cuda")]
+    {
+        use cudarc::driver::sys;
+        let d = driver()?;
+        with_context(d, || {
+            // SAFETY: the caller's promise: the range is mapped for as long
+            // as the registration lives; the driver only pins its pages.
+            check(
+                unsafe {
+                    sys::cuMemHostRegister_v2(
+                        ptr.as_ptr().cast(),
+                        len,
+                        sys::CU_MEMHOSTREGISTER_PORTABLE,
+                    )
+                },
+                "cuMemHostRegister",
+            )
+        })?;
+        Ok(Registration { ptr, pid: d.pid })
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (ptr, len);
+        driver().and_then(|_| Err("ferrofeed was built without the `cuda` feature".to_owned()))
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        // In a forked child this is the parent's registration: not ours to
+        // undo (and the driver cannot be called there).
+        if self.pid == current_pid() {
+            unregister(self.ptr);
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn unregister(ptr: NonNull<u8>) {
+    use cudarc::driver::sys;
+    if let Ok(d) = driver() {
+        // Nothing useful can be done if unregistering fails.
+        let _ = with_context(d, || {
+            // SAFETY: `ptr` was registered in this process by `register`
+            // and is unregistered once, here, while still mapped (the
+            // promise of `register`'s caller).
+            check(
+                unsafe { sys::cuMemHostUnregister(ptr.as_ptr().cast()) },
+                "cuMemHostUnregister",
+            )
+        });
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn unregister(_: NonNull<u8>) {}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -265,6 +349,22 @@ mod tests {
             }
         }
         assert!(probed());
+    }
+
+    /// Without a driver (CI) registering fails with the probe's reason;
+    /// with one, a mapped range registers and unregisters on drop.
+    #[test]
+    fn register_explains_or_pins() {
+        let mut block = vec![0u8; 1 << 16];
+        let ptr = NonNull::new(block.as_mut_ptr()).unwrap();
+        // SAFETY: `block` outlives the registration, dropped just below.
+        let r = unsafe { register(ptr, block.len()) };
+        match (status(), r) {
+            (Ok(()), Ok(reg)) => drop(reg),
+            (Err(why), Err(e)) => assert_eq!(why, e),
+            (s, r) => panic!("probe {s:?} but registration {r:?}"),
+        }
+        block[0] = 1;
     }
 
     #[test]

@@ -98,12 +98,21 @@ impl Status {
     }
 }
 
+/// A slot's mapping in the owner, page-locked for CUDA when the ring asks.
+#[derive(Debug)]
+struct Mapping {
+    /// Declared before `map`, so dropped first: the range is unregistered
+    /// while it is still mapped (what `cuda::register` requires).
+    pinned: Option<super::cuda::Registration>,
+    map: MmapRaw,
+}
+
 #[derive(Debug)]
 struct Slot {
     file: File,
     /// The current mapping (the whole file when it was made); replaced when
     /// the file has grown past it, only while no lease exists.
-    map: Option<Arc<MmapRaw>>,
+    map: Option<Arc<Mapping>>,
     status: Status,
 }
 
@@ -111,6 +120,10 @@ struct Slot {
 struct State {
     slots: Vec<Slot>,
     leases: u64,
+    /// Page-lock each new mapping for CUDA ([`SlotRing::pin_for_cuda`]).
+    pin_cuda: bool,
+    /// Why the last registration failed, if it did.
+    pin_error: Option<String>,
 }
 
 #[derive(Debug, Default)]
@@ -166,6 +179,8 @@ pub struct SlotStats {
     pub bytes: usize,
     /// Leases handed out so far.
     pub leases: u64,
+    /// Slots whose mapping is page-locked for CUDA.
+    pub pinned: usize,
 }
 
 impl SlotRing {
@@ -202,6 +217,39 @@ impl SlotRing {
             status: Status::Free,
         });
         Ok(state.slots.len() - 1)
+    }
+
+    /// Page-locks every slot's mapping from now on (`cuMemHostRegister`),
+    /// so that batches leased from the ring are copied to a GPU
+    /// asynchronously, as from a pinned buffer. Mappings that exist now are
+    /// remade (and registered) at their next lease. Best effort: where
+    /// pinned memory is unavailable (no CUDA driver, a forked child) or the
+    /// driver refuses a slot, the slot stays plain memory, and
+    /// [`SlotRing::pin_error`] says why.
+    ///
+    /// # Errors
+    ///
+    /// The reason pinned memory is unavailable in this process (then
+    /// nothing changes).
+    pub fn pin_for_cuda(&self) -> Result<(), String> {
+        super::cuda::status()?;
+        let mut state = self.shared.lock();
+        state.pin_cuda = true;
+        for slot in &mut state.slots {
+            // A leased slot's mapping is shared with its lease: it is
+            // remade at the first lease after this one is dropped.
+            if slot.status != Status::Leased
+                && slot.map.as_ref().is_some_and(|m| m.pinned.is_none())
+            {
+                slot.map = None;
+            }
+        }
+        Ok(())
+    }
+
+    /// Why the last attempt to page-lock a slot failed (`None` if none did).
+    pub fn pin_error(&self) -> Option<String> {
+        self.shared.lock().pin_error.clone()
     }
 
     /// Takes a free slot (the lowest-numbered) for a worker to write,
@@ -265,8 +313,10 @@ impl SlotRing {
     /// `len` bytes; [`SlotError::Io`] when it cannot be mapped.
     pub fn lease(&self, id: usize, len: usize) -> Result<SlotLease, SlotError> {
         let mut state = self.shared.lock();
+        let pin_cuda = state.pin_cuda;
+        let mut pin_error = None;
         let slot = slot_in(&mut state, id, Status::Dispatched)?;
-        let mapped = slot.map.as_ref().map_or(0, |m| m.len());
+        let mapped = slot.map.as_ref().map_or(0, |m| m.map.len());
         if len > mapped || slot.map.is_none() {
             let size = slot
                 .file
@@ -285,12 +335,20 @@ impl SlotRing {
                     .len(size)
                     .map_raw(&slot.file)
                     .map_err(io_err("mmap of a slot"))?;
-                slot.map = Some(Arc::new(map));
+                let pinned = if pin_cuda {
+                    register(&map).map_err(|e| pin_error = Some(e)).ok()
+                } else {
+                    None
+                };
+                slot.map = Some(Arc::new(Mapping { pinned, map }));
             }
         }
         slot.status = Status::Leased;
         let map = slot.map.clone();
         state.leases += 1;
+        if pin_error.is_some() {
+            state.pin_error = pin_error;
+        }
         Ok(SlotLease {
             inner: Arc::new(LeaseInner {
                 ring: Arc::downgrade(&self.shared),
@@ -317,9 +375,19 @@ impl SlotRing {
             }
             let size = slot.file.metadata().map_or(0, |m| m.len());
             counts.bytes += usize::try_from(size).unwrap_or(usize::MAX);
+            counts.pinned += usize::from(slot.map.as_ref().is_some_and(|m| m.pinned.is_some()));
         }
         counts
     }
+}
+
+/// Page-locks a slot's new mapping for CUDA.
+fn register(map: &MmapRaw) -> Result<super::cuda::Registration, String> {
+    let ptr = std::ptr::NonNull::new(map.as_mut_ptr()).ok_or("an empty mapping")?;
+    // SAFETY: the registration lives in the same `Mapping` as `map`, in the
+    // field declared first, so it is dropped (unregistered) before the
+    // mapping is unmapped.
+    unsafe { super::cuda::register(ptr, map.len()) }
 }
 
 fn slot_in(state: &mut State, id: usize, expected: Status) -> Result<&mut Slot, SlotError> {
@@ -342,7 +410,7 @@ struct AlignedBlock([u8; BUFFER_ALIGN]);
 struct LeaseInner {
     ring: Weak<Shared>,
     id: usize,
-    map: Option<Arc<MmapRaw>>,
+    map: Option<Arc<Mapping>>,
     len: usize,
 }
 
@@ -392,11 +460,17 @@ impl SlotLease {
         self.inner.len == 0
     }
 
+    /// Whether the leased bytes are page-locked for CUDA (see
+    /// [`SlotRing::pin_for_cuda`]).
+    pub fn is_pinned(&self) -> bool {
+        self.inner.map.as_ref().is_some_and(|m| m.pinned.is_some())
+    }
+
     /// The first leased byte: page-aligned (so [`BUFFER_ALIGN`]-aligned), or
     /// dangling but aligned for an empty lease of a never-grown slot.
     pub fn as_ptr(&self) -> *mut u8 {
         match &self.inner.map {
-            Some(map) => map.as_mut_ptr(),
+            Some(m) => m.map.as_mut_ptr(),
             None => std::ptr::dangling_mut::<AlignedBlock>().cast(),
         }
     }
@@ -459,6 +533,37 @@ mod tests {
         let lease = ring.lease(id, big.len()).unwrap();
         assert_eq!(read(&lease), big);
         assert_eq!(lease.as_ptr() as usize % BUFFER_ALIGN, 0);
+    }
+
+    /// With a CUDA driver, every slot mapped after `pin_for_cuda` is
+    /// page-locked, a grown slot's new mapping too, and dropping the ring
+    /// unregisters them; without one (CI) it says why and the slots work
+    /// as plain memory.
+    #[test]
+    fn pinning_for_cuda_registers_new_mappings_or_explains() {
+        let ring = SlotRing::new();
+        let id = ring.create().unwrap();
+        ring.acquire().unwrap();
+        worker_writes(&ring, id, &[3; 100]);
+        drop(ring.lease(id, 100).unwrap()); // mapped before pinning was asked
+        assert_eq!(ring.stats().pinned, 0);
+        let pinned = match ring.pin_for_cuda() {
+            Ok(()) => true,
+            Err(why) => {
+                assert_eq!(Err(why), super::super::cuda::status());
+                false
+            }
+        };
+        for size in [100, 5 * 4096 + 1] {
+            ring.acquire().unwrap();
+            worker_writes(&ring, id, &vec![9; size]);
+            let lease = ring.lease(id, size).unwrap();
+            assert_eq!(read(&lease), vec![9; size]);
+            assert_eq!(lease.is_pinned(), pinned, "size {size}");
+            assert_eq!(ring.stats().pinned, usize::from(pinned));
+        }
+        assert_eq!(ring.pin_error(), None);
+        drop(ring);
     }
 
     #[test]
