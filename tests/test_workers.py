@@ -309,13 +309,23 @@ def test_mix_seed_is_pinned() -> None:
         mix_seed(0, 0, 0, "shuffle")  # type: ignore[arg-type]
 
 
-def test_torch_generator_is_seeded_per_sample() -> None:
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_torch_generator_is_seeded_per_sample(method: str) -> None:
+    # TorchRandom imports torch inside __getitem__: a spawned or forkserver worker must
+    # still seed torch before its first sample (it imports the main process's generator
+    # modules at start), or that sample's draw would depend on the worker count.
     torch = pytest.importorskip("torch")
 
-    loader = DataLoader(TorchRandom(), 4, num_workers=2)
-    a = [float(v) for b in loader for v in b]
-    loader = DataLoader(TorchRandom(), 4, num_workers=1)
-    b = [float(v) for b in loader for v in b]
+    def draws(workers: int) -> list[float]:
+        loader = DataLoader(
+            TorchRandom(),
+            4,
+            num_workers=workers,
+            worker_start_method=method,  # type: ignore[arg-type]
+        )
+        return [float(v) for b in loader for v in b]
+
+    a, b = draws(2), draws(1)
     assert a == b
     assert len(set(a)) == len(a)
     assert torch is not None

@@ -20,7 +20,7 @@ from . import _core
 from ._errors import PipelineError, TooManyFailuresError, WorkerError
 from ._images import ImageFiles, ImageFolder
 from ._pipeline import PipelineBuilder
-from ._workers import WorkerPool, _Setup, worker_batches
+from ._workers import WorkerPool, _Setup, seeded_modules, worker_batches
 
 __all__ = ["DataLoader", "default_collate"]
 
@@ -827,6 +827,7 @@ class DataLoader:
             worker_init_fn=self.worker_init_fn,
             parent_pid=os.getpid(),
             start_method=self.worker_start_method,
+            seeded_modules=seeded_modules(),
         )
         self._workers = WorkerPool(
             setup, self.num_workers, self.prefetch_factor, pin_memory=self._wants_pinned()

@@ -35,6 +35,7 @@ import collections
 import contextlib
 import dataclasses
 import gc
+import importlib
 import logging
 import mmap
 import multiprocessing
@@ -290,6 +291,16 @@ class _Setup:
     worker_init_fn: Callable[[int], None] | None
     parent_pid: int
     start_method: str | None
+    # The random generators' modules (numpy, torch) the main process had imported: a
+    # spawned or forkserver worker imports them before its first sample, so that each
+    # sample, the first included, starts from its own seed in them (a dataset that imports
+    # torch inside __getitem__ would otherwise draw its first sample unseeded).
+    seeded_modules: tuple[str, ...] = ()
+
+
+def seeded_modules() -> tuple[str, ...]:
+    """The random generators' modules that this process has imported."""
+    return tuple(m for m in ("numpy", "torch") if m in sys.modules)
 
 
 def _watch_parent(parent_pid: int) -> None:
@@ -355,6 +366,8 @@ def _worker_main(setup: _Setup, conn: multiprocessing.connection.Connection, wid
     worker_seed = _core.sample_seed(setup.seed, _WORKER_EPOCH, wid)
     _WORKER_INFO = WorkerInfo(wid, setup.num_workers, worker_seed, setup.dataset)
     try:
+        for name in setup.seeded_modules:
+            importlib.import_module(name)
         _seed_generators(worker_seed)
         if setup.worker_init_fn is not None:
             setup.worker_init_fn(wid)
