@@ -699,7 +699,10 @@ def test_worker_killed_by_a_signal_is_named(sig: int) -> None:
     start = time.monotonic()
     with pytest.raises(WorkerDiedError) as info:
         list(loader)
-    assert time.monotonic() - start < 5
+    # A guard against a hang, not a timing target: on a GPU machine, after CUDA is up in
+    # the main process, workers are forked and reaped more slowly, and a SIGSEGV may dump
+    # core first (5.1 s seen there; well under 1 s here).
+    assert time.monotonic() - start < 20
     err = info.value
     assert err.signal == sig
     assert err.exitcode == -sig
@@ -721,7 +724,7 @@ def test_timeout_turns_a_stalled_batch_into_an_error() -> None:
     start = time.monotonic()
     with pytest.raises(WorkerTimeoutError, match=r"timeout=1\.0") as info:
         list(loader)
-    assert time.monotonic() - start < 6
+    assert time.monotonic() - start < 20  # a hang guard (6.4 s seen on a GPU machine)
     assert "9" in str(info.value)
     assert "pid" in str(info.value)
     assert isinstance(info.value, TimeoutError)
