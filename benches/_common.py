@@ -274,6 +274,26 @@ class PillowTrain:
         return np.array(im)
 
 
+def native_op(job: str, seed: int) -> Any:
+    """ferrofeed's native chain for ``job``: ``exact`` (Resize 256, CenterCrop 224) or
+    ``train`` (RandomResizedCrop 224 + random horizontal flip)."""
+    from ferrofeed import ops
+
+    if job == "exact":
+        return ops.decode_image(resize_shorter=SHORT, crop=CROP)
+    return ops.decode_image(size=CROP, crop="random", flip="random", seed=seed)
+
+
+def shutdown_workers(loader: Any) -> None:
+    """End a loader's worker processes: ferrofeed's, or PyTorch's persistent ones."""
+    stop = getattr(loader, "shutdown_workers", None)  # ferrofeed
+    if stop is not None:
+        stop()
+    iterator = getattr(loader, "_iterator", None)  # PyTorch's persistent workers
+    if iterator is not None:
+        iterator._shutdown_workers()
+
+
 # --- CPU time and memory of a process tree ---------------------------------------------------
 
 

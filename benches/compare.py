@@ -81,8 +81,10 @@ from _common import (
     cpu_self,
     make_jpegs,
     med_range,
+    native_op,
     rrc_params,
     run_fresh,
+    shutdown_workers,
     tree_pss,
 )
 from bench_machine import cpu_model
@@ -317,12 +319,7 @@ def build(lo: Loader, job: str, spec: dict[str, Any]) -> Iterator[Iterable[Any]]
             while True:
                 yield loader
         finally:  # on close(): end the worker processes, so that the child reaps them
-            stop = getattr(loader, "shutdown_workers", None)  # ferrofeed
-            if stop is not None:
-                stop()
-            iterator = getattr(loader, "_iterator", None)  # PyTorch's persistent workers
-            if iterator is not None:
-                iterator._shutdown_workers()
+            shutdown_workers(loader)
 
     if lo.family == "pytorch":
         import torch
@@ -368,14 +365,9 @@ def build(lo: Loader, job: str, spec: dict[str, Any]) -> Iterator[Iterable[Any]]
             )
         )
     import ferrofeed
-    from ferrofeed import ops
 
     if lo.key == "ferrofeed-native":
-        op = (
-            ops.decode_image(resize_shorter=256, crop=CROP)
-            if job == "exact"
-            else ops.decode_image(size=CROP, crop="random", flip="random", seed=seed)
-        )
+        op = native_op(job, seed)
         return forever(
             ferrofeed.DataLoader(files, BATCH, shuffle=True, seed=seed, transform=op, num_threads=w)
         )

@@ -71,7 +71,9 @@ from _common import (
     fmt,
     make_jpegs,
     med_range,
+    native_op,
     run_fresh,
+    shutdown_workers,
 )
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -159,13 +161,8 @@ def build(family: str, workers: int, job: str, files: list[tuple[str, int]], see
             generator=torch.Generator().manual_seed(seed),
         )
     import ferrofeed
-    from ferrofeed import ops
 
-    op = (
-        ops.decode_image(resize_shorter=256, crop=CROP)
-        if job == "exact"
-        else ops.decode_image(size=CROP, crop="random", flip="random", seed=seed)
-    )
+    op = native_op(job, seed)
     return ferrofeed.DataLoader(
         files,
         BATCH,
@@ -176,16 +173,6 @@ def build(family: str, workers: int, job: str, files: list[tuple[str, int]], see
         output="torch",
         device=DEVICE,
     )
-
-
-def shutdown(loader: Any) -> None:
-    """End the loader's worker processes (PyTorch's persistent ones, ferrofeed's if any)."""
-    stop = getattr(loader, "shutdown_workers", None)  # ferrofeed
-    if stop is not None:
-        stop()
-    iterator = getattr(loader, "_iterator", None)  # PyTorch's persistent workers
-    if iterator is not None:
-        iterator._shutdown_workers()
 
 
 def consume(batch: Any, acc: Any) -> int:
@@ -237,7 +224,7 @@ def child_main(spec: dict[str, Any]) -> dict[str, Any]:
         epoch_s.append(time.perf_counter() - t)
         if count != n:
             raise AssertionError(f"{spec['key']}: epoch {epoch} gave {count} images, not {n}")
-    shutdown(loader)
+    shutdown_workers(loader)
     del loader
     gc.collect()
     multiprocessing.active_children()  # reaps the workers that ended
