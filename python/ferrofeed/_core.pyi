@@ -85,7 +85,7 @@ def _op_decode_image(
     mode: str = "RGB",
     resize_shorter: int | None = None,
     crop: Any = None,
-    flip: bool | str = False,
+    flip: bool | str | None = None,
     scale: tuple[float, float] = ...,
     ratio: tuple[float, float] = ...,
     seed: int | None = None,
