@@ -421,9 +421,10 @@ def test_random_flip_mirrors_the_same_crop_about_half_the_time(data: Dataset) ->
             assert np.array_equal(got, crop), "a random flip changed more than the mirroring"
     # 45 images, each mirrored with probability 1/2: 1 to 44 (chance of failing < 1e-12)
     assert 0 < mirrored < len(images), mirrored
-    # flip=True mirrors every one.
+    # flip=True mirrors every one (NumPy's bool_ too).
     always = np.concatenate([im for im, _ in run(True)])
     assert np.array_equal(always, plain[:, :, ::-1])
+    assert np.array_equal(np.concatenate([im for im, _ in run(np.True_)]), always)  # type: ignore[arg-type]
 
 
 def test_flip_argument_errors_and_seeded_single_decode(data: Dataset) -> None:

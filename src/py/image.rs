@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyInt, PyString};
+use pyo3::types::{PyBytes, PyInt, PyString};
 
 use super::dlpack::PyTensor;
 use super::staging::{acquire, pool_or_default, PyBufferPool};
@@ -83,8 +83,9 @@ fn parse_flip(flip: Option<&Bound<'_, PyAny>>, seed: u64) -> PyResult<Flip> {
     let Some(flip) = flip.filter(|f| !f.is_none()) else {
         return Ok(Flip::Never);
     };
-    if let Ok(b) = flip.cast::<PyBool>() {
-        return Ok(b.is_true().into());
+    // `bool` also takes NumPy's `bool_`, as the argument did when it was a bool.
+    if let Ok(b) = flip.extract::<bool>() {
+        return Ok(b.into());
     }
     if flip.extract::<&str>().is_ok_and(|s| s == "random") {
         return Ok(Flip::Random { seed });
