@@ -492,12 +492,6 @@ class WorkerPool:
         self.setup = setup
         self.prefetch_factor = prefetch_factor
         self.ring = _core._SlotRing()
-        if pin_memory:
-            # Batches bound for a GPU: page-lock the slots (as PyTorch's pin_memory=True
-            # does with a copy), so that each one is copied there asynchronously, by DMA.
-            why = self.ring.pin_for_cuda()
-            if why is not None:
-                _log.info("worker batch slots stay unpinned: %s", why)
         self.workers: list[_Worker] = []
         self.tasks: dict[int, _Task] = {}
         self.next_task = 0
@@ -531,6 +525,15 @@ class WorkerPool:
         except BaseException:
             self.shutdown(force=True)
             raise
+        if pin_memory:
+            # Batches bound for a GPU: page-lock the slots (as PyTorch's pin_memory=True
+            # does with a copy), so that each one is copied there asynchronously, by DMA.
+            # After the workers have started: this may initialize CUDA, and the first
+            # pool's workers are then forked from a process without it (later pools'
+            # are not; the workers never touch CUDA either way).
+            why = self.ring.pin_for_cuda()
+            if why is not None:
+                _log.info("worker batch slots stay unpinned: %s", why)
         # Ends the workers when the pool is garbage collected, and at interpreter exit.
         self._finalizer = weakref.finalize(self, _terminate, list(self.workers))
 
