@@ -209,6 +209,52 @@ def last_json_line_fixture() -> Callable[[str], Any]:
     return last_json_line
 
 
+# --------------------------------------------------------------------------------------
+# long-running snippets
+
+
+class Procs:
+    """Subprocesses started by one test; all killed at the end."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen[str]] = []
+
+    def start(self, code: str, *args: str) -> tuple[subprocess.Popen[str], str]:
+        """Start a snippet and return it with the first line it prints."""
+        p = subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(code), *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.procs.append(p)
+        assert p.stdout is not None
+        line = p.stdout.readline().strip()
+        if not line:
+            _, err = p.communicate(timeout=10)
+            pytest.fail(f"snippet printed nothing (rc={p.returncode}):\n{err}")
+        return p, line
+
+    @staticmethod
+    def kill9(p: subprocess.Popen[str]) -> None:
+        p.send_signal(signal.SIGKILL)
+        p.wait(10)
+        assert p.returncode == -signal.SIGKILL
+
+    def close(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+            p.communicate(timeout=10)
+
+
+@pytest.fixture
+def procs() -> Iterator[Procs]:
+    ps = Procs()
+    yield ps
+    ps.close()
+
+
 def process_gone(pid: int) -> bool:
     """Whether process ``pid`` has exited (a zombie not yet reaped counts as gone)."""
     try:

@@ -9,9 +9,7 @@ import shutil
 import signal
 import struct
 import subprocess
-import sys
 import tempfile
-import textwrap
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -19,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import Procs
 from ferrofeed import ArenaCorruptError, ArenaError, SharedList
 
 HEADER = struct.Struct("<8sIIQQQQ16s")
@@ -107,48 +106,6 @@ def gen():
         yield b"b" * 1000
 SharedList(gen(), path=sys.argv[1])
 """
-
-
-class Procs:
-    """Subprocesses started by one test; all killed at the end."""
-
-    def __init__(self) -> None:
-        self.procs: list[subprocess.Popen[str]] = []
-
-    def start(self, code: str, *args: str) -> tuple[subprocess.Popen[str], str]:
-        """Start a snippet and return it with the first line it prints."""
-        p = subprocess.Popen(
-            [sys.executable, "-c", textwrap.dedent(code), *args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        self.procs.append(p)
-        assert p.stdout is not None
-        line = p.stdout.readline().strip()
-        if not line:
-            _, err = p.communicate(timeout=10)
-            pytest.fail(f"snippet printed nothing (rc={p.returncode}):\n{err}")
-        return p, line
-
-    @staticmethod
-    def kill9(p: subprocess.Popen[str]) -> None:
-        p.send_signal(signal.SIGKILL)
-        p.wait(10)
-        assert p.returncode == -signal.SIGKILL
-
-    def close(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-            p.communicate(timeout=10)
-
-
-@pytest.fixture
-def procs() -> Iterator[Procs]:
-    ps = Procs()
-    yield ps
-    ps.close()
 
 
 def _names(d: Path) -> list[str]:

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import last_json_line, process_gone, run_python, wait_gone
+from conftest import Procs, last_json_line, process_gone, run_python, wait_gone
 
 SHM = Path("/dev/shm")
 # OpenBLAS (NumPy's) runs a thread pool of its own, which it ends before a fork and starts
@@ -434,38 +434,17 @@ def _clean(*dirs: Path) -> str:
     ).stdout
 
 
-def _start(code: str, *args: str) -> tuple[subprocess.Popen[str], str]:
-    p = subprocess.Popen(
-        [sys.executable, "-c", code, *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert p.stdout is not None
-    line = p.stdout.readline().strip()
-    if not line:
-        _, err = p.communicate(timeout=10)
-        pytest.fail(f"the snippet printed nothing (rc={p.returncode}):\n{err}")
-    return p, line
-
-
-def _kill9(p: subprocess.Popen[str]) -> None:
-    p.send_signal(signal.SIGKILL)
-    p.communicate(timeout=10)
-    assert p.returncode == -signal.SIGKILL
-
-
 @pytest.mark.timeout(60)
-def test_sigkill_of_a_reader_leaves_the_owner_working(arena_dir: Path) -> None:
+def test_sigkill_of_a_reader_leaves_the_owner_working(arena_dir: Path, procs: Procs) -> None:
     """The owner keeps reading, ``ferrofeed clean`` keeps its live arena, and its close()
     removes it; readers in other processes are unaffected too."""
     from ferrofeed import SharedList
 
     with SharedList(({"id": i} for i in range(5000)), path=arena_dir / "a.arena") as sl:
-        reader, _ = _start(READER, sl.path)
-        other, _ = _start(READER, sl.path)
+        reader, _ = procs.start(READER, sl.path)
+        other, _ = procs.start(READER, sl.path)
         time.sleep(0.2)  # mid-read
-        _kill9(reader)
+        procs.kill9(reader)
         assert [sl[i]["id"] for i in range(len(sl))] == list(range(5000))
         assert other.poll() is None, "the other reader died with the killed one"
         out = _clean(arena_dir)
@@ -478,17 +457,17 @@ def test_sigkill_of_a_reader_leaves_the_owner_working(arena_dir: Path) -> None:
             args=[sl.path],
         )
         assert check.stdout.strip() == "5000"
-        _kill9(other)
+        procs.kill9(other)
     assert sorted(p.name for p in arena_dir.iterdir()) == []
 
 
 @pytest.mark.timeout(60)
 def test_sigkill_of_the_owner_leaves_readers_working_then_clean_removes_it(
-    arena_dir: Path,
+    arena_dir: Path, procs: Procs
 ) -> None:
     """A reader keeps reading the arena of a killed owner (its mapping holds the pages);
     ``ferrofeed clean`` keeps the file while a reader holds it and removes it after."""
-    owner, path = _start(OWNER, str(arena_dir / "owned.arena"))
+    owner, path = procs.start(OWNER, str(arena_dir / "owned.arena"))
     reader = subprocess.Popen(
         [
             sys.executable,
@@ -509,7 +488,7 @@ def test_sigkill_of_the_owner_leaves_readers_working_then_clean_removes_it(
         assert reader.stdout is not None
         assert reader.stdin is not None
         assert reader.stdout.readline().strip() == "opened"
-        _kill9(owner)
+        procs.kill9(owner)
         assert Path(path).exists()  # no cleanup ran: SIGKILL
         reader.stdin.write("go\n")
         reader.stdin.flush()
