@@ -327,21 +327,21 @@ pub(crate) fn box_to_stored(b: BoxU, orientation: u16, stored_w: usize, stored_h
 }
 
 /// The inverse of [`box_to_stored`]: the box of the oriented image that
-/// the stored box `b` becomes.
+/// the stored box `b` becomes. That is [`box_to_stored`] with the oriented
+/// image taken as the stored one, in the inverse orientation (6 and 8 undo
+/// each other; every other orientation undoes itself).
 pub(crate) fn box_to_oriented(b: BoxU, orientation: u16, stored_w: usize, stored_h: usize) -> BoxU {
-    let (xs, ys) = ((b.x0, b.x1), (b.y0, b.y1));
-    let (w, h) = (stored_w, stored_h);
-    let ((x0, x1), (y0, y1)) = match orientation {
-        2 => (mirror(xs, w), ys),
-        3 => (mirror(xs, w), mirror(ys, h)),
-        4 => (xs, mirror(ys, h)),
-        5 => (ys, xs),
-        6 => (mirror(ys, h), xs),
-        7 => (mirror(ys, h), mirror(xs, w)),
-        8 => (ys, mirror(xs, w)),
-        _ => (xs, ys),
+    let inverse = match orientation {
+        6 => 8,
+        8 => 6,
+        o => o,
     };
-    BoxU { x0, y0, x1, y1 }
+    let (w, h) = if (5..=8).contains(&orientation) {
+        (stored_h, stored_w)
+    } else {
+        (stored_w, stored_h)
+    };
+    box_to_stored(b, inverse, w, h)
 }
 
 #[cfg(test)]
