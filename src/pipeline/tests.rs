@@ -292,15 +292,16 @@ fn a_slow_consumer_bounds_what_the_source_pulls() {
     p.stop();
 }
 
-#[test]
-fn stop_is_prompt_and_joins_threads() {
-    let slow: ItemFn<u64, String> = Arc::new(|x| {
-        std::thread::sleep(Duration::from_millis(20));
+/// A pipeline over an endless source through one thread stage of
+/// `concurrency` calls that each take `ms`, with its first item taken.
+fn running_slow_stage(ms: u64, concurrency: usize) -> P {
+    let slow: ItemFn<u64, String> = Arc::new(move |x| {
+        std::thread::sleep(Duration::from_millis(ms));
         Ok(Some(x))
     });
     let mut p = P::new(
         source(u64::MAX),
-        vec![map("slow", Work::Dedicated(slow, None), 4, true)],
+        vec![map("slow", Work::Dedicated(slow, None), concurrency, true)],
         config(2),
         None,
     )
@@ -309,6 +310,12 @@ fn stop_is_prompt_and_joins_threads() {
         p.next_timeout(Duration::from_secs(5)),
         Next::Item(0)
     ));
+    p
+}
+
+#[test]
+fn stop_is_prompt_and_joins_threads() {
+    let mut p = running_slow_stage(20, 4);
     let t = Instant::now();
     p.stop();
     assert!(
@@ -412,21 +419,7 @@ fn stop_leaves_calls_stuck_in_user_code_and_joins_every_other_thread() {
 
 #[test]
 fn stop_waits_for_calls_that_end_within_the_grace_period() {
-    let slow: ItemFn<u64, String> = Arc::new(|x| {
-        std::thread::sleep(Duration::from_millis(50));
-        Ok(Some(x))
-    });
-    let mut p = P::new(
-        source(u64::MAX),
-        vec![map("slow", Work::Dedicated(slow, None), 3, true)],
-        config(2),
-        None,
-    )
-    .unwrap();
-    assert!(matches!(
-        p.next_timeout(Duration::from_secs(5)),
-        Next::Item(0)
-    ));
+    let mut p = running_slow_stage(50, 3);
     p.stop();
     assert!(
         p.take_left_running().is_empty(),
