@@ -78,8 +78,8 @@ fn item_seed(seed: u64, index: usize) -> u64 {
 }
 
 /// `flip=`: `False`/`None` (never), `True` (always) or `"random"`
-/// (torchvision's `RandomHorizontalFlip()`, drawn from `seed`).
-fn parse_flip(flip: Option<&Bound<'_, PyAny>>, seed: u64) -> PyResult<Flip> {
+/// (torchvision's `RandomHorizontalFlip()`, drawn from `seed()`).
+fn parse_flip(flip: Option<&Bound<'_, PyAny>>, seed: impl FnOnce() -> u64) -> PyResult<Flip> {
     let Some(flip) = flip.filter(|f| !f.is_none()) else {
         return Ok(Flip::Never);
     };
@@ -88,7 +88,7 @@ fn parse_flip(flip: Option<&Bound<'_, PyAny>>, seed: u64) -> PyResult<Flip> {
         return Ok(b.into());
     }
     if flip.extract::<&str>().is_ok_and(|s| s == "random") {
-        return Ok(Flip::Random { seed });
+        return Ok(Flip::Random { seed: seed() });
     }
     Err(PyValueError::new_err(format!(
         "flip is True, False or \"random\" (a random horizontal flip), not {}",
@@ -124,9 +124,11 @@ pub(crate) fn parse_transform(
     }
     let size = parse_size(size, "size")?;
     // One seed for the random crop and the random flip (each draws from it
-    // through its own stream); a fresh one when none is given.
-    let seed = seed.unwrap_or_else(fresh_seed);
-    let flip = parse_flip(flip, seed)?;
+    // through its own stream); a fresh one, made only if something is
+    // random, when none is given.
+    let mut seed = seed;
+    let mut draw_seed = || *seed.get_or_insert_with(fresh_seed);
+    let flip = parse_flip(flip, &mut draw_seed)?;
     let crop = match crop.filter(|c| !c.is_none()) {
         None => None,
         Some(c) if c.extract::<&str>().is_ok_and(|s| s == "random") => {
@@ -135,7 +137,11 @@ pub(crate) fn parse_transform(
                     "crop=\"random\" (a random resized crop) needs an output size=",
                 ));
             }
-            Some(Crop::RandomResized { scale, ratio, seed })
+            Some(Crop::RandomResized {
+                scale,
+                ratio,
+                seed: draw_seed(),
+            })
         }
         Some(c) => {
             let (height, width) = parse_size(Some(c), "crop")
