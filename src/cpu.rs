@@ -76,6 +76,15 @@ pub fn pool_threads() -> usize {
     pool().current_num_threads()
 }
 
+/// The threads of this process's pool, or 0 when no pool has been made in
+/// this process yet (unlike [`pool_threads`], it makes none).
+pub fn threads() -> usize {
+    let slot = POOL.lock().unwrap_or_else(PoisonError::into_inner);
+    slot.as_ref()
+        .filter(|(owner, _)| *owner == pid())
+        .map_or(0, |(_, pool)| pool.current_num_threads())
+}
+
 /// Runs `work` `copies` times at once (at most): once on the calling
 /// thread, the others as jobs of the shared [`pool`]; returns when all
 /// have returned. `work` is typically a loop that takes the next item of a
@@ -110,6 +119,7 @@ mod tests {
         let b = pool();
         assert!(Arc::ptr_eq(&a, &b));
         assert!(pool_threads() >= 1);
+        assert_eq!(threads(), pool_threads());
     }
 
     #[test]

@@ -11,6 +11,7 @@ import asyncio
 import gc
 import itertools
 import json
+import os
 import resource
 import signal
 import subprocess
@@ -20,7 +21,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from ferrofeed import Pipeline, PipelineBuilder, PipelineError, ops
+from ferrofeed import Pipeline, PipelineBuilder, PipelineError, _core, ops
 from ferrofeed.memory import process_memory
 from thread_counts import os_threads, python_threads, settle_threads, thread_counts
 
@@ -57,8 +58,9 @@ def full_pipeline(source: Any, sync_concurrency: int = 3) -> Pipeline:
 
 def assert_running_threads(base: tuple[int, int]) -> None:
     py, os_n = thread_counts()
-    # The event loop is a Python thread; the source, a stage thread and 2 runtime workers
-    # at least are OS threads. (Shows that the counts can tell a pipeline is running.)
+    # The event loop is a Python thread; the source, a stage thread and the stage tasks on
+    # the runtime count as at least 4 more. (Shows that the counts can tell a pipeline
+    # is running.)
     assert py >= base[0] + 1
     assert os_n >= base[1] + 4
 
@@ -235,10 +237,14 @@ import asyncio, itertools, json, os, signal, sys, threading, time
 from ferrofeed import PipelineBuilder
 
 def os_threads():
+    # Less the threads of the process's runtime and CPU pool (kept for the process's
+    # life), plus one for each stage task still alive on that runtime.
+    from ferrofeed import _core
+    runtime, tasks, pool = _core._native_threads()
     with open("/proc/self/status") as f:
         for line in f:
             if line.startswith("Threads:"):
-                return int(line.split()[1])
+                return int(line.split()[1]) - runtime - pool + tasks
 
 kind, catch = sys.argv[1], sys.argv[2] == "catch"
 base = [threading.active_count(), os_threads()]
@@ -395,10 +401,14 @@ import asyncio, json, os, sys, threading, time
 from ferrofeed import PipelineBuilder, ops
 
 def os_threads():
+    # Less the threads of the process's runtime and CPU pool (kept for the process's
+    # life), plus one for each stage task still alive on that runtime.
+    from ferrofeed import _core
+    runtime, tasks, pool = _core._native_threads()
     with open("/proc/self/status") as f:
         for line in f:
             if line.startswith("Threads:"):
-                return int(line.split()[1])
+                return int(line.split()[1]) - runtime - pool + tasks
 
 def double(x):
     return 2 * x
@@ -424,6 +434,9 @@ if pid == 0:
         result = {}
         base = os_threads()
         result["threads_at_fork"] = base
+        from ferrofeed import _core
+        # The parent's runtime: none of its threads came along, and it is not this one's.
+        result["runtime_at_fork"] = list(_core._native_threads()[:2])
         # The parent's pipeline, used in the child: what do five next() calls give?
         stale = []
         for _ in range(5):
@@ -449,6 +462,12 @@ if pid == 0:
         result["child_ok"] = out == expected
         time.sleep(0.05)
         result["threads_after"] = os_threads()
+        # The child made a runtime of its own for its pipelines, and kept it.
+        result["runtime_after"] = _core._native_threads()[0]
+        result["rt_named"] = sum(
+            open(f"/proc/self/task/{t}/comm").read().strip() == "ferrofeed-rt"
+            for t in os.listdir("/proc/self/task")
+        )
         second = PipelineBuilder().add_source(list(range(30))).pipe(double).add_sink().build()
         result["second_ok"] = list(second) == [2 * x for x in range(30)]
         print("CHILD " + json.dumps(result), flush=True)
@@ -494,6 +513,9 @@ def test_fork_then_build_in_child(
     assert child["stale"][-1] == "RuntimeError", child
     # Only the forking thread exists in the child, and the child's pipelines joined theirs.
     assert child["threads_at_fork"] == 1
+    assert child["runtime_at_fork"] == [0, 0], child
+    assert child["runtime_after"] >= 1, child
+    assert child["runtime_after"] == child["rt_named"], child
     assert child["threads_after"] == 1, child
     # The parent's own pipeline, built and running before the fork, still works.
     assert r["parent_ok"] is True, r
@@ -615,3 +637,49 @@ def test_os_thread_count_sees_new_threads() -> None:
         stop.set()
         t.join()
     assert settle_threads((python_threads(), before)) == (python_threads(), before)
+
+
+def runtime_thread_ids() -> set[int]:
+    """Thread ids of this process's threads named after the process's runtime."""
+    ids = set()
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm", encoding="ascii") as f:
+                if f.read().strip() == "ferrofeed-rt":
+                    ids.add(int(tid))
+        except FileNotFoundError:  # ended meanwhile
+            pass
+    return ids
+
+
+@pytest.mark.timeout(60)
+def test_every_pipeline_runs_on_the_one_runtime_the_process_keeps() -> None:
+    def epoch() -> None:
+        p = (
+            PipelineBuilder()
+            .add_source(range(64))
+            .pipe(ops.identity())
+            .pipe(async_pass, concurrency=4)
+            .aggregate(8)
+            .add_sink()
+            .build()
+        )
+        assert [x for group in p for x in group] == list(range(64))
+
+    epoch()
+    first = runtime_thread_ids()
+    assert first, "no runtime thread"
+    for _ in range(5):
+        epoch()
+        # No stage task outlives its pipeline, and no runtime thread is new: the later
+        # pipelines ran on the threads already there (idle blocking-pool threads of
+        # earlier tests may have ended meanwhile, after 10 s).
+        assert _core._native_threads()[1] == 0
+        assert runtime_thread_ids() <= first
+    # The runtime's own count is what the kernel sees (read again if a blocking-pool
+    # thread ended between the two looks).
+    for _ in range(10):
+        counted, named = _core._native_threads()[0], len(runtime_thread_ids())
+        if counted == named == _core._native_threads()[0]:
+            break
+    assert counted == named

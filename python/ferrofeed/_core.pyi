@@ -76,6 +76,9 @@ class NativeOp:
 def _after_fork_in_child() -> None:
     """Mark pipelines built before a fork as the parent's (internal)."""
 
+def _native_threads() -> tuple[int, int, int]:
+    """(runtime threads, runtime tasks not finished, CPU pool threads) (internal)."""
+
 def _op_read_file() -> NativeOp:
     """Return a native op that reads each path's bytes."""
 

@@ -782,7 +782,7 @@ class DataLoader:
             )
             .pipe(group, name="collate")
             .add_sink(self.prefetch)
-            .build(num_threads=1)
+            .build()
         )
         self._pipeline = pipeline
         self._loading.clear()
@@ -901,17 +901,19 @@ class DataLoader:
         # Each batch decodes on up to `num_threads` threads; with batches smaller than
         # that, several batches decode at once.
         per_batch = min(self.num_threads, self._batch)
+        at_once = max(1, self.num_threads // per_batch)
         pipeline = (
             PipelineBuilder()
             .add_source(groups())
             .pipe(
                 self._batch_op(epoch),
-                concurrency=max(1, self.num_threads // per_batch),
+                concurrency=at_once,
                 name="decode_batch",
                 timeout=self.timeout,
             )
             .add_sink(self.prefetch)
-            .build(num_threads=1)
+            # The batch op is a blocking native call: as many at once as the stage runs.
+            .build(num_threads=at_once)
         )
         self._pipeline = pipeline
         output, device = self.output, self.device

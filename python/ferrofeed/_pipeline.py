@@ -751,8 +751,12 @@ class PipelineBuilder:
         """Build a new pipeline (one pass over the source); call again for each epoch.
 
         Args:
-            num_threads: worker threads of the pipeline's async runtime (default: the
-                number of CPUs, at most 8). Python stages have threads of their own.
+            num_threads: the most native ops (``ops.read_file``, ``ops.decode_image``, ...)
+                this pipeline runs at once, over all its stages (default: the number of
+                CPUs, at most 8), as SPDL's ``num_threads`` sizes the executor of its
+                synchronous stages. Python stages have threads of their own (each stage's
+                ``concurrency``). Every pipeline's stages run as tasks on one async
+                runtime per process, made with the first pipeline and kept.
             report_stats_interval: if set, log the stats table at INFO on the
                 ``ferrofeed.pipeline`` logger every this many seconds.
             stall_warning_after: when no stage takes, passes on, drops or fails an item

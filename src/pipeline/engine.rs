@@ -24,7 +24,7 @@ const MAX_BATCH: usize = 64;
 /// rather than once per item.
 const MIN_CAPACITY: usize = 16;
 
-/// How long stopping waits, in all, for the runtime and for threads still
+/// How long stopping waits, in all, for the stage tasks and for threads still
 /// inside a call of user code (a stage function, the source's `next`, a
 /// native op on the runtime's blocking pool) to return, before it leaves
 /// such calls to finish on their own (their results are thrown away, their
@@ -38,7 +38,10 @@ pub const STOP_GRACE: Duration = Duration::from_millis(250);
 /// Settings of a pipeline.
 #[derive(Debug, Clone)]
 pub struct PipelineConfig {
-    /// Worker threads of the async runtime (at least 1).
+    /// Most of the pipeline's blocking calls ([`Work::Blocking`], native ops
+    /// on the runtime's blocking pool) that run at once, over all its stages
+    /// (at least 1). The stage tasks themselves run on the process's one
+    /// runtime ([`super::runtime`]), whose workers every pipeline shares.
     pub num_threads: usize,
     /// Finished items buffered for the consumer (at least 1).
     pub sink_buffer: usize,
@@ -47,7 +50,7 @@ pub struct PipelineConfig {
 impl Default for PipelineConfig {
     fn default() -> Self {
         Self {
-            num_threads: std::thread::available_parallelism().map_or(2, |n| n.get().min(8)),
+            num_threads: super::runtime::workers(),
             sink_buffer: 3,
         }
     }
@@ -113,7 +116,8 @@ struct Plan<T, E> {
 }
 
 struct Running {
-    runtime: tokio::runtime::Runtime,
+    /// The stage tasks (and the stats reporter) on the process's runtime.
+    tasks: Vec<tokio::task::JoinHandle<()>>,
     threads: Vec<JoinHandle<()>>,
     /// The stall watch's thread: it parks between looks, and is woken to
     /// leave at once when the pipeline stops.
@@ -124,10 +128,12 @@ struct Running {
 /// consumer takes finished items from.
 ///
 /// Built stopped; [`Pipeline::start`] (or the first
-/// [`Pipeline::next_timeout`]) starts it. Each pipeline owns its async
-/// runtime and its threads; [`Pipeline::stop`], dropping it, a failure or
-/// the end of the items stops and joins them all. A pipeline is one pass
-/// over its source: build another for the next epoch.
+/// [`Pipeline::next_timeout`]) starts it. Its stage tasks run on the
+/// process's one async runtime ([`super::runtime`], shared by every
+/// pipeline and kept between them); its source, thread stages and stall
+/// watch on threads of its own. [`Pipeline::stop`], dropping it, a failure
+/// or the end of the items ends its tasks and joins its threads. A pipeline
+/// is one pass over its source: build another for the next epoch.
 ///
 /// # Back-pressure
 ///
@@ -139,8 +145,8 @@ struct Running {
 /// # Fork
 ///
 /// A pipeline must be used in the process that built it. In a forked child
-/// its threads do not exist: dropping it there forgets the runtime and the
-/// threads rather than joining them.
+/// its tasks and threads do not exist: dropping it there forgets them
+/// rather than joining them.
 ///
 /// # Examples
 ///
@@ -232,6 +238,7 @@ impl<T: Send + 'static, E: Send + 'static> Pipeline<T, E> {
         // (after an aggregate) are large, so two of them suffice. A fusable
         // stage has no channel in front (0): it runs inside its upstream
         // stage's emit path (see `Chain`).
+        let permits = config.num_threads;
         let n = stages.len();
         let mut feed = vec![0usize; n + 1];
         for (j, s) in stages.iter().enumerate() {
@@ -278,6 +285,7 @@ impl<T: Send + 'static, E: Send + 'static> Pipeline<T, E> {
                 stop: AtomicBool::new(false),
                 aborts: Mutex::new(Vec::new()),
                 abandoned: Mutex::new(std::collections::HashSet::new()),
+                blocking: Arc::new(tokio::sync::Semaphore::new(permits)),
             }),
             stats,
             capacities,
@@ -315,8 +323,9 @@ impl<T: Send + 'static, E: Send + 'static> Pipeline<T, E> {
         std::process::id() == self.creator_pid
     }
 
-    /// Starts the runtime, the source thread and the stages. Does nothing
-    /// if already started.
+    /// Starts the source thread and the stages (making the process's
+    /// runtime first, if no pipeline has yet). Does nothing if already
+    /// started.
     ///
     /// # Errors
     ///
@@ -325,15 +334,9 @@ impl<T: Send + 'static, E: Send + 'static> Pipeline<T, E> {
         let Some(plan) = self.plan.take() else {
             return Ok(());
         };
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(self.config.num_threads)
-            .max_blocking_threads(self.config.num_threads.max(4) * 4)
-            .thread_name("ferrofeed-rt")
-            .enable_time()
-            .build()
-            .map_err(PipelineError::Start)?;
+        let runtime = super::runtime::runtime().map_err(PipelineError::Start)?;
         let mut threads = Vec::new();
-        let mut aborts = Vec::new();
+        let mut tasks = Vec::new();
         let maps: Vec<bool> = plan
             .stages
             .iter()
@@ -392,17 +395,20 @@ impl<T: Send + 'static, E: Send + 'static> Pipeline<T, E> {
                 Stage::Disaggregate(d) => Box::pin(run_disaggregate(d, rx, out, ctx)),
                 Stage::Accumulate(a) => Box::pin(run_accumulate(a, rx, out, ctx)),
             };
-            aborts.push(runtime.spawn(task).abort_handle());
+            tasks.push(runtime.spawn(task));
             rx = next_rx;
         }
         if let Some(rep) = plan.reporter {
-            aborts.push(spawn_reporter(&runtime, self.stats.clone(), rep));
+            tasks.push(spawn_reporter(&runtime, self.stats.clone(), rep));
         }
         *self
             .shared
             .aborts
             .lock()
-            .unwrap_or_else(PoisonError::into_inner) = aborts;
+            .unwrap_or_else(PoisonError::into_inner) = tasks
+            .iter()
+            .map(tokio::task::JoinHandle::abort_handle)
+            .collect();
         let watch = match plan.stall {
             Some(w) => Some(spawn_stall_watch(
                 Arc::clone(&self.shared),
@@ -415,7 +421,7 @@ impl<T: Send + 'static, E: Send + 'static> Pipeline<T, E> {
         };
         self.sink = Some(rx);
         self.running = Some(Running {
-            runtime,
+            tasks,
             threads,
             watch,
         });
@@ -513,8 +519,8 @@ impl<T: Send + 'static, E: Send + 'static> Pipeline<T, E> {
     /// among them is dropped (the consumer asked to stop). Idempotent.
     ///
     /// In a forked child (see [`Pipeline::is_in_creator_process`]) it
-    /// touches nothing the parent's threads shared: the runtime, the
-    /// channels and the task handles are forgotten, not dropped, since a
+    /// touches nothing the parent's threads shared: the channels and the
+    /// task handles are forgotten, not dropped, since a
     /// lock among them may have been held by a thread that does not exist
     /// in the child.
     pub fn stop(&mut self) {
@@ -535,7 +541,7 @@ impl<T: Send + 'static, E: Send + 'static> Pipeline<T, E> {
     fn halt(&mut self) {
         self.plan = None;
         if !self.is_in_creator_process() {
-            // Forked child: the threads, the runtime and the channels are
+            // Forked child: the threads, the tasks and the channels are
             // the parent's. Dropping the sink would lock the channel, aborting
             // a task would lock the runtime's scheduler, and either lock may
             // have been held at the fork by a thread that is gone: forget
@@ -560,9 +566,24 @@ impl<T: Send + 'static, E: Send + 'static> Pipeline<T, E> {
             w.thread().unpark();
             let _ = w.join();
         }
-        running
-            .runtime
-            .shutdown_timeout(deadline.saturating_duration_since(Instant::now()));
+        // Aborted tasks end at their next await point; a task inside inline
+        // work ends when the work returns. Blocking calls (each holds one of
+        // the pipeline's permits until it returns) cannot be interrupted:
+        // those still running at the deadline finish on their own on the
+        // runtime's blocking pool, their results thrown away, as the
+        // pipeline's threads stuck in user code do. On a thread of the
+        // runtime itself (a pipeline dropped by one of its tasks) nothing is
+        // waited for: the wait could be for the very task doing it.
+        if tokio::runtime::Handle::try_current().is_err() {
+            let permits = self.config.num_threads;
+            while Instant::now() < deadline
+                && (running.tasks.iter().any(|t| !t.is_finished())
+                    || self.shared.blocking.available_permits() < permits)
+            {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        drop(running.tasks);
         self.left_running.clear();
         for t in running.threads {
             // A thread stuck in a call that ran past its timeout is not
@@ -649,18 +670,16 @@ fn spawn_reporter(
     runtime: &tokio::runtime::Runtime,
     stats: Vec<Arc<StageStats>>,
     rep: StatsReporter,
-) -> tokio::task::AbortHandle {
-    runtime
-        .spawn(async move {
-            let mut tick = tokio::time::interval(rep.interval);
+) -> tokio::task::JoinHandle<()> {
+    runtime.spawn(async move {
+        let mut tick = tokio::time::interval(rep.interval);
+        tick.tick().await;
+        loop {
             tick.tick().await;
-            loop {
-                tick.tick().await;
-                let snaps: Vec<_> = stats.iter().map(|s| s.snapshot()).collect();
-                (rep.report)(&snaps);
-            }
-        })
-        .abort_handle()
+            let snaps: Vec<_> = stats.iter().map(|s| s.snapshot()).collect();
+            (rep.report)(&snaps);
+        }
+    })
 }
 
 fn spawn_source<T: Send + 'static, E: Send + 'static>(
@@ -824,10 +843,11 @@ async fn run_map<T: Send + 'static, E: Send + 'static>(
         }
     });
     let stats = Arc::clone(&ctx.stats);
+    let gate = Arc::clone(&ctx.shared.blocking);
     let calls = inputs.map(move |msg| -> BoxFuture<Result<Outcome<T, E>, Failure<E>>> {
         match msg {
             Msg::Item(item) => {
-                let call = invoke(&work, item, &stats, timeout.as_ref());
+                let call = invoke(&work, item, &stats, timeout.as_ref(), &gate);
                 Box::pin(async move { Ok(call.await) })
             }
             Msg::Fail(f) => Box::pin(std::future::ready(Err(f))),
@@ -875,50 +895,85 @@ fn is_fusable<T, E>(stage: &Stage<T, E>) -> bool {
 }
 
 /// Starts one call of a stage function on `item`, where its [`Work`] says,
-/// bounded by the stage's timeout (with the stage's name) if it has one.
+/// bounded by the stage's timeout (with the stage's name) if it has one. A
+/// blocking call first takes one of the pipeline's `gate` permits (see
+/// [`PipelineConfig::num_threads`]) and holds it until it returns; its
+/// timeout counts from then.
 fn invoke<T: Send + 'static, E: Send + 'static>(
     work: &TaskWork<T, E>,
     item: T,
     stats: &Arc<StageStats>,
     timeout: Option<&(StageTimeout<E>, String)>,
+    gate: &Arc<tokio::sync::Semaphore>,
 ) -> BoxFuture<Outcome<T, E>> {
     let stats = Arc::clone(stats);
-    let call: BoxFuture<Outcome<T, E>> = match work {
+    match work {
         TaskWork::Inline(f) => {
             let t = Instant::now();
             let out = timed(&stats, || f(item));
             // Inline work cannot be interrupted: checked when it returns.
-            return Box::pin(std::future::ready(match timeout {
+            Box::pin(std::future::ready(match timeout {
                 Some((to, name)) if t.elapsed() > to.limit => Ok(Err((to.error)(name, to.limit))),
                 _ => out,
-            }));
+            }))
         }
         TaskWork::Blocking(f) => {
-            let f = Arc::clone(f);
+            let (f, gate) = (Arc::clone(f), Arc::clone(gate));
+            let timeout = timeout.cloned();
             Box::pin(async move {
-                match tokio::task::spawn_blocking(move || timed(&stats, || f(item))).await {
-                    Ok(out) => out,
-                    Err(e) => Err(format!("the blocking task failed: {e}")),
-                }
+                let Ok(permit) = gate.acquire_owned().await else {
+                    return Err("the pipeline's blocking calls are closed".into());
+                };
+                // Given back when the call returns, or when it runs past the
+                // stage's timeout: a stuck call is no longer the pipeline's
+                // (as a thread stage's stuck thread is not), and stopping does
+                // not wait for it. A stopped pipeline's calls keep theirs.
+                let permit = Arc::new(Mutex::new(Some(permit)));
+                let in_call = Arc::clone(&permit);
+                let call: BoxFuture<Outcome<T, E>> = Box::pin(async move {
+                    let call = tokio::task::spawn_blocking(move || {
+                        let out = timed(&stats, || f(item));
+                        in_call
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .take();
+                        out
+                    });
+                    call.await
+                        .unwrap_or_else(|e| Err(format!("the blocking task failed: {e}")))
+                });
+                let out = limited(call, timeout.as_ref()).await;
+                permit.lock().unwrap_or_else(PoisonError::into_inner).take();
+                out
             })
         }
         TaskWork::Async(f) => {
             let fut = f(item);
-            Box::pin(async move {
-                let t = Instant::now();
-                let out = AssertUnwindSafe(fut).catch_unwind_compat().await;
-                stats.worked(t.elapsed());
-                out
-            })
+            limited(
+                Box::pin(async move {
+                    let t = Instant::now();
+                    let out = AssertUnwindSafe(fut).catch_unwind_compat().await;
+                    stats.worked(t.elapsed());
+                    out
+                }),
+                timeout,
+            )
         }
-    };
+    }
+}
+
+/// `call`, bounded by the stage's timeout if it has one. Past the limit,
+/// the call's future is dropped: async work is cancelled, a blocking call
+/// runs on and its result is lost.
+fn limited<T: Send + 'static, E: Send + 'static>(
+    call: BoxFuture<Outcome<T, E>>,
+    timeout: Option<&(StageTimeout<E>, String)>,
+) -> BoxFuture<Outcome<T, E>> {
     match timeout {
         None => call,
         Some((to, name)) => {
             let (limit, error, name) = (to.limit, Arc::clone(&to.error), name.clone());
             Box::pin(async move {
-                // Past the limit, the call's future is dropped: async work is
-                // cancelled, a blocking call runs on and its result is lost.
                 tokio::time::timeout(limit, call)
                     .await
                     .unwrap_or_else(|_| Ok(Err(error(&name, limit))))

@@ -1,15 +1,17 @@
 //! The pipeline engine: a source, stages linked by bounded channels, a sink.
 //!
 //! A [`Pipeline`] pulls items from a [`Source`] on a thread of its own and
-//! passes them through [`Stage`]s, each a task on the pipeline's own tokio
-//! runtime, linked by bounded `flume` channels; the consumer takes finished
+//! passes them through [`Stage`]s, each a task on the process's one tokio
+//! runtime ([`runtime`], shared by every pipeline), linked by bounded
+//! `flume` channels; the consumer takes finished
 //! items from the sink with [`Pipeline::next_timeout`].
 //!
 //! # Where work runs
 //!
 //! A map stage's [`Work`] says where its function runs: inline in the
 //! stage's task (cheap native work), on the runtime's blocking pool
-//! (CPU-heavy native work), on OS threads the stage owns (functions that
+//! (CPU-heavy native work; at most `num_threads` calls of one pipeline at
+//! once), on OS threads the stage owns (functions that
 //! take the GIL: a slow Python call never stalls a runtime worker), or as a
 //! future (async callables). Up to `concurrency` items are in flight per
 //! stage; with `ordered` the stage emits them in input order (like
@@ -62,6 +64,7 @@
 
 mod engine;
 mod error;
+pub mod runtime;
 mod shared;
 mod stage;
 mod stats;

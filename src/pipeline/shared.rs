@@ -53,6 +53,9 @@ pub(super) struct Shared<E> {
     /// Threads stuck in a call that ran past its stage's timeout: stopping
     /// does not wait for them.
     pub(super) abandoned: Mutex<std::collections::HashSet<std::thread::ThreadId>>,
+    /// One permit per blocking call the pipeline may run at once
+    /// (`PipelineConfig::num_threads`), held until the call returns.
+    pub(super) blocking: Arc<tokio::sync::Semaphore>,
 }
 
 impl<E> Shared<E> {

@@ -1217,3 +1217,135 @@ fn an_accumulate_stage_emits_when_it_has_a_result_and_flushes_at_the_end() {
     let mut p = P::new(src(), vec![stage(&held, false)], config(2), None).unwrap();
     assert_eq!(drain(&mut p).unwrap(), vec![12, 11]);
 }
+
+/// A stage function that sleeps `ms` and records the most calls running at
+/// once in `most` (and the calls running now in `running`).
+fn counting(ms: u64, running: &Arc<AtomicUsize>, most: &Arc<AtomicUsize>) -> ItemFn<u64, String> {
+    let (running, most) = (Arc::clone(running), Arc::clone(most));
+    Arc::new(move |x| {
+        let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+        most.fetch_max(now, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(ms));
+        running.fetch_sub(1, Ordering::SeqCst);
+        Ok(Some(x))
+    })
+}
+
+#[test]
+fn num_threads_bounds_the_blocking_calls_of_all_stages() {
+    for (threads, stages) in [(2, 1), (3, 2)] {
+        let (running, most) = (Arc::default(), Arc::default());
+        let work: Vec<_> = (0..stages)
+            .map(|i| {
+                let f = counting(5, &running, &most);
+                map(&format!("blocking-{i}"), Work::Blocking(f), 8, true)
+            })
+            .collect();
+        let config = PipelineConfig {
+            num_threads: threads,
+            sink_buffer: 4,
+        };
+        let mut p = P::new(source(60), work, config, None).unwrap();
+        assert_eq!(drain(&mut p).unwrap(), (0..60).collect::<Vec<_>>());
+        // The bound is reached (8 calls are wanted at once) and never passed.
+        assert_eq!(most.load(Ordering::SeqCst), threads, "{stages} stage(s)");
+    }
+}
+
+#[test]
+fn a_blocking_call_past_its_timeout_gives_its_permit_back() {
+    // One permit; item 1's call is stuck: once it times out, the others run.
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let released = Arc::new(std::sync::Mutex::new(released));
+    let f: ItemFn<u64, String> = Arc::new(move |x| {
+        if x == 1 {
+            let _ = released
+                .lock()
+                .unwrap()
+                .recv_timeout(Duration::from_secs(30));
+        }
+        Ok(Some(x))
+    });
+    let stage = Stage::Map(MapStage {
+        name: "stuck".into(),
+        work: Work::Blocking(f),
+        concurrency: 2,
+        ordered: true,
+        on_error: ErrorPolicy::Skip { max_failures: None },
+        timeout: Some(timeout_error()),
+    });
+    let config = PipelineConfig {
+        num_threads: 1,
+        sink_buffer: 2,
+    };
+    let started = Instant::now();
+    let mut p = P::new(source(10), vec![stage], config, None).unwrap();
+    let got = drain(&mut p).unwrap();
+    assert_eq!(got, vec![0, 2, 3, 4, 5, 6, 7, 8, 9]);
+    assert!(started.elapsed() < Duration::from_secs(10));
+    drop(p); // does not wait for the stuck call
+    release.send(()).unwrap();
+}
+
+#[test]
+fn stop_waits_for_the_blocking_calls_that_end_within_the_grace_period() {
+    let (started, ended) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (s, e) = (Arc::clone(&started), Arc::clone(&ended));
+    let f: ItemFn<u64, String> = Arc::new(move |x| {
+        s.fetch_add(1, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(40));
+        e.fetch_add(1, Ordering::SeqCst);
+        Ok(Some(x))
+    });
+    let mut p = P::new(
+        source(u64::MAX),
+        vec![map("slow", Work::Blocking(f), 3, true)],
+        config(2),
+        None,
+    )
+    .unwrap();
+    assert!(matches!(
+        p.next_timeout(Duration::from_secs(5)),
+        Next::Item(0)
+    ));
+    p.stop();
+    // Every call that had started has returned: none runs on after stop.
+    assert_eq!(started.load(Ordering::SeqCst), ended.load(Ordering::SeqCst));
+    assert!(started.load(Ordering::SeqCst) >= 1);
+}
+
+#[test]
+fn pipelines_run_on_one_runtime_kept_between_them() {
+    // Which threads ran an async stage's calls: with a runtime per
+    // pipeline, the second pipeline's threads would all be new ones.
+    let seen = |p_items: u64| {
+        let ids = Arc::new(std::sync::Mutex::new(std::collections::HashSet::new()));
+        let record = Arc::clone(&ids);
+        let f: AsyncItemFn<u64, String> = Arc::new(move |x| {
+            let record = Arc::clone(&record);
+            Box::pin(async move {
+                record.lock().unwrap().insert(std::thread::current().id());
+                tokio::task::yield_now().await;
+                Ok(Some(x))
+            })
+        });
+        let mut p = P::new(
+            source(p_items),
+            vec![map("async", Work::Async(f), 4, true)],
+            config(2),
+            None,
+        )
+        .unwrap();
+        assert_eq!(drain(&mut p).unwrap().len(), p_items as usize);
+        drop(p);
+        let ids = ids.lock().unwrap().clone();
+        ids
+    };
+    let first = seen(200);
+    let second = seen(200);
+    assert!(
+        !first.is_disjoint(&second),
+        "the second pipeline ran on threads of its own"
+    );
+    assert!(runtime::threads() >= runtime::workers());
+}

@@ -34,6 +34,22 @@ fn _after_fork_in_child() {
     FORK_GENERATION.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
 }
 
+/// The threads the process keeps for native work, which outlive every
+/// pipeline: `(runtime threads, runtime tasks not finished, CPU pool
+/// threads)`. The runtime's threads are its workers and its blocking-pool
+/// threads (those idle for 10 s end); its tasks are the stage tasks of the
+/// pipelines now running (none once every pipeline is stopped). Each count
+/// is 0 until the runtime or pool is first used in this process. For tests
+/// that tell these threads from threads a pipeline left behind.
+#[pyfunction]
+fn _native_threads() -> (usize, usize, usize) {
+    (
+        crate::pipeline::runtime::threads(),
+        crate::pipeline::runtime::alive_tasks(),
+        crate::cpu::threads(),
+    )
+}
+
 /// How long `__next__` waits without the GIL before checking for signals.
 const WAIT_SLICE: Duration = Duration::from_millis(50);
 
@@ -1153,5 +1169,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyNativeOp>()?;
     m.add_function(wrap_pyfunction!(_op_identity, m)?)?;
     m.add_function(wrap_pyfunction!(_after_fork_in_child, m)?)?;
+    m.add_function(wrap_pyfunction!(_native_threads, m)?)?;
     Ok(())
 }
