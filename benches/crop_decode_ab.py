@@ -1,4 +1,4 @@
-"""CPU per image of ``decode_image`` with and without the crop-window JPEG decode.
+"""CPU per image of ``decode_image`` with and without the crop-window decode.
 
 Data: 60 ImageNet-like JPEGs (500x375, quality 75-95, every tenth progressive, 4:2:0) cut
 from scikit-image's photos (a random 60-100% crop of the largest 4:3 window, Lanczos).
@@ -10,7 +10,10 @@ the two settings (``crop_decode=True``, the default, and ``False``) alternate ov
 with their ratio. CPU time rather than wall time, so that other work on a shared machine
 changes the figures less.
 
-Run: ``python benches/crop_decode_ab.py [--reps 9]``.
+With ``--format png`` the same images go in as PNGs (Pillow, compression level 6): the
+window of a PNG is its rows down to the crop's last, and only its columns are kept.
+
+Run: ``python benches/crop_decode_ab.py [--reps 9] [--format png]``.
 """
 
 from __future__ import annotations
@@ -56,6 +59,13 @@ def make_jpegs(n: int, seed: int = 0) -> list[bytes]:
     return out
 
 
+def as_png(jpeg: bytes) -> bytes:
+    """The pixels of ``jpeg`` as a PNG (Pillow, compression level 6)."""
+    buf = io.BytesIO()
+    Image.open(io.BytesIO(jpeg)).convert("RGB").save(buf, "PNG", compress_level=6)
+    return buf.getvalue()
+
+
 def train(data: bytes, seed: int, crop_decode: bool) -> object:
     return fio.decode_image(
         data, size=224, crop="random", seed=seed, flip=bool(seed & 1), crop_decode=crop_decode
@@ -69,8 +79,11 @@ def evaluate(data: bytes, seed: int, crop_decode: bool) -> object:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--reps", type=int, default=9, help="passes per setting")
+    parser.add_argument("--format", choices=["jpeg", "png"], default="jpeg")
     args = parser.parse_args()
     files = make_jpegs(60)
+    if args.format == "png":
+        files = [as_png(f) for f in files]
     jobs: dict[str, Callable[[bytes, int, bool], object]] = {
         "train (RandomResizedCrop 224 + flip)": train,
         "exact 224 (Resize 256, CenterCrop 224)": evaluate,

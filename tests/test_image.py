@@ -470,6 +470,35 @@ def test_real_photos_crop_decode_matches_a_full_decode(photo: str):
     )
 
 
+@pytest.mark.parametrize("photo", PHOTOS)
+def test_real_photos_png_crop_decode_is_exact(photo: str):
+    # A PNG's crop decode reads only its rows down to the crop's last and keeps the crop's
+    # columns: PNG is lossless, so the output is exactly the whole image's, here against
+    # crop_decode=False and against a BMP of the same pixels (always decoded whole), on
+    # PNGs Pillow wrote (its adaptive row filters) in RGB, RGBA, L and 16-bit gray.
+    rgb = real_photo(photo)
+    images = {
+        "RGB": Image.fromarray(rgb),
+        "RGBA": Image.fromarray(np.dstack([rgb, rgb[..., 1]])),
+        "L": Image.fromarray(rgb).convert("L"),
+        "I;16": Image.fromarray(rgb[..., 0].astype(np.uint16) * 257),
+    }
+    for kind, im in images.items():
+        png = encode(im, "PNG")
+        # (Pillow's BMP of 16-bit gray would not hold its high bytes: no BMP for it.)
+        bmp = None if kind == "I;16" else encode(im, "BMP")
+        for seed in range(6):
+            for t in (
+                {"size": 224, "crop": "random", "seed": seed, "flip": seed % 2 == 1},
+                {"size": (40, 56), "crop": "random", "seed": seed, "mode": "L"},
+                {"resize_shorter": 64 + 16 * seed, "crop": 48 + 8 * seed},
+            ):
+                got = ours(png, **t)  # type: ignore[arg-type]
+                assert np.array_equal(got, ours(png, crop_decode=False, **t)), (kind, t)  # type: ignore[arg-type]
+                if bmp is not None:
+                    assert np.array_equal(got, ours(bmp, **t)), (kind, t)  # type: ignore[arg-type]
+
+
 # --------------------------------------------------------------------------------------
 # sources and batches
 

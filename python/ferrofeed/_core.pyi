@@ -425,8 +425,9 @@ def decode_image(
             covers the output (much faster for large photos, slightly different pixels).
         crop_decode: Decode only the part of a JPEG that the output reads (the rows and
             8- to 32-pixel columns under the crop; faster for crops, the same pixels as a
-            full decode in the tests on real photos). ``False`` decodes every pixel. PNG,
-            WebP and BMP images are always decoded whole.
+            full decode in the tests on real photos), and of a non-interlaced PNG only the
+            rows down to the crop's last (the same pixels exactly). ``False`` decodes every
+            pixel. WebP and BMP images are always decoded whole.
         pool: The `BufferPool` of the tensor (default: `default_pool`).
 
     Returns:

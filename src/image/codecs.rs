@@ -300,32 +300,43 @@ fn write_inverted_cmyk(cmyk: &[u8], w: usize, mode: ColorMode, out: &mut [u8], p
     }
 }
 
+/// A PNG reader that gives 8-bit gray, gray + alpha, RGB or RGBA rows
+/// (palettes expanded, 16-bit samples cut to their high byte), for a file
+/// that can hold the pixel data its header announces.
+fn png_reader(data: &[u8]) -> Result<png::Reader<Cursor<&[u8]>>, ImageError> {
+    let mut decoder = png::Decoder::new(Cursor::new(data));
+    decoder.set_transformations(png::Transformations::normalize_to_color8());
+    let reader = decoder.read_info().map_err(|e| corrupt(Format::Png, e))?;
+    check_png_plausible(data, reader.info())?;
+    Ok(reader)
+}
+
+/// Channels of the 8-bit pixels a [`png_reader`] gives for `color`.
+fn png_channels(color: png::ColorType) -> Result<usize, ImageError> {
+    match color {
+        png::ColorType::Grayscale => Ok(1),
+        png::ColorType::GrayscaleAlpha => Ok(2),
+        png::ColorType::Rgb => Ok(3),
+        png::ColorType::Rgba => Ok(4),
+        png::ColorType::Indexed => Err(ImageError::Unsupported {
+            name: String::new(),
+            format: Format::Png,
+            reason: "palette not expanded".into(),
+        }),
+    }
+}
+
 /// Decodes a PNG (any bit depth, palette, alpha, gray) to 8-bit pixels:
 /// 16-bit samples keep their high byte, as Pillow's `RGB` mode does.
 pub(crate) fn decode_png(data: &[u8]) -> Result<Pixels, ImageError> {
     let fmt = Format::Png;
-    let mut decoder = png::Decoder::new(Cursor::new(data));
-    decoder.set_transformations(png::Transformations::normalize_to_color8());
-    let mut reader = decoder.read_info().map_err(|e| corrupt(fmt, e))?;
-    check_png_plausible(data, reader.info())?;
+    let mut reader = png_reader(data)?;
     let size = reader
         .output_buffer_size()
         .ok_or_else(|| corrupt(fmt, "image too large"))?;
     let mut buf = zeroed(size)?;
     let info = reader.next_frame(&mut buf).map_err(|e| corrupt(fmt, e))?;
-    let channels = match info.color_type {
-        png::ColorType::Grayscale => 1,
-        png::ColorType::GrayscaleAlpha => 2,
-        png::ColorType::Rgb => 3,
-        png::ColorType::Rgba => 4,
-        png::ColorType::Indexed => {
-            return Err(ImageError::Unsupported {
-                name: String::new(),
-                format: fmt,
-                reason: "palette not expanded".into(),
-            })
-        }
-    };
+    let channels = png_channels(info.color_type)?;
     let (width, height) = (info.width as usize, info.height as usize);
     // Rows may be padded to `line_size`; pack them.
     let packed = width * channels;
@@ -349,6 +360,67 @@ pub(crate) fn decode_png(data: &[u8]) -> Result<Pixels, ImageError> {
         height,
         channels,
     })
+}
+
+/// Decodes the window `want` of a PNG in `mode`, into a new buffer of
+/// packed rows. Returns the buffer, the window it holds (`want` clipped to
+/// the image) and the image's size.
+///
+/// A non-interlaced PNG is read row by row and reading stops after the
+/// window's last row: the rows below it are neither inflated nor
+/// unfiltered (so damage there goes unnoticed, as it does below a JPEG's
+/// window), and only the window's pixels are kept. An interlaced PNG, whose
+/// every pass reaches the whole image, is decoded whole, and the window
+/// returned is then the whole image, as for an empty `want`.
+pub(crate) fn decode_png_window(
+    data: &[u8],
+    mode: ColorMode,
+    want: Window,
+) -> Result<WindowPixels, ImageError> {
+    let fmt = Format::Png;
+    let c = mode.channels();
+    let mut reader = png_reader(data)?;
+    let (width, height) = (reader.info().width as usize, reader.info().height as usize);
+    let x1 = (want.x + want.width).min(width);
+    let y1 = (want.y + want.height).min(height);
+    let (x0, y0) = (want.x.min(x1), want.y.min(y1));
+    if reader.info().interlaced || x0 == x1 || y0 == y1 {
+        drop(reader);
+        let px = decode_png(data)?;
+        let mut buf = zeroed(px.width * px.height * c)?;
+        super::ops::convert_channels(&px.data, px.channels, &mut buf, c);
+        let all = Window {
+            x: 0,
+            y: 0,
+            width: px.width,
+            height: px.height,
+        };
+        return Ok((buf, all, (px.width, px.height)));
+    }
+    let channels = png_channels(reader.output_color_type().0)?;
+    let win = Window {
+        x: x0,
+        y: y0,
+        width: x1 - x0,
+        height: y1 - y0,
+    };
+    let packed = win.width * c;
+    let mut out = zeroed(packed * win.height)?;
+    for y in 0..y1 {
+        let row = reader
+            .next_row()
+            .map_err(|e| corrupt(fmt, e))?
+            .ok_or_else(|| corrupt(fmt, "fewer rows than the header says"))?;
+        if y >= y0 {
+            let line = row
+                .data()
+                .get(x0 * channels..x1 * channels)
+                .ok_or_else(|| corrupt(fmt, "a row shorter than the header says"))?;
+            let dst = &mut out[(y - y0) * packed..(y - y0 + 1) * packed];
+            super::ops::convert_channels(line, channels, dst, c);
+        }
+    }
+    Ok((out, win, (width, height)))
 }
 
 /// Decodes a BMP to 8-bit gray, RGB or RGBA.

@@ -14,7 +14,8 @@
 //! 4000 x 3000 photo bound for 224 x 224 is decoded at 1/8 size. And since
 //! the crop is drawn before the decode, libjpeg-turbo decodes only the
 //! window of the JPEG that the resample reads (its rows and iMCU columns;
-//! [`Transform::crop_decode`]).
+//! [`Transform::crop_decode`]); of a PNG, only the rows down to the
+//! window's last are decoded.
 //!
 //! # JPEG decoders
 //!
@@ -257,10 +258,13 @@ pub struct Transform {
     /// at the `n/8` scale that `dct_scaling` picks; EXIF-rotated JPEGs
     /// included (the window is mapped to the stored orientation). Lossless
     /// and unusually subsampled JPEGs, which libjpeg-turbo cannot decode
-    /// partially, PNG, WebP and BMP, and every JPEG in builds without the
+    /// partially, WebP and BMP, and every JPEG in builds without the
     /// `turbojpeg` feature, are decoded whole. The pixels equal a full
     /// decode's (tested on real photos: PSNR >= 40 dB required, equal in
-    /// practice). On by default; `false` decodes every pixel.
+    /// practice). A non-interlaced PNG is read only down to the window's
+    /// last row, and only the window's columns are kept (exactly the full
+    /// decode's pixels); an interlaced one is decoded whole. On by default;
+    /// `false` decodes every pixel.
     pub crop_decode: bool,
 }
 
@@ -623,19 +627,15 @@ fn decode_inner(
             let want = jpeg_window(&p, &info, num, transform.crop_decode);
             codecs::decode_jpeg_window(data, num, transform.mode, want)?
         }
+        Format::Png if !identity => {
+            // Only the rows down to the window's last are inflated and
+            // unfiltered, and only the window is kept (exact: PNG is
+            // lossless, and the window holds all the resample reads).
+            let want = stored_window(&p, &info, (info.width, info.height), transform.crop_decode);
+            codecs::decode_png_window(data, transform.mode, want)?
+        }
         Format::Png | Format::Webp | Format::Bmp => {
-            let px = match info.format {
-                Format::Png => codecs::decode_png(data)?,
-                Format::Webp => codecs::decode_webp(data)?,
-                _ => codecs::decode_bmp(data)?,
-            };
-            if (px.width, px.height) != (info.width, info.height) {
-                return Err(ImageError::Corrupt {
-                    name: String::new(),
-                    format: info.format,
-                    reason: "frame size differs from the header".into(),
-                });
-            }
+            let px = decode_frame(data, &info)?;
             if identity {
                 ops::convert_channels(&px.data, px.channels, slot, c);
                 finish(slot, &p, c, transform.flip);
@@ -689,10 +689,37 @@ fn decode_inner(
     Ok((p.out_h, p.out_w, c))
 }
 
+/// The whole frame of a PNG, WebP or BMP, checked against the header's size.
+fn decode_frame(data: &[u8], info: &ImageInfo) -> Result<codecs::Pixels, ImageError> {
+    let px = match info.format {
+        Format::Png => codecs::decode_png(data)?,
+        Format::Webp => codecs::decode_webp(data)?,
+        _ => codecs::decode_bmp(data)?,
+    };
+    if (px.width, px.height) != (info.width, info.height) {
+        return Err(ImageError::Corrupt {
+            name: String::new(),
+            format: info.format,
+            reason: "frame size differs from the header".into(),
+        });
+    }
+    Ok(px)
+}
+
 /// The window of a JPEG to decode at `num/8` (stored coordinates): what
 /// the resample of the plan reads, or with `crop_decode` off all of it.
 fn jpeg_window(p: &plan::Plan, info: &ImageInfo, num: usize, crop_decode: bool) -> codecs::Window {
-    let (sw, sh) = codecs::jpeg_scaled_size(info, num);
+    stored_window(p, info, codecs::jpeg_scaled_size(info, num), crop_decode)
+}
+
+/// The window of an image decoded at `(sw, sh)` pixels (stored coordinates)
+/// that the resample of the plan reads, or with `crop_decode` off all of it.
+fn stored_window(
+    p: &plan::Plan,
+    info: &ImageInfo,
+    (sw, sh): (usize, usize),
+    crop_decode: bool,
+) -> codecs::Window {
     let b = if crop_decode {
         let oriented = info.oriented_size();
         let b = support(p, info.orientation, oriented, (sw, sh));

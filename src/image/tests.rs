@@ -1240,3 +1240,253 @@ fn window_boxes_follow_the_exif_orientation() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------
+// PNG row-range decode (`codecs::decode_png_window`)
+
+/// A PNG of `w` x `h` RGB pixels `px`, stored as `color` (8 or 16 bits,
+/// palette: a 6x6x6 cube).
+fn png_of(px: &[u8], w: usize, h: usize, color: png::ColorType, deep: bool) -> Vec<u8> {
+    let quant = |v: u8| (u16::from(v) * 5 + 127) / 255; // 0..=5
+    let samples: Vec<u8> = px
+        .chunks_exact(3)
+        .flat_map(|p| {
+            let gray = ((u32::from(p[0]) * 299 + u32::from(p[1]) * 587 + u32::from(p[2]) * 114)
+                / 1000) as u8;
+            let alpha = p[0] ^ p[2];
+            let s: Vec<u8> = match color {
+                png::ColorType::Rgb => p.to_vec(),
+                png::ColorType::Rgba => vec![p[0], p[1], p[2], alpha],
+                png::ColorType::Grayscale => vec![gray],
+                png::ColorType::GrayscaleAlpha => vec![gray, alpha],
+                png::ColorType::Indexed => {
+                    vec![(quant(p[0]) * 36 + quant(p[1]) * 6 + quant(p[2])) as u8]
+                }
+            };
+            // 16 bits: the high byte, and a low byte that must be cut.
+            if deep {
+                s.into_iter().flat_map(|v| [v, v ^ 0x5A]).collect()
+            } else {
+                s
+            }
+        })
+        .collect();
+    let mut out = Vec::new();
+    {
+        let mut e = png::Encoder::new(&mut out, w as u32, h as u32);
+        e.set_color(color);
+        e.set_depth(if deep {
+            png::BitDepth::Sixteen
+        } else {
+            png::BitDepth::Eight
+        });
+        if color == png::ColorType::Indexed {
+            let cube: Vec<u8> = (0..216u16)
+                .flat_map(|i| [i / 36, (i / 6) % 6, i % 6].map(|v| (v * 51) as u8))
+                .collect();
+            e.set_palette(cube);
+        }
+        let mut wr = e.write_header().unwrap();
+        wr.write_image_data(&samples).unwrap();
+    }
+    out
+}
+
+/// An interlaced (Adam7) 8-bit RGB PNG of `px` (the `png` crate writes no
+/// interlaced PNGs): the seven passes' rows, unfiltered, in one zlib stream
+/// of stored (uncompressed) deflate blocks.
+fn adam7_png(px: &[u8], w: usize, h: usize) -> Vec<u8> {
+    const PASSES: [(usize, usize, usize, usize); 7] = [
+        (0, 0, 8, 8),
+        (4, 0, 8, 8),
+        (0, 4, 4, 8),
+        (2, 0, 4, 4),
+        (0, 2, 2, 4),
+        (1, 0, 2, 2),
+        (0, 1, 1, 2),
+    ];
+    let mut raw = Vec::new();
+    for (x0, y0, dx, dy) in PASSES {
+        if x0 >= w || y0 >= h {
+            continue; // an empty pass has no rows
+        }
+        for y in (y0..h).step_by(dy) {
+            raw.push(0); // filter: none
+            for x in (x0..w).step_by(dx) {
+                raw.extend_from_slice(&px[(y * w + x) * 3..(y * w + x + 1) * 3]);
+            }
+        }
+    }
+    let mut zlib = vec![0x78, 0x01];
+    let blocks: Vec<&[u8]> = raw.chunks(65_535).collect();
+    for (i, block) in blocks.iter().enumerate() {
+        zlib.push(u8::from(i + 1 == blocks.len())); // BFINAL, stored
+        let len = u16::try_from(block.len()).unwrap();
+        zlib.extend_from_slice(&len.to_le_bytes());
+        zlib.extend_from_slice(&(!len).to_le_bytes());
+        zlib.extend_from_slice(block);
+    }
+    let (mut sum, mut sums) = (1u32, 0u32); // Adler-32
+    for &v in &raw {
+        sum = (sum + u32::from(v)) % 65_521;
+        sums = (sums + sum) % 65_521;
+    }
+    zlib.extend_from_slice(&((sums << 16) | sum).to_be_bytes());
+    let mut ihdr = u32::try_from(w).unwrap().to_be_bytes().to_vec();
+    ihdr.extend_from_slice(&u32::try_from(h).unwrap().to_be_bytes());
+    ihdr.extend_from_slice(&[8, 2, 0, 0, 1]); // 8-bit RGB, Adam7
+    let mut out = b"\x89PNG\r\n\x1a\n".to_vec();
+    out.extend(png_chunk(b"IHDR", &ihdr));
+    out.extend(png_chunk(b"IDAT", &zlib));
+    out.extend(png_chunk(b"IEND", b""));
+    out
+}
+
+/// The pixels of the first real photo (decoded whole), for PNGs of real content.
+fn photo_pixels() -> (Vec<u8>, usize, usize) {
+    let img = decode(PHOTOS[0].1, "photo.jpg", &Transform::default()).unwrap();
+    (img.data, img.width, img.height)
+}
+
+const PNG_KINDS: [(png::ColorType, bool); 6] = [
+    (png::ColorType::Rgb, false),
+    (png::ColorType::Rgba, false),
+    (png::ColorType::Grayscale, false),
+    (png::ColorType::GrayscaleAlpha, false),
+    (png::ColorType::Rgb, true),
+    (png::ColorType::Indexed, false),
+];
+
+/// The window of a PNG is exactly those pixels of the whole image, for
+/// every kind of PNG, in both modes, wherever the window lies (edges and
+/// single pixels included).
+#[test]
+fn png_window_is_the_window_of_the_whole_image() {
+    let (px, w, h) = photo_pixels();
+    let windows = [
+        (0, 0, w, h),
+        (0, 0, 1, 1),
+        (w - 1, h - 1, 1, 1),
+        (17, 5, 40, 9),
+        (w / 3, h / 2, w, h), // runs past the edges: clipped
+    ];
+    for (color, deep) in PNG_KINDS {
+        let data = png_of(&px, w, h, color, deep);
+        // The reference: the whole frame at once (`next_frame`), converted.
+        let frame = codecs::decode_png(&data).unwrap();
+        assert_eq!((frame.width, frame.height), (w, h));
+        for mode in [ColorMode::Rgb, ColorMode::Gray] {
+            let c = mode.channels();
+            let mut whole = vec![0u8; w * h * c];
+            ops::convert_channels(&frame.data, frame.channels, &mut whole, c);
+            for (x, y, ww, wh) in windows {
+                let want = codecs::Window {
+                    x,
+                    y,
+                    width: ww,
+                    height: wh,
+                };
+                let (buf, win, size) = codecs::decode_png_window(&data, mode, want).unwrap();
+                assert_eq!(size, (w, h));
+                let (x1, y1) = ((x + ww).min(w), (y + wh).min(h));
+                assert_eq!(
+                    win,
+                    codecs::Window {
+                        x,
+                        y,
+                        width: x1 - x,
+                        height: y1 - y
+                    }
+                );
+                let expected: Vec<u8> = (y..y1)
+                    .flat_map(|r| whole[(r * w + x) * c..(r * w + x1) * c].to_vec())
+                    .collect();
+                assert!(buf == expected, "{color:?} deep={deep} {mode:?} {want:?}");
+            }
+        }
+    }
+}
+
+/// Decoding only a PNG's window changes nothing in the result: every kind
+/// of PNG, random and center crops, against `crop_decode` off (the whole
+/// image, row by row); and for RGB against the same pixels stored
+/// interlaced (decoded whole, as one frame) and as an uncompressed BMP.
+#[test]
+fn png_window_decode_gives_the_full_decode_exactly() {
+    let (px, w, h) = photo_pixels();
+    for (color, deep) in PNG_KINDS {
+        let plain = png_of(&px, w, h, color, deep);
+        for seed in 0..6 {
+            for t in window_transforms(seed) {
+                let window = decode(&plain, "w.png", &t).unwrap();
+                let off = Transform {
+                    crop_decode: false,
+                    ..t
+                };
+                let full = decode(&plain, "f.png", &off).unwrap();
+                assert!(window == full, "{color:?} deep={deep} seed {seed} {t:?}");
+            }
+        }
+    }
+    let plain = png_of(&px, w, h, png::ColorType::Rgb, false);
+    let adam7 = adam7_png(&px, w, h);
+    let bmp = bmp_rgb24(&px, w, h, false);
+    for seed in 0..6 {
+        for t in window_transforms(seed) {
+            let window = decode(&plain, "w.png", &t).unwrap();
+            assert!(
+                window == decode(&adam7, "i.png", &t).unwrap(),
+                "seed {seed} {t:?}"
+            );
+            assert!(
+                window == decode(&bmp, "b.bmp", &t).unwrap(),
+                "seed {seed} {t:?}"
+            );
+        }
+    }
+}
+
+/// An interlaced PNG is decoded whole: the window returned is all of it.
+#[test]
+fn interlaced_png_falls_back_to_the_whole_image() {
+    let (px, w, h) = photo_pixels();
+    let data = adam7_png(&px, w, h);
+    let want = codecs::Window {
+        x: 10,
+        y: 10,
+        width: 5,
+        height: 5,
+    };
+    let (buf, win, size) = codecs::decode_png_window(&data, ColorMode::Rgb, want).unwrap();
+    assert_eq!((win.x, win.y, win.width, win.height), (0, 0, w, h));
+    assert_eq!(size, (w, h));
+    assert_eq!(buf, px);
+}
+
+/// Reading stops after the window's last row: a PNG cut short below the
+/// window still gives the window (and fails as a whole, naming the cut).
+#[test]
+fn png_window_stops_after_its_last_row() {
+    let (px, w, h) = photo_pixels();
+    let data = png_of(&px, w, h, png::ColorType::Rgb, false);
+    // Drop the last third of the compressed data (and the IEND chunk).
+    let cut = &data[..data.len() * 2 / 3];
+    let top = codecs::Window {
+        x: 3,
+        y: 2,
+        width: 30,
+        height: 10,
+    };
+    let (buf, _, _) = codecs::decode_png_window(cut, ColorMode::Rgb, top).unwrap();
+    let expected: Vec<u8> = (2..12)
+        .flat_map(|r| px[(r * w + 3) * 3..(r * w + 33) * 3].to_vec())
+        .collect();
+    assert_eq!(buf, expected);
+    let bottom = codecs::Window {
+        x: 0,
+        y: h - 4,
+        width: w,
+        height: 4,
+    };
+    assert!(codecs::decode_png_window(cut, ColorMode::Rgb, bottom).is_err());
+}
