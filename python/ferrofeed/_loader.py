@@ -898,10 +898,13 @@ class DataLoader:
                 # A [path, label] list (as JSON gives pairs) as the pair it stands for.
                 yield [_as_pair(dataset[i]) for i in indices]
 
-        # Each batch decodes on up to `num_threads` threads; with batches smaller than
-        # that, several batches decode at once.
+        # Each batch decodes on up to `num_threads` threads (jobs of the process's CPU
+        # pool, first come first served); with batches smaller than that, several batches
+        # decode at once. At least two are in flight, so that the threads done with one
+        # batch's last images go on with the next at once, instead of waiting for the
+        # slowest image of the batch; the first batch still comes first.
         per_batch = min(self.num_threads, self._batch)
-        at_once = max(1, self.num_threads // per_batch)
+        at_once = max(2, self.num_threads // per_batch)
         pipeline = (
             PipelineBuilder()
             .add_source(groups())
