@@ -101,8 +101,8 @@ pub fn threads() -> usize {
 /// together, so the call that queued first is served first (the first
 /// batch is not slowed down by the second); a thread whose copy finds the
 /// queue empty goes on with the second call's at once, rather than idling
-/// until the first call's last item is done (measured in BENCHMARKS.md: the training job ran 1.15x
-/// faster on 2 cores with two batches in flight this way).
+/// until the first call's last item is done (measured in BENCHMARKS.md: the training job ran
+/// faster on 2 cores with two batches in flight this way: 1.14x).
 pub fn fan_out<F>(copies: usize, work: F)
 where
     F: Fn() + Sync,
