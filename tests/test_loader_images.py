@@ -1080,3 +1080,22 @@ def test_collate_pool_timeout_is_settable() -> None:
     assert ops.collate(4, timeout=None).group_size == 4
     with pytest.raises(ValueError, match="timeout"):
         ops.collate(4, timeout=0)
+
+
+def test_native_batches_in_flight() -> None:
+    from ferrofeed._loader import _batches_in_flight
+
+    # (num_threads, batch size, CPU pool threads) -> batches decoded at once
+    cases = {
+        (2, 32, 2): 2,  # two in flight: the pool's 2 threads never idle between batches
+        (8, 32, 8): 2,
+        (1, 32, 2): 1,  # one thread: one batch, on the calling thread
+        (4, 32, 16): 1,  # a pool larger than num_threads would run both batches' jobs
+        (8, 4, 2): 2,  # small batches: several at once, as before
+        (8, 2, 16): 4,
+        (3, 2, 2): 2,  # one batch of 2 at once, and the pool keeps 2 batches within 3
+    }
+    for (threads, batch, pool), want in cases.items():
+        assert _batches_in_flight(threads, batch, pool) == want, (threads, batch, pool)
+    # What the loader uses: the pool of this process.
+    assert ferrofeed._core._cpu_pool_size() >= 1

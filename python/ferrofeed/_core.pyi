@@ -79,6 +79,9 @@ def _after_fork_in_child() -> None:
 def _native_threads() -> tuple[int, int, int]:
     """(runtime threads, runtime tasks not finished, CPU pool threads) (internal)."""
 
+def _cpu_pool_size() -> int:
+    """The threads of the process's CPU pool, made if need be (internal)."""
+
 def _op_read_file() -> NativeOp:
     """Return a native op that reads each path's bytes."""
 

@@ -898,13 +898,7 @@ class DataLoader:
                 # A [path, label] list (as JSON gives pairs) as the pair it stands for.
                 yield [_as_pair(dataset[i]) for i in indices]
 
-        # Each batch decodes on up to `num_threads` threads (jobs of the process's CPU
-        # pool, first come first served); with batches smaller than that, several batches
-        # decode at once. At least two are in flight, so that the threads done with one
-        # batch's last images go on with the next at once, instead of waiting for the
-        # slowest image of the batch; the first batch still comes first.
-        per_batch = min(self.num_threads, self._batch)
-        at_once = max(2, self.num_threads // per_batch)
+        at_once = _batches_in_flight(self.num_threads, self._batch, _core._cpu_pool_size())
         pipeline = (
             PipelineBuilder()
             .add_source(groups())
@@ -1057,6 +1051,24 @@ class _GapGrouper:
             group, self._group = self._group, []
             self._want = next(self._sizes, 0)
             yield self._finish(group)
+
+
+def _batches_in_flight(num_threads: int, batch: int, pool: int) -> int:
+    """How many batches the native path decodes at once.
+
+    Each batch decodes on up to ``num_threads`` threads, as jobs of the process's CPU pool
+    of ``pool`` threads, first come first served; with batches smaller than that, several
+    batches decode at once (``num_threads // batch``). When one batch would be in flight,
+    two are, so that the threads done with one batch's last images go on with the next at
+    once instead of waiting for the batch's slowest image; but only where the pool itself
+    keeps the threads at work within ``num_threads`` (``pool <= num_threads``: two
+    batches' jobs can then not run on more threads than that). With one thread, a batch
+    decodes on the calling thread: one at a time.
+    """
+    at_once = num_threads // min(num_threads, batch)
+    if at_once == 1 and num_threads > 1 and pool <= num_threads:
+        return 2
+    return at_once
 
 
 def _single(samples: list[Any]) -> Any:

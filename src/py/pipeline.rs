@@ -50,6 +50,13 @@ fn _native_threads() -> (usize, usize, usize) {
     )
 }
 
+/// The number of threads of the process's CPU pool (made now if it was
+/// not yet): the most batch-decode jobs that run at once.
+#[pyfunction]
+fn _cpu_pool_size() -> usize {
+    crate::cpu::pool_threads()
+}
+
 /// How long `__next__` waits without the GIL before checking for signals.
 const WAIT_SLICE: Duration = Duration::from_millis(50);
 
@@ -1170,5 +1177,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_op_identity, m)?)?;
     m.add_function(wrap_pyfunction!(_after_fork_in_child, m)?)?;
     m.add_function(wrap_pyfunction!(_native_threads, m)?)?;
+    m.add_function(wrap_pyfunction!(_cpu_pool_size, m)?)?;
     Ok(())
 }
