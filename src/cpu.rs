@@ -98,11 +98,12 @@ pub fn threads() -> usize {
 /// threads, which take jobs first come first served, are the only ones
 /// working, and two calls at once (two batches in flight) do not put more
 /// threads than the pool's on the cores. A call's copies are queued
-/// together, so the call that queued first is served first (the first
-/// batch is not slowed down by the second); a thread whose copy finds the
-/// queue empty goes on with the second call's at once, rather than idling
-/// until the first call's last item is done (measured in BENCHMARKS.md: the training job ran
-/// faster on 2 cores with two batches in flight this way: 1.14x).
+/// together, so two calls run one after the other, the one that queued
+/// first first (when two batches start at the same moment, that may be the
+/// second: the first batch then waits for it); a thread whose copy finds
+/// the queue empty goes on with the next call's at once, rather than
+/// idling until the slowest item of its call is done (BENCHMARKS.md: the
+/// training job ran 1.14x faster on 2 cores with two batches in flight).
 pub fn fan_out<F>(copies: usize, work: F)
 where
     F: Fn() + Sync,
@@ -116,7 +117,7 @@ where
     pool.in_place_scope(|s| {
         // One call's copies go into the pool's queue together, so that two
         // calls at once run one after the other rather than side by side.
-        let _in_turn = SPAWNING.lock().unwrap_or_else(PoisonError::into_inner);
+        let _spawning = SPAWNING.lock().unwrap_or_else(PoisonError::into_inner);
         for _ in 0..copies {
             s.spawn(move |_| work());
         }
