@@ -490,7 +490,7 @@ def load_images(
         dct_scaling: As in `decode_image`.
         crop_decode: As in `decode_image`.
         threads: Images decoded at once (default: the number of CPUs; at most one per
-            image, and at most one more than the CPU pool's threads).
+            image, and at most the CPU pool's threads).
         pool: The `BufferPool` of the batch (default: `default_pool`).
 
     Returns:

@@ -205,9 +205,9 @@ pub enum OnError {
 pub struct BatchOptions {
     /// The layout of the batch buffer.
     pub layout: Layout,
-    /// Images decoded at once: the calling thread and `threads - 1` jobs of
-    /// the process's CPU pool ([`crate::cpu`]), so at most one more than
-    /// the pool's threads run at once. 0 counts as 1.
+    /// Images decoded at once: `threads` jobs of the process's CPU pool
+    /// ([`crate::cpu`]; the calling thread waits), so at most the pool's
+    /// threads run at once; with 1 (or 0), on the calling thread.
     pub threads: usize,
     /// Failing images.
     pub on_error: OnError,
