@@ -17,39 +17,42 @@ import json
 import statistics
 import tempfile
 import time
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from _common import make_jpegs, native_op
 from ferrofeed import DataLoader, PipelineBuilder, ops
 
 
-def pipeline_pass() -> tuple[float, float]:
-    """(seconds to the first group, seconds to the end) of one small pipeline pass."""
+def first_and_all(start: Callable[[], Iterable[Any]]) -> tuple[float, float]:
+    """(seconds to the first item, seconds to the end) of iterating what ``start`` gives,
+    timed from the call of ``start``."""
     t0 = time.perf_counter()
-    p = (
-        PipelineBuilder()
-        .add_source(range(32))
-        .pipe(ops.identity())
-        .aggregate(32)
-        .add_sink()
-        .build()
-    )
-    it = iter(p)
+    it = iter(start())
     next(it)
     t1 = time.perf_counter()
     for _ in it:
         pass
     return t1 - t0, time.perf_counter() - t0
+
+
+def pipeline_pass() -> tuple[float, float]:
+    """(seconds to the first group, seconds to the end) of one small pipeline pass."""
+    return first_and_all(
+        lambda: (
+            PipelineBuilder()
+            .add_source(range(32))
+            .pipe(ops.identity())
+            .aggregate(32)
+            .add_sink()
+            .build()
+        )
+    )
 
 
 def loader_epoch(loader: DataLoader) -> tuple[float, float]:
     """(seconds to the first batch, seconds to the end) of one epoch of ``loader``."""
-    t0 = time.perf_counter()
-    it = iter(loader)
-    next(it)
-    t1 = time.perf_counter()
-    for _ in it:
-        pass
-    return t1 - t0, time.perf_counter() - t0
+    return first_and_all(lambda: loader)
 
 
 def medians_ms(runs: list[tuple[float, float]]) -> tuple[float, float]:

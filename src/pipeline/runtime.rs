@@ -88,19 +88,21 @@ pub fn runtime() -> std::io::Result<Arc<Runtime>> {
 /// Threads of this process's runtime now alive (workers and blocking-pool
 /// threads); 0 before its first use in this process.
 pub fn threads() -> usize {
-    let slot = RUNTIME.lock().unwrap_or_else(PoisonError::into_inner);
-    slot.as_ref()
-        .filter(|p| p.pid == std::process::id())
-        .map_or(0, |p| p.live.load(Ordering::Relaxed))
+    of_this_process(|p| p.live.load(Ordering::Relaxed))
 }
 
 /// Tasks of this process's runtime not yet finished (0 before its first
 /// use): once every pipeline is stopped, none.
 pub fn alive_tasks() -> usize {
+    of_this_process(|p| p.runtime.metrics().num_alive_tasks())
+}
+
+/// `count` of this process's runtime, or 0 when it has none (yet).
+fn of_this_process(count: impl FnOnce(&Process) -> usize) -> usize {
     let slot = RUNTIME.lock().unwrap_or_else(PoisonError::into_inner);
     slot.as_ref()
         .filter(|p| p.pid == std::process::id())
-        .map_or(0, |p| p.runtime.metrics().num_alive_tasks())
+        .map_or(0, count)
 }
 
 #[cfg(test)]

@@ -299,9 +299,15 @@ fn running_slow_stage(ms: u64, concurrency: usize) -> P {
         std::thread::sleep(Duration::from_millis(ms));
         Ok(Some(x))
     });
+    running_stage(Work::Dedicated(slow, None), concurrency)
+}
+
+/// A pipeline over an endless source through one stage `work` of
+/// `concurrency`, with its first item taken.
+fn running_stage(work: Work<u64, String>, concurrency: usize) -> P {
     let mut p = P::new(
         source(u64::MAX),
-        vec![map("slow", Work::Dedicated(slow, None), concurrency, true)],
+        vec![map("slow", work, concurrency, true)],
         config(2),
         None,
     )
@@ -1297,17 +1303,7 @@ fn stop_waits_for_the_blocking_calls_that_end_within_the_grace_period() {
         e.fetch_add(1, Ordering::SeqCst);
         Ok(Some(x))
     });
-    let mut p = P::new(
-        source(u64::MAX),
-        vec![map("slow", Work::Blocking(f), 3, true)],
-        config(2),
-        None,
-    )
-    .unwrap();
-    assert!(matches!(
-        p.next_timeout(Duration::from_secs(5)),
-        Next::Item(0)
-    ));
+    let mut p = running_stage(Work::Blocking(f), 3);
     p.stop();
     // Every call that had started has returned: none runs on after stop.
     assert_eq!(started.load(Ordering::SeqCst), ended.load(Ordering::SeqCst));
