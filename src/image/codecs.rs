@@ -12,7 +12,7 @@ pub(crate) mod jpeg_zune;
 
 use std::io::Cursor;
 
-use super::buffer::zeroed;
+use super::buffer::{scratch, zeroed, Scratch};
 use super::{max_pixels, ColorMode, Format, ImageError};
 
 /// At most this many progressive scans: a crafted progressive JPEG with
@@ -244,16 +244,26 @@ pub(crate) struct Window {
     pub height: usize,
 }
 
-/// Decoded pixels of a window: packed rows, the window they hold, and the
-/// size of the whole image (at the scale decoded).
-pub(crate) type WindowPixels = (Vec<u8>, Window, (usize, usize));
+/// Decoded pixels of a window.
+#[derive(Debug)]
+pub(crate) struct WindowPixels {
+    /// Packed rows.
+    pub pixels: Scratch,
+    /// Bytes per pixel: the mode's, or 4 for RGB decoded as RGBX.
+    pub channels: usize,
+    /// The window they hold.
+    pub window: Window,
+    /// The size of the whole image (at the scale decoded).
+    pub full: (usize, usize),
+}
 
 /// Decodes the window `want` (in the coordinates of the image scaled to
 /// `num/8`, as stored: before EXIF orientation) of a JPEG in `mode`, into
-/// a new buffer of packed rows. Returns the buffer, the window it holds
+/// a buffer of packed rows. Returns the buffer, the window it holds
 /// (which contains `want` clipped to the image: libjpeg-turbo widens it
 /// left to an iMCU boundary), and the size of the whole image at the scale
-/// decoded.
+/// decoded. With `padded`, libjpeg-turbo writes RGB as RGBX (4 bytes a
+/// pixel, see [`WindowPixels::channels`]) where it can.
 ///
 /// libjpeg-turbo decodes only the window's rows and iMCU columns (entropy
 /// decoding still reads the whole file up to the window's last row); a
@@ -266,24 +276,32 @@ pub(crate) fn decode_jpeg_window(
     num: usize,
     mode: ColorMode,
     want: Window,
+    padded: bool,
 ) -> Result<WindowPixels, ImageError> {
     #[cfg(feature = "turbojpeg")]
-    return jpeg_turbo::decode_window(data, num, mode, want);
+    return jpeg_turbo::decode_window(data, num, mode, want, padded);
     #[cfg(not(feature = "turbojpeg"))]
     {
         debug_assert_eq!(num, 8, "zune-jpeg has no DCT scaling");
-        let _ = want;
+        let _ = (want, padded);
         let (w, h) = jpeg_zune::header(data)?;
-        let mut buf = zeroed(w * h * mode.channels())?;
+        let mut buf = scratch(w * h * mode.channels())?;
         let (w, h) = jpeg_zune::decode_into(data, mode, &mut buf, w * mode.channels())?;
-        buf.truncate(w * h * mode.channels());
+        if buf.len() != w * h * mode.channels() {
+            return Err(corrupt(Format::Jpeg, "frame size differs from the header"));
+        }
         let all = Window {
             x: 0,
             y: 0,
             width: w,
             height: h,
         };
-        Ok((buf, all, (w, h)))
+        Ok(WindowPixels {
+            pixels: buf,
+            channels: mode.channels(),
+            window: all,
+            full: (w, h),
+        })
     }
 }
 
@@ -387,7 +405,7 @@ pub(crate) fn decode_png_window(
     if reader.info().interlaced || x0 == x1 || y0 == y1 {
         drop(reader);
         let px = decode_png(data)?;
-        let mut buf = zeroed(px.width * px.height * c)?;
+        let mut buf = scratch(px.width * px.height * c)?;
         super::ops::convert_channels(&px.data, px.channels, &mut buf, c);
         let all = Window {
             x: 0,
@@ -395,7 +413,12 @@ pub(crate) fn decode_png_window(
             width: px.width,
             height: px.height,
         };
-        return Ok((buf, all, (px.width, px.height)));
+        return Ok(WindowPixels {
+            pixels: buf,
+            channels: c,
+            window: all,
+            full: (px.width, px.height),
+        });
     }
     let channels = png_channels(reader.output_color_type().0)?;
     let win = Window {
@@ -405,7 +428,7 @@ pub(crate) fn decode_png_window(
         height: y1 - y0,
     };
     let packed = win.width * c;
-    let mut out = zeroed(packed * win.height)?;
+    let mut out = scratch(packed * win.height)?;
     for y in 0..y1 {
         let row = reader
             .next_row()
@@ -420,7 +443,12 @@ pub(crate) fn decode_png_window(
             super::ops::convert_channels(line, channels, dst, c);
         }
     }
-    Ok((out, win, (width, height)))
+    Ok(WindowPixels {
+        pixels: out,
+        channels: c,
+        window: win,
+        full: (width, height),
+    })
 }
 
 /// Decodes a BMP to 8-bit gray, RGB or RGBA.

@@ -602,46 +602,70 @@ fn decode_inner(
             channels: c,
         });
     }
+    let Some(decoded) = decode_window(data, &info, &p, transform, slot)? else {
+        return Ok((p.out_h, p.out_w, c));
+    };
+    resample_window(decoded, &info, &p, transform, slot)?;
+    Ok((p.out_h, p.out_w, c))
+}
+
+/// Decodes what the plan `p` reads of the image: straight into `slot` where
+/// the output is the whole image as stored (then `None`), else the window
+/// the resize reads, in the transform's mode (or RGBX), before orientation.
+fn decode_window(
+    data: &[u8],
+    info: &ImageInfo,
+    p: &plan::Plan,
+    transform: &Transform,
+    slot: &mut [u8],
+) -> Result<Option<codecs::WindowPixels>, ImageError> {
+    let (ow, oh) = info.oriented_size();
+    let c = transform.mode.channels();
     let identity = info.orientation == 1
         && (p.out_w, p.out_h) == (ow, oh)
         && p.dst.width == ow
         && p.dst.height == oh
         && p.src.left == 0.0
         && p.src.top == 0.0;
-    // The decoded pixels in `mode`, before orientation: a buffer holding
-    // the window `win` of the whole (stored, maybe DCT-scaled) image of
-    // `full` = (width, height).
-    let (pixels, win, full) = match info.format {
+    // The resize runs over 4-byte pixels faster than over 3-byte ones: a
+    // JPEG decoded for a resize onto the whole RGB output comes as RGBX,
+    // and the resampled pixels are packed into the slot (mirrored there
+    // when flipped).
+    let whole = p.dst.x == 0 && p.dst.y == 0 && (p.dst.width, p.dst.height) == (p.out_w, p.out_h);
+    let padded = c == 3 && whole;
+    // The decoded pixels in `mode` (or RGBX), before orientation: a buffer
+    // holding the window of the whole (stored, maybe DCT-scaled) image.
+    let decoded = match info.format {
         Format::Jpeg => {
             if identity {
                 // One copy: libjpeg-turbo writes straight into the slot.
                 codecs::decode_jpeg_into(data, 8, transform.mode, slot, ow * c)?;
-                finish(slot, &p, c, transform.flip);
-                return Ok((p.out_h, p.out_w, c));
+                finish(slot, p, c, transform.flip);
+                return Ok(None);
             }
             let num = if transform.dct_scaling && codecs::JPEG_DCT_SCALING {
-                plan::jpeg_scale_num(&p, ow, oh)
+                plan::jpeg_scale_num(p, ow, oh)
             } else {
                 8
             };
-            let want = jpeg_window(&p, &info, num, transform.crop_decode);
-            codecs::decode_jpeg_window(data, num, transform.mode, want)?
+            let want = jpeg_window(p, info, num, transform.crop_decode);
+            codecs::decode_jpeg_window(data, num, transform.mode, want, padded)?
         }
         Format::Png if !identity => {
             // Only the rows down to the window's last are inflated and
             // unfiltered, and only the window is kept (exact: PNG is
             // lossless, and the window holds all the resample reads).
-            let want = stored_window(&p, &info, (info.width, info.height), transform.crop_decode);
+            let want = stored_window(p, info, (info.width, info.height), transform.crop_decode);
             codecs::decode_png_window(data, transform.mode, want)?
         }
         Format::Png | Format::Webp | Format::Bmp => {
-            let px = decode_frame(data, &info)?;
+            let px = decode_frame(data, info)?;
             if identity {
                 ops::convert_channels(&px.data, px.channels, slot, c);
-                finish(slot, &p, c, transform.flip);
-                return Ok((p.out_h, p.out_w, c));
+                finish(slot, p, c, transform.flip);
+                return Ok(None);
             }
-            let mut buf = buffer::zeroed(px.width * px.height * c)?;
+            let mut buf = buffer::scratch(px.width * px.height * c)?;
             ops::convert_channels(&px.data, px.channels, &mut buf, c);
             let all = codecs::Window {
                 x: 0,
@@ -649,14 +673,39 @@ fn decode_inner(
                 width: px.width,
                 height: px.height,
             };
-            (buf, all, (px.width, px.height))
+            codecs::WindowPixels {
+                pixels: buf,
+                channels: c,
+                window: all,
+                full: (px.width, px.height),
+            }
         }
     };
+    Ok(Some(decoded))
+}
+
+/// Orients the decoded window and resamples the plan's rectangle of it into
+/// `slot`, mirrored as the transform says.
+fn resample_window(
+    decoded: codecs::WindowPixels,
+    info: &ImageInfo,
+    p: &plan::Plan,
+    transform: &Transform,
+    slot: &mut [u8],
+) -> Result<(), ImageError> {
+    let (ow, oh) = info.oriented_size();
+    let c = transform.mode.channels();
+    let codecs::WindowPixels {
+        pixels,
+        channels: pc,
+        window: win,
+        full,
+    } = decoded;
     let (w, h) = (win.width, win.height);
     let (pixels, w, h) = if info.orientation == 1 {
         (pixels, w, h)
     } else {
-        ops::orient(&pixels, w, h, c, info.orientation)?
+        ops::orient(&pixels, w, h, pc, info.orientation)?
     };
     // Where the window lies in the oriented (maybe DCT-scaled) image.
     let origin = plan::box_to_oriented(
@@ -670,7 +719,7 @@ fn decode_inner(
         full.0,
         full.1,
     );
-    let rect = scaled_rect(&p, info.orientation, (ow, oh), full);
+    let rect = scaled_rect(p, info.orientation, (ow, oh), full);
     let rect = plan::RectF {
         left: rect.left - origin.x0 as f64,
         top: rect.top - origin.y0 as f64,
@@ -678,15 +727,27 @@ fn decode_inner(
         width: rect.width.min(w as f64 - (rect.left - origin.x0 as f64)),
         height: rect.height.min(h as f64 - (rect.top - origin.y0 as f64)),
     };
-    ops::resample(&pixels, w, h, c, rect, slot, p.out_w, p.out_h, p.dst).map_err(|reason| {
-        ImageError::Corrupt {
-            name: String::new(),
-            format: info.format,
-            reason: format!("resize failed: {reason}"),
-        }
-    })?;
-    finish(slot, &p, c, transform.flip);
-    Ok((p.out_h, p.out_w, c))
+    let resized = if pc == c {
+        ops::resample(&pixels, w, h, c, rect, slot, p.out_w, p.out_h, p.dst).map(|()| {
+            finish(slot, p, c, transform.flip);
+        })
+    } else {
+        ops::resample_rgbx(
+            &pixels,
+            w,
+            h,
+            rect,
+            slot,
+            p.out_w,
+            p.out_h,
+            transform.flip.applies(),
+        )
+    };
+    resized.map_err(|reason| ImageError::Corrupt {
+        name: String::new(),
+        format: info.format,
+        reason: format!("resize failed: {reason}"),
+    })
 }
 
 /// The whole frame of a PNG, WebP or BMP, checked against the header's size.

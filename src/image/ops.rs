@@ -6,6 +6,7 @@ use std::cell::RefCell;
 use fast_image_resize::images::{Image, ImageRef};
 use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
 
+use super::buffer::Scratch;
 use super::plan::{RectF, RectU};
 
 thread_local! {
@@ -78,10 +79,11 @@ pub(crate) fn orient(
     h: usize,
     c: usize,
     orientation: u16,
-) -> Result<(Vec<u8>, usize, usize), super::ImageError> {
+) -> Result<(Scratch, usize, usize), super::ImageError> {
     let transposed = orientation >= 5;
     let (ow, oh) = if transposed { (h, w) } else { (w, h) };
-    let mut out = super::buffer::zeroed(ow * oh * c)?;
+    // Every pixel is written below.
+    let mut out = super::buffer::scratch(ow * oh * c)?;
     for oy in 0..oh {
         for ox in 0..ow {
             let (sx, sy) = match orientation {
@@ -193,6 +195,80 @@ pub(crate) fn resample(
     }
 }
 
+/// [`resample`] of an RGBX image (4 bytes a pixel, the fourth ignored)
+/// onto the whole of an `out_w` x `out_h` RGB output, mirrored left-right
+/// with `mirror`.
+///
+/// The resizer runs over 4-byte pixels about a quarter faster than over
+/// 3-byte ones (224 x 224 from about 300 x 300: 100 against 140 us), which
+/// pays for the packing; the flip is done by the packing, where it costs
+/// nothing more.
+///
+/// # Errors
+///
+/// As [`resample`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn resample_rgbx(
+    src: &[u8],
+    sw: usize,
+    sh: usize,
+    rect: RectF,
+    out: &mut [u8],
+    out_w: usize,
+    out_h: usize,
+    mirror: bool,
+) -> Result<(), String> {
+    let copy = as_int(rect.left)
+        .zip(as_int(rect.top))
+        .filter(|_| is_int(rect.width, out_w) && is_int(rect.height, out_h));
+    if let Some((left, top)) = copy {
+        // A crop without scaling: pack the rectangle's rows.
+        let rows =
+            (top..top + out_h).map(|y| &src[(y * sw + left) * 4..(y * sw + left + out_w) * 4]);
+        pack_rgbx(rows, out, out_w, mirror);
+        return Ok(());
+    }
+    let mut tmp = super::buffer::scratch(out_w * out_h * 4).map_err(|e| e.to_string())?;
+    let to_u32 = |v: usize| u32::try_from(v).map_err(|_| format!("dimension {v} is too large"));
+    let src_img =
+        ImageRef::new(to_u32(sw)?, to_u32(sh)?, src, PixelType::U8x4).map_err(|e| e.to_string())?;
+    // The fourth byte is padding, not alpha: no premultiplying.
+    let options = ResizeOptions::new()
+        .resize_alg(ResizeAlg::Convolution(FilterType::Bilinear))
+        .crop(rect.left, rect.top, rect.width, rect.height)
+        .use_alpha(false);
+    {
+        let mut dst_img =
+            Image::from_slice_u8(to_u32(out_w)?, to_u32(out_h)?, &mut tmp, PixelType::U8x4)
+                .map_err(|e| e.to_string())?;
+        RESIZER.with(|r| {
+            r.borrow_mut()
+                .resize(&src_img, &mut dst_img, &options)
+                .map_err(|e| e.to_string())
+        })?;
+    }
+    pack_rgbx(tmp.chunks_exact(out_w * 4), out, out_w, mirror);
+    Ok(())
+}
+
+/// Writes `rows` of `w` RGBX pixels into `out` as RGB, each row mirrored
+/// with `mirror`.
+fn pack_rgbx<'a>(rows: impl Iterator<Item = &'a [u8]>, out: &mut [u8], w: usize, mirror: bool) {
+    for (src, dst) in rows.zip(out.chunks_exact_mut(w * 3)) {
+        let src = src.as_chunks::<4>().0;
+        let dst = dst.as_chunks_mut::<3>().0;
+        if mirror {
+            for (d, s) in dst.iter_mut().zip(src.iter().rev()) {
+                *d = [s[0], s[1], s[2]];
+            }
+        } else {
+            for (d, s) in dst.iter_mut().zip(src) {
+                *d = [s[0], s[1], s[2]];
+            }
+        }
+    }
+}
+
 /// Mirrors each row of a `w`-pixel-wide image of `c` channels in place.
 pub(crate) fn flip_horizontal(img: &mut [u8], w: usize, c: usize) {
     if w == 0 {
@@ -236,7 +312,7 @@ mod tests {
         ];
         for (o, want, w) in cases {
             let (out, ow, _) = orient(&src, 3, 2, 1, o).unwrap();
-            assert_eq!((out.as_slice(), ow), (want, w), "orientation {o}");
+            assert_eq!((&out[..], ow), (want, w), "orientation {o}");
         }
     }
 
@@ -319,5 +395,51 @@ mod tests {
         };
         resample(&src, 40, 30, 3, rect, &mut out, 7, 5, dst).unwrap();
         assert!(out.iter().all(|&v| v == 77));
+    }
+
+    /// The RGBX path gives exactly the RGB path's pixels (then flipped):
+    /// downscales, upscales, fractional and integral rectangles (a copy).
+    #[test]
+    fn rgbx_resample_equals_the_rgb_one() {
+        let (sw, sh) = (61, 47);
+        let rgb: Vec<u8> = (0..sw * sh * 3)
+            .map(|i| ((i * 7919 + i / 5 * 31) % 251) as u8)
+            .collect();
+        let mut rgbx = Vec::new();
+        for (i, px) in rgb.chunks_exact(3).enumerate() {
+            rgbx.extend_from_slice(px);
+            rgbx.push((i % 256) as u8); // padding: must not show
+        }
+        let cases = [
+            ((1.5, 2.25, 50.5, 40.0), (16, 12)),
+            ((0.0, 0.0, 61.0, 47.0), (61, 47)),
+            ((3.0, 5.0, 20.0, 9.0), (20, 9)),
+            ((10.3, 7.7, 12.2, 9.9), (33, 21)),
+            ((0.0, 0.0, 61.0, 47.0), (7, 30)),
+        ];
+        for ((left, top, width, height), (ow, oh)) in cases {
+            let rect = RectF {
+                left,
+                top,
+                width,
+                height,
+            };
+            let dst = RectU {
+                x: 0,
+                y: 0,
+                width: ow,
+                height: oh,
+            };
+            for mirror in [false, true] {
+                let mut want = vec![0u8; ow * oh * 3];
+                resample(&rgb, sw, sh, 3, rect, &mut want, ow, oh, dst).unwrap();
+                if mirror {
+                    flip_horizontal(&mut want, ow, 3);
+                }
+                let mut got = vec![0u8; ow * oh * 3];
+                resample_rgbx(&rgbx, sw, sh, rect, &mut got, ow, oh, mirror).unwrap();
+                assert!(got == want, "{rect:?} -> {ow}x{oh}, mirror {mirror}");
+            }
+        }
     }
 }

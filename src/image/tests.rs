@@ -183,7 +183,8 @@ fn exif_orientation_is_applied() {
         let (want, w, h) = if o == 1 {
             (plain.data.clone(), 32, 16)
         } else {
-            ops::orient(&plain.data, 32, 16, 3, o).unwrap()
+            let (px, w, h) = ops::orient(&plain.data, 32, 16, 3, o).unwrap();
+            (px.to_vec(), w, h)
         };
         assert_eq!((img.width, img.height), (w, h), "orientation {o}");
         assert_eq!(img.data, want, "orientation {o}");
@@ -1124,18 +1125,34 @@ fn jpeg_window_is_partial_and_equals_the_full_decode_inside() {
                     width: sw,
                     height: sh,
                 },
+                false,
             )
             .unwrap();
-            assert_eq!(full.1.width * full.1.height, sw * sh, "{name}");
+            assert_eq!(full.window.width * full.window.height, sw * sh, "{name}");
             let want = codecs::Window {
                 x: sw * 3 / 8,
                 y: sh / 3,
                 width: (sw / 4).max(1),
                 height: (sh / 4).max(1),
             };
-            let (px, win, size) =
-                codecs::decode_jpeg_window(data, num, ColorMode::Rgb, want).unwrap();
-            assert_eq!(size, (sw, sh));
+            let codecs::WindowPixels {
+                pixels: px,
+                channels,
+                window: win,
+                full: size,
+            } = codecs::decode_jpeg_window(data, num, ColorMode::Rgb, want, false).unwrap();
+            assert_eq!((size, channels), ((sw, sh), 3));
+            // RGBX: the same pixels, a padding byte after each (CMYK is
+            // converted here, to RGB).
+            let padded = codecs::decode_jpeg_window(data, num, ColorMode::Rgb, want, true).unwrap();
+            if name.contains("CMYK") {
+                assert_eq!((padded.window, padded.channels), (win, 3));
+                assert_eq!(&padded.pixels[..], &px[..]);
+            } else {
+                assert_eq!((padded.window, padded.channels), (win, 4), "{name}");
+                let rgb = padded.pixels.chunks_exact(4).map(|p| &p[..3]);
+                assert!(rgb.eq(px.chunks_exact(3)), "{name}");
+            }
             assert!(
                 win.x <= want.x && win.y == want.y,
                 "{name} 1/{num}: {win:?}"
@@ -1153,7 +1170,7 @@ fn jpeg_window_is_partial_and_equals_the_full_decode_inside() {
                 for x in (if win.x == 0 { 0 } else { m })..win.width.saturating_sub(m) {
                     for k in 0..3 {
                         let a = px[(y * win.width + x) * 3 + k];
-                        let b = full.0[((win.y + y) * sw + win.x + x) * 3 + k];
+                        let b = full.pixels[((win.y + y) * sw + win.x + x) * 3 + k];
                         worst = worst.max(a.abs_diff(b));
                     }
                 }
@@ -1193,15 +1210,17 @@ fn lossless_jpeg_falls_back_to_a_full_decode() {
                 y: 8,
                 width: 3,
                 height: 3
-            }
+            },
+            false,
         )
         .unwrap()
-        .1 == codecs::Window {
-            x: 0,
-            y: 0,
-            width: w,
-            height: h
-        }
+        .window
+            == codecs::Window {
+                x: 0,
+                y: 0,
+                width: w,
+                height: h
+            }
     );
     // (RGB only: libjpeg-turbo converts a lossless RGB JPEG to nothing else.)
     for seed in (0..30).filter(|s: &u64| !s.is_multiple_of(3)) {
@@ -1236,7 +1255,7 @@ fn window_boxes_follow_the_exif_orientation() {
                 .flat_map(|y| opx[y * ow + x0..y * ow + x1].to_vec())
                 .collect();
             assert_eq!((gw, gh), (x1 - x0, y1 - y0), "orientation {o}");
-            assert_eq!(got, want, "orientation {o} box {b:?}");
+            assert_eq!(&got[..], &want[..], "orientation {o} box {b:?}");
         }
     }
 }
@@ -1386,7 +1405,12 @@ fn png_window_is_the_window_of_the_whole_image() {
                     width: ww,
                     height: wh,
                 };
-                let (buf, win, size) = codecs::decode_png_window(&data, mode, want).unwrap();
+                let codecs::WindowPixels {
+                    pixels: buf,
+                    window: win,
+                    full: size,
+                    ..
+                } = codecs::decode_png_window(&data, mode, want).unwrap();
                 assert_eq!(size, (w, h));
                 let (x1, y1) = ((x + ww).min(w), (y + wh).min(h));
                 assert_eq!(
@@ -1401,7 +1425,10 @@ fn png_window_is_the_window_of_the_whole_image() {
                 let expected: Vec<u8> = (y..y1)
                     .flat_map(|r| whole[(r * w + x) * c..(r * w + x1) * c].to_vec())
                     .collect();
-                assert!(buf == expected, "{color:?} deep={deep} {mode:?} {want:?}");
+                assert!(
+                    buf[..] == expected[..],
+                    "{color:?} deep={deep} {mode:?} {want:?}"
+                );
             }
         }
     }
@@ -1457,10 +1484,15 @@ fn interlaced_png_falls_back_to_the_whole_image() {
         width: 5,
         height: 5,
     };
-    let (buf, win, size) = codecs::decode_png_window(&data, ColorMode::Rgb, want).unwrap();
+    let codecs::WindowPixels {
+        pixels: buf,
+        window: win,
+        full: size,
+        ..
+    } = codecs::decode_png_window(&data, ColorMode::Rgb, want).unwrap();
     assert_eq!((win.x, win.y, win.width, win.height), (0, 0, w, h));
     assert_eq!(size, (w, h));
-    assert_eq!(buf, px);
+    assert_eq!(&buf[..], &px[..]);
 }
 
 /// Reading stops after the window's last row: a PNG cut short below the
@@ -1477,11 +1509,13 @@ fn png_window_stops_after_its_last_row() {
         width: 30,
         height: 10,
     };
-    let (buf, _, _) = codecs::decode_png_window(cut, ColorMode::Rgb, top).unwrap();
+    let buf = codecs::decode_png_window(cut, ColorMode::Rgb, top)
+        .unwrap()
+        .pixels;
     let expected: Vec<u8> = (2..12)
         .flat_map(|r| px[(r * w + 3) * 3..(r * w + 33) * 3].to_vec())
         .collect();
-    assert_eq!(buf, expected);
+    assert_eq!(&buf[..], &expected[..]);
     let bottom = codecs::Window {
         x: 0,
         y: h - 4,
@@ -1489,4 +1523,62 @@ fn png_window_stops_after_its_last_row() {
         height: 4,
     };
     assert!(codecs::decode_png_window(cut, ColorMode::Rgb, bottom).is_err());
+}
+
+/// A decode's window goes into the thread's spare buffer, which holds an
+/// earlier image's pixels: every path must write all of it, so the output
+/// is the same as on a thread whose buffers are new (and zeroed).
+#[test]
+fn decodes_do_not_see_an_earlier_images_pixels() {
+    let jpeg = |w: usize, h: usize, seed: u64| {
+        synth::encode_jpeg(
+            &synth::photo(w, h, seed),
+            w,
+            h,
+            90,
+            synth::Chroma::Subsampled,
+        )
+        .unwrap()
+    };
+    let (px, pw, ph) = photo_pixels();
+    let cases: Vec<Vec<u8>> = vec![
+        jpeg(120, 90, 3),
+        with_orientation(&jpeg(96, 64, 4), 6),
+        jpeg(90, 120, 5),
+        png_of(&px, pw, ph, png::ColorType::Rgb, false),
+    ];
+    let t = Transform {
+        size: Some((24, 24)),
+        crop: Some(Crop::random_resized(0)),
+        flip: Flip::Random { seed: 0 },
+        ..Transform::default()
+    };
+    let decode_all = move |cases: &[Vec<u8>]| -> Vec<Vec<u8>> {
+        (0..12u64)
+            .map(|seed| {
+                let data = &cases[seed as usize % cases.len()];
+                decode(data, "case", &t.with_seed(seed)).unwrap().data
+            })
+            .collect()
+    };
+    let fresh = {
+        let cases = cases.clone();
+        std::thread::spawn(move || decode_all(&cases))
+            .join()
+            .unwrap()
+    };
+    let reused = std::thread::spawn(move || {
+        // Fill the spare with a large image's pixels (a whole-frame window:
+        // the resize needs every row and column at full scale).
+        let big = jpeg(400, 300, 9);
+        let dirty = Transform {
+            size: Some((299, 399)),
+            ..Transform::default()
+        };
+        decode(&big, "big", &dirty).unwrap();
+        decode_all(&cases)
+    })
+    .join()
+    .unwrap();
+    assert_eq!(fresh, reused);
 }

@@ -311,23 +311,43 @@ pub(crate) fn decode_into(
 }
 
 /// Decodes the window `want` (scaled coordinates) of the image at `num/8`
-/// scale in `mode`, into a new buffer of packed rows. Returns it, the
-/// window decoded (`want` widened left to an iMCU boundary, or the whole
-/// image where a JPEG cannot be decoded partially), and the size of the
-/// whole image at the scale used (full size for a lossless JPEG, which
-/// cannot be scaled).
+/// scale in `mode`, into a buffer of packed rows. Returns it, the window
+/// decoded (`want` widened left to an iMCU boundary, or the whole image
+/// where a JPEG cannot be decoded partially), the size of the whole image
+/// at the scale used (full size for a lossless JPEG, which cannot be
+/// scaled), and the bytes per pixel: with `padded`, RGB comes as RGBX (4;
+/// not CMYK or YCCK JPEGs, which are converted here).
 pub(crate) fn decode_window(
     data: &[u8],
     num: usize,
     mode: ColorMode,
     want: Window,
+    padded: bool,
 ) -> Result<WindowPixels, ImageError> {
     with_decompressor(|d| {
         let (w, full, cmyk) = prepare(d, data, num, Some(want))?;
-        let pitch = w.width * mode.channels();
-        let mut buf = super::zeroed(pitch * w.height)?;
-        write(d, data, w, cmyk, mode, &mut buf, pitch)?;
-        Ok((buf, w, (full.width, full.height)))
+        let padded = padded && mode == ColorMode::Rgb && !cmyk;
+        let channels = if padded { 4 } else { mode.channels() };
+        let pitch = w.width * channels;
+        let mut buf = super::scratch(pitch * w.height)?;
+        if padded {
+            d.decompress(
+                data,
+                &mut buf,
+                w.width,
+                w.height,
+                pitch,
+                raw::TJPF_TJPF_RGBX,
+            )?;
+        } else {
+            write(d, data, w, cmyk, mode, &mut buf, pitch)?;
+        }
+        Ok(WindowPixels {
+            pixels: buf,
+            channels,
+            window: w,
+            full: (full.width, full.height),
+        })
     })
 }
 
@@ -344,7 +364,7 @@ fn write(
     if cmyk {
         // libjpeg converts neither CMYK nor YCCK to RGB: take the
         // (Adobe-inverted) CMYK and convert it as Pillow does.
-        let mut buf = super::zeroed(w.width * w.height * 4)?;
+        let mut buf = super::scratch(w.width * w.height * 4)?;
         d.decompress(
             data,
             &mut buf,
