@@ -154,10 +154,10 @@ fuzz-replay: fuzz-deps build-deps ## Run the fuzz targets once over their corpus
 	done
 
 .PHONY: sanitize
-sanitize: ## Unit tests of the arena, staging and DLPack code under AddressSanitizer (nightly)
+sanitize: ## Unit tests of the arena, staging, DLPack, pixel-kernel and scratch-buffer code under AddressSanitizer (nightly)
 	RUSTFLAGS="-Zsanitizer=address" ASAN_OPTIONS=detect_leaks=1 \
 		cargo $(NIGHTLY) test --lib --target $(HOST_TRIPLE) --target-dir target/asan \
-		--no-default-features --features cuda -- arena:: staging:: dlpack::
+		--no-default-features --features cuda -- arena:: staging:: dlpack:: image::ops:: image::buffer::
 
 .PHONY: valgrind
 valgrind: build-deps ## The image unit tests (libjpeg-turbo's C code included) under valgrind memcheck
