@@ -13,7 +13,7 @@
 //! - [`sweep_orphans`] removes arenas that no process holds any more (their
 //!   owner was killed before it could remove them).
 //!
-//! The format is described in [`format`] and, with MUST/MAY wording, in the
+//! The format is described in [`mod@format`] and, with MUST/MAY wording, in the
 //! README.
 //!
 //! # Lifetime

@@ -6,7 +6,7 @@ use std::str::FromStr;
 use super::ffi::{DLDataType, DLDataTypeCode};
 use super::DlpackError;
 
-/// An element type of a [`super::Tensor`].
+/// An element type of a [`crate::staging::Tensor`].
 ///
 /// These are the types a data loader produces: `uint8` images, `float32`,
 /// `float16` and `bfloat16` normalized batches, `int32` and `int64` labels.

@@ -3,7 +3,8 @@
 //! Every type here is `#[repr(C)]` with the field order, types and sizes of
 //! the header; the unit tests check the sizes and offsets against the C
 //! layout on 64-bit targets. Nothing here allocates or frees: see
-//! [`super::export`] for building managed tensors that own Rust memory.
+//! [`super::export_versioned`] and [`super::export_legacy`] for building
+//! managed tensors that own Rust memory.
 
 use std::ffi::c_void;
 
