@@ -26,9 +26,26 @@ def all_os_threads() -> int:
 
 
 def os_threads() -> int:
-    """OS threads of this process, less those of the process's runtime and CPU pool."""
-    runtime, _tasks, pool = _core._native_threads()
-    return all_os_threads() - runtime - pool
+    """OS threads of this process, less those of the process's runtime and CPU pool.
+
+    The library's counts and the kernel's are read apart: a runtime thread ending (10 s
+    idle) between the reads would put the difference off by one. So the reads are taken
+    again until two snapshots in a row agree (at most 100 tries, 1 ms apart).
+    """
+
+    def snapshot() -> tuple[int, int, int]:
+        runtime, _tasks, pool = _core._native_threads()
+        return runtime, pool, all_os_threads()
+
+    last = snapshot()
+    for _ in range(100):
+        now = snapshot()
+        if now == last:
+            break
+        last = now
+        time.sleep(0.001)
+    runtime, pool, total = last
+    return total - runtime - pool
 
 
 def runtime_tasks() -> int:
