@@ -1222,6 +1222,15 @@ fn lossless_jpeg_falls_back_to_a_full_decode() {
                 height: h
             }
     );
+    // Never RGBX: a lossless JPEG is decoded in the plain mode.
+    let whole = codecs::Window {
+        x: 0,
+        y: 0,
+        width: w,
+        height: h,
+    };
+    let padded = codecs::decode_jpeg_window(&data, 8, ColorMode::Rgb, whole, true).unwrap();
+    assert_eq!((padded.channels, padded.pixels.len()), (3, w * h * 3));
     // (RGB only: libjpeg-turbo converts a lossless RGB JPEG to nothing else.)
     for seed in (0..30).filter(|s: &u64| !s.is_multiple_of(3)) {
         for t in window_transforms(seed) {

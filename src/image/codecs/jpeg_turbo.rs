@@ -235,18 +235,30 @@ fn mcu_width(subsamp: c_int) -> Option<usize> {
     }
 }
 
+/// A decode [`prepare`]d on a handle.
+struct Prepared {
+    /// The window that will be decoded.
+    window: Window,
+    /// The whole scaled image's window (not scaled for lossless JPEGs).
+    full: Window,
+    /// A CMYK or YCCK JPEG (converted to RGB here, not by libjpeg-turbo).
+    cmyk: bool,
+    /// A lossless JPEG: decoded in the plain `mode` only (RGB or gray,
+    /// never RGBX, which libjpeg-turbo's lossless path is not relied on for).
+    lossless: bool,
+}
+
 /// Prepares a decode at `num/8` of the window `want` (in scaled
-/// coordinates; `None`: all of it): returns the window that will be
-/// decoded, `want` with its left edge moved down to an iMCU boundary, or
-/// the whole scaled image where a window cannot be decoded (lossless or
-/// unusually subsampled JPEGs); the whole scaled image's window (not
-/// scaled for lossless JPEGs); and whether the JPEG is CMYK/YCCK.
+/// coordinates; `None`: all of it). The window decoded is `want` with its
+/// left edge moved down to an iMCU boundary, or the whole scaled image
+/// where a window cannot be decoded (lossless or unusually subsampled
+/// JPEGs).
 fn prepare(
     d: &mut Handle,
     data: &[u8],
     num: usize,
     want: Option<Window>,
-) -> Result<(Window, Window, bool), ImageError> {
+) -> Result<Prepared, ImageError> {
     let header = d.read_header(data)?;
     // Lossless JPEGs can be neither scaled nor cropped while decoding.
     let num = if header.lossless { 8 } else { num };
@@ -285,7 +297,12 @@ fn prepare(
     }
     let cmyk = header.colorspace == raw::TJCS_TJCS_CMYK.cast_signed()
         || header.colorspace == raw::TJCS_TJCS_YCCK.cast_signed();
-    Ok((window, full, cmyk))
+    Ok(Prepared {
+        window,
+        full,
+        cmyk,
+        lossless: header.lossless,
+    })
 }
 
 impl Handle {
@@ -304,7 +321,9 @@ pub(crate) fn decode_into(
     pitch: usize,
 ) -> Result<(usize, usize), ImageError> {
     with_decompressor(|d| {
-        let (w, _, cmyk) = prepare(d, data, num, None)?;
+        let Prepared {
+            window: w, cmyk, ..
+        } = prepare(d, data, num, None)?;
         write(d, data, w, cmyk, mode, out, pitch)?;
         Ok((w.width, w.height))
     })
@@ -316,7 +335,7 @@ pub(crate) fn decode_into(
 /// where a JPEG cannot be decoded partially), the size of the whole image
 /// at the scale used (full size for a lossless JPEG, which cannot be
 /// scaled), and the bytes per pixel: with `padded`, RGB comes as RGBX (4;
-/// not CMYK or YCCK JPEGs, which are converted here).
+/// not CMYK or YCCK JPEGs, which are converted here, nor lossless ones).
 pub(crate) fn decode_window(
     data: &[u8],
     num: usize,
@@ -325,8 +344,13 @@ pub(crate) fn decode_window(
     padded: bool,
 ) -> Result<WindowPixels, ImageError> {
     with_decompressor(|d| {
-        let (w, full, cmyk) = prepare(d, data, num, Some(want))?;
-        let padded = padded && mode == ColorMode::Rgb && !cmyk;
+        let Prepared {
+            window: w,
+            full,
+            cmyk,
+            lossless,
+        } = prepare(d, data, num, Some(want))?;
+        let padded = padded && mode == ColorMode::Rgb && !cmyk && !lossless;
         let channels = if padded { 4 } else { mode.channels() };
         let pitch = w.width * channels;
         let mut buf = super::scratch(pitch * w.height)?;
