@@ -201,8 +201,8 @@ pub(crate) fn resample(
 ///
 /// The resizer runs over 4-byte pixels about a quarter faster than over
 /// 3-byte ones (224 x 224 from about 300 x 300: 100 against 140 us), which
-/// pays for the packing; the flip is done by the packing, where it costs
-/// nothing more.
+/// pays for the packing (about 20 us); the packing also does the flip, for
+/// about 3 us more, where a flip of its own took about 28.
 ///
 /// # Errors
 ///
