@@ -72,30 +72,27 @@ pub(crate) struct Scratch {
 /// A [`Scratch`] of `len` bytes, or [`ImageError::OutOfMemory`] when a new
 /// one is needed and cannot be allocated.
 pub(crate) fn scratch(len: usize) -> Result<Scratch, ImageError> {
-    // The smallest spare that holds `len` bytes (none during the thread's
-    // teardown, or above the cap).
-    let spare = (len <= SPARE_MAX)
-        .then(|| {
-            SPARE
-                .try_with(|spares| {
-                    let mut spares = spares.borrow_mut();
-                    let best = spares
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, b)| b.len() >= len)
-                        .min_by_key(|(_, b)| b.len())
-                        .map(|(i, _)| i)?;
-                    Some(spares.swap_remove(best))
-                })
-                .ok()
-                .flatten()
-        })
-        .flatten();
-    let buf = match spare {
+    let buf = match take_spare(len) {
         Some(buf) => buf,
         None => zeroed(len)?,
     };
     Ok(Scratch { buf, len })
+}
+
+/// The smallest of the thread's spares that holds `len` bytes (none above
+/// the cap, or during the thread's teardown).
+fn take_spare(len: usize) -> Option<Vec<u8>> {
+    if len > SPARE_MAX {
+        return None;
+    }
+    let take = |spares: &RefCell<Vec<Vec<u8>>>| {
+        let mut spares = spares.borrow_mut();
+        let best = (0..spares.len())
+            .filter(|&i| spares[i].len() >= len)
+            .min_by_key(|&i| spares[i].len())?;
+        Some(spares.swap_remove(best))
+    };
+    SPARE.try_with(take).ok().flatten()
 }
 
 impl std::ops::Deref for Scratch {

@@ -166,27 +166,20 @@ pub(crate) fn resample(
             return Ok(());
         }
     }
-    let to_u32 = |v: usize| u32::try_from(v).map_err(|_| format!("dimension {v} is too large"));
-    let src_img =
-        ImageRef::new(to_u32(sw)?, to_u32(sh)?, src, pixel_type(c)).map_err(|e| e.to_string())?;
-    let options = ResizeOptions::new()
-        .resize_alg(ResizeAlg::Convolution(FilterType::Bilinear))
-        .crop(rect.left, rect.top, rect.width, rect.height);
-    let run = |buf: &mut [u8]| -> Result<(), String> {
-        let mut dst_img =
-            Image::from_slice_u8(to_u32(dst.width)?, to_u32(dst.height)?, buf, pixel_type(c))
-                .map_err(|e| e.to_string())?;
-        RESIZER.with(|r| {
-            r.borrow_mut()
-                .resize(&src_img, &mut dst_img, &options)
-                .map_err(|e| e.to_string())
-        })
-    };
+    let pixel = pixel_type(c);
+    let (dw, dh) = (dst.width, dst.height);
     if full {
-        run(&mut out[..out_w * out_h * c])
+        convolve(
+            src,
+            (sw, sh),
+            pixel,
+            rect,
+            &mut out[..out_w * out_h * c],
+            (dw, dh),
+        )
     } else {
-        let mut tmp = vec![0u8; dst.width * dst.height * c];
-        run(&mut tmp)?;
+        let mut tmp = vec![0u8; dw * dh * c];
+        convolve(src, (sw, sh), pixel, rect, &mut tmp, (dw, dh))?;
         for (y, line) in tmp.chunks_exact(dst.width * c).enumerate() {
             let d = (dst.y + y) * row + dst.x * c;
             out[d..d + line.len()].copy_from_slice(line);
@@ -229,26 +222,42 @@ pub(crate) fn resample_rgbx(
         return Ok(());
     }
     let mut tmp = super::buffer::scratch(out_w * out_h * 4).map_err(|e| e.to_string())?;
+    convolve(
+        src,
+        (sw, sh),
+        PixelType::U8x4,
+        rect,
+        &mut tmp,
+        (out_w, out_h),
+    )?;
+    pack_rgbx(tmp.chunks_exact(out_w * 4), out, out_w, mirror);
+    Ok(())
+}
+
+/// The antialiased bilinear resample of `rect` of a `sw` x `sh` image of
+/// `pixel`s onto all of `out` (`dw` x `dh` of them), on this thread's
+/// resizer. A fourth byte is padding, never alpha (no premultiplying).
+fn convolve(
+    src: &[u8],
+    (sw, sh): (usize, usize),
+    pixel: PixelType,
+    rect: RectF,
+    out: &mut [u8],
+    (dw, dh): (usize, usize),
+) -> Result<(), String> {
     let to_u32 = |v: usize| u32::try_from(v).map_err(|_| format!("dimension {v} is too large"));
-    let src_img =
-        ImageRef::new(to_u32(sw)?, to_u32(sh)?, src, PixelType::U8x4).map_err(|e| e.to_string())?;
-    // The fourth byte is padding, not alpha: no premultiplying.
+    let src_img = ImageRef::new(to_u32(sw)?, to_u32(sh)?, src, pixel).map_err(|e| e.to_string())?;
     let options = ResizeOptions::new()
         .resize_alg(ResizeAlg::Convolution(FilterType::Bilinear))
         .crop(rect.left, rect.top, rect.width, rect.height)
         .use_alpha(false);
-    {
-        let mut dst_img =
-            Image::from_slice_u8(to_u32(out_w)?, to_u32(out_h)?, &mut tmp, PixelType::U8x4)
-                .map_err(|e| e.to_string())?;
-        RESIZER.with(|r| {
-            r.borrow_mut()
-                .resize(&src_img, &mut dst_img, &options)
-                .map_err(|e| e.to_string())
-        })?;
-    }
-    pack_rgbx(tmp.chunks_exact(out_w * 4), out, out_w, mirror);
-    Ok(())
+    let mut dst_img =
+        Image::from_slice_u8(to_u32(dw)?, to_u32(dh)?, out, pixel).map_err(|e| e.to_string())?;
+    RESIZER.with(|r| {
+        r.borrow_mut()
+            .resize(&src_img, &mut dst_img, &options)
+            .map_err(|e| e.to_string())
+    })
 }
 
 /// Writes `rows` of `w` RGBX pixels into `out` as RGB, each row mirrored
