@@ -158,7 +158,10 @@ fn corrupt(format: Format, reason: impl ToString) -> ImageError {
 /// range: a broken EXIF block never fails a decode; Pillow's
 /// `exif_transpose` ignores it the same way).
 fn jpeg_orientation(data: &[u8]) -> u16 {
-    let Ok(exif) = exif::Reader::new().read_from_container(&mut Cursor::new(data)) else {
+    let Some(tiff) = jpeg_exif_segment(data) else {
+        return 1;
+    };
+    let Ok(exif) = exif::Reader::new().read_raw(tiff.to_vec()) else {
         return 1;
     };
     exif.get_field(exif::Tag::Orientation, exif::In::PRIMARY)
@@ -166,6 +169,46 @@ fn jpeg_orientation(data: &[u8]) -> u16 {
         .and_then(|v| u16::try_from(v).ok())
         .filter(|v| (1..=8).contains(v))
         .unwrap_or(1)
+}
+
+/// The TIFF data of a JPEG's first EXIF APP1 segment (after its
+/// `Exif\0\0` identifier), found among the marker segments before the
+/// first scan, as Pillow reads them: bytes between segments that are not
+/// a marker are skipped, and so are fill bytes (`0xFF` runs). `None`
+/// without such a segment before the first SOS, or when a segment's length
+/// runs past the end.
+///
+/// Written here, rather than calling kamadak-exif's
+/// `read_from_container`, because that reader walks on past SOS through
+/// the whole entropy-coded data (looking for an APP1 after it), and
+/// copies it into a growing `Vec` on the way: a cost per image, on every
+/// decode, for a segment that sits in the first bytes of the file.
+pub(super) fn jpeg_exif_segment(data: &[u8]) -> Option<&[u8]> {
+    const EXIF_ID: &[u8] = b"Exif\0\0";
+    let mut pos = 2; // after SOI (the format probe checked it)
+    loop {
+        // The next marker: skip to a 0xFF, then past any fill 0xFFs.
+        pos += data.get(pos..)?.iter().position(|&b| b == 0xFF)?;
+        pos += data.get(pos..)?.iter().position(|&b| b != 0xFF)?;
+        let code = data[pos];
+        pos += 1;
+        match code {
+            // Not markers (a stuffed 0xFF00 in stray data), or markers
+            // without a length: TEM, RST0..RST7, SOI.
+            0x00 | 0x01 | 0xD0..=0xD8 => continue,
+            // The first scan, or the end: no EXIF before it.
+            0xDA | 0xD9 => return None,
+            _ => {}
+        }
+        let len = usize::from(u16::from_be_bytes([*data.get(pos)?, *data.get(pos + 1)?]));
+        let segment = data.get(pos + 2..pos.checked_add(len)?)?;
+        if code == 0xE1 {
+            if let Some(tiff) = segment.strip_prefix(EXIF_ID) {
+                return Some(tiff);
+            }
+        }
+        pos += len;
+    }
 }
 
 /// Reads the header (and, for JPEG, the EXIF orientation).

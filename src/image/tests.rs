@@ -191,6 +191,87 @@ fn exif_orientation_is_applied() {
     }
 }
 
+/// A marker segment: `FF code`, the big-endian length, the payload.
+fn segment(code: u8, payload: &[u8]) -> Vec<u8> {
+    let mut out = vec![0xFF, code];
+    out.extend_from_slice(&u16::try_from(payload.len() + 2).unwrap().to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+#[test]
+fn exif_segment_is_found_among_the_segments_before_the_first_scan() {
+    let tiff = b"II*\0 the tiff data";
+    let exif = segment(0xE1, &[b"Exif\0\0".as_slice(), tiff].concat());
+    let mut file = vec![0xFF, 0xD8];
+    file.extend(segment(0xE0, b"JFIF\0\x01\x01"));
+    file.extend([0xFF, 0xFF, 0xFF]); // fill bytes before a marker
+    file.extend(segment(0xE1, b"http://ns.adobe.com/xap/1.0/\0<x:xmpmeta/>")); // XMP, not EXIF
+    file.extend([0x12, 0x34, 0x00]); // stray bytes between segments, skipped as Pillow does
+    file.extend([0xFF, 0xD0]); // a marker without a length
+    file.extend(&exif);
+    file.extend(segment(0xDA, b"\x01\x01\x00\x00\x3f\x00"));
+    file.extend([0x12, 0xFF, 0x00, 0x34, 0xFF, 0xD9]);
+    assert_eq!(codecs::jpeg_exif_segment(&file), Some(tiff.as_slice()));
+    // The first of two EXIF segments, as Pillow keeps it.
+    let second = segment(0xE1, b"Exif\0\0MM\0*second");
+    let mut two = file[..2].to_vec();
+    two.extend(&exif);
+    two.extend(&second);
+    assert_eq!(codecs::jpeg_exif_segment(&two), Some(tiff.as_slice()));
+}
+
+#[test]
+fn exif_segment_after_the_first_scan_or_cut_short_is_not_read() {
+    let exif = segment(0xE1, b"Exif\0\0II*\0");
+    // After SOS (Pillow stops reading markers there too) or after EOI.
+    for stop in [segment(0xDA, b"\x01\x01\x00\x00\x3f\x00"), vec![0xFF, 0xD9]] {
+        let mut file = vec![0xFF, 0xD8];
+        file.extend(segment(0xE0, b"JFIF\0"));
+        file.extend(&stop);
+        file.extend([0x55; 9]);
+        file.extend(&exif);
+        assert_eq!(codecs::jpeg_exif_segment(&file), None, "{stop:02x?}");
+    }
+    // Every truncation of a file whose EXIF segment is its last: found only whole.
+    let mut file = vec![0xFF, 0xD8];
+    file.extend(segment(0xE0, b"JFIF\0"));
+    file.extend(&exif);
+    for end in 0..file.len() {
+        assert_eq!(
+            codecs::jpeg_exif_segment(&file[..end]),
+            None,
+            "cut at {end}"
+        );
+    }
+    assert!(codecs::jpeg_exif_segment(&file).is_some());
+    // A length below 2 (it counts itself), or no marker at all.
+    assert_eq!(
+        codecs::jpeg_exif_segment(&[0xFF, 0xD8, 0xFF, 0xE1, 0x00, 0x01, 0xFF, 0xD9]),
+        None
+    );
+    assert_eq!(
+        codecs::jpeg_exif_segment(&[0xFF, 0xD8, 0x00, 0x00, 0x00]),
+        None
+    );
+    assert_eq!(codecs::jpeg_exif_segment(&[]), None);
+}
+
+#[test]
+fn exif_orientation_after_other_segments_is_applied() {
+    // A real JPEG with an XMP APP1 ahead of its EXIF one: the orientation
+    // still comes through probe.
+    let data = jpeg(32, 16, false);
+    for o in 1..=8u16 {
+        let with = with_orientation(&data, o);
+        let mut file = with[..2].to_vec();
+        file.extend(segment(0xE1, b"http://ns.adobe.com/xap/1.0/\0<x:xmpmeta/>"));
+        file.extend(&with[2..]);
+        let info = codecs::probe(&file, Format::Jpeg).unwrap();
+        assert_eq!(info.orientation, o);
+    }
+}
+
 #[test]
 fn center_crop_and_flip() {
     let (data, px) = png_rgb(10, 8);
