@@ -655,7 +655,8 @@ fn decode_window(
             // Only the rows down to the window's last are inflated and
             // unfiltered, and only the window is kept (exact: PNG is
             // lossless, and the window holds all the resample reads).
-            let want = stored_window(p, info, (info.width, info.height), transform.crop_decode);
+            let size = (info.width, info.height);
+            let want = stored_window(p, info, size, transform.crop_decode, 0);
             codecs::decode_png_window(data, transform.mode, want)?
         }
         Format::Png | Format::Webp | Format::Bmp => {
@@ -768,23 +769,32 @@ fn decode_frame(data: &[u8], info: &ImageInfo) -> Result<codecs::Pixels, ImageEr
 }
 
 /// The window of a JPEG to decode at `num/8` (stored coordinates): what
-/// the resample of the plan reads, or with `crop_decode` off all of it.
+/// the resample of the plan reads, widened by [`JPEG_WINDOW_MARGIN`]
+/// columns on each side, or with `crop_decode` off all of it.
 fn jpeg_window(p: &plan::Plan, info: &ImageInfo, num: usize, crop_decode: bool) -> codecs::Window {
-    stored_window(p, info, codecs::jpeg_scaled_size(info, num), crop_decode)
+    let size = codecs::jpeg_scaled_size(info, num);
+    stored_window(p, info, size, crop_decode, JPEG_WINDOW_MARGIN)
 }
 
 /// The window of an image decoded at `(sw, sh)` pixels (stored coordinates)
-/// that the resample of the plan reads, or with `crop_decode` off all of it.
+/// that the resample of the plan reads, widened by `margin` stored columns
+/// on each side (clipped to the image), or with `crop_decode` off all of it.
 fn stored_window(
     p: &plan::Plan,
     info: &ImageInfo,
     (sw, sh): (usize, usize),
     crop_decode: bool,
+    margin: usize,
 ) -> codecs::Window {
     let b = if crop_decode {
         let oriented = info.oriented_size();
         let b = support(p, info.orientation, oriented, (sw, sh));
-        plan::box_to_stored(b, info.orientation, sw, sh)
+        let b = plan::box_to_stored(b, info.orientation, sw, sh);
+        plan::BoxU {
+            x0: b.x0.saturating_sub(margin),
+            x1: (b.x1 + margin).min(sw),
+            ..b
+        }
     } else {
         plan::BoxU {
             x0: 0,
@@ -829,8 +839,7 @@ fn scaled_rect(
 }
 
 /// The window of the oriented image decoded at `stored` = (width, height)
-/// that resampling the plan's rectangle reads, with a margin of
-/// [`WINDOW_MARGIN`] pixels.
+/// that resampling the plan's rectangle reads.
 fn support(
     p: &plan::Plan,
     orientation: u16,
@@ -843,15 +852,17 @@ fn support(
         stored
     };
     let rect = scaled_rect(p, orientation, oriented, stored);
-    plan::resample_support(rect, p.dst.width, p.dst.height, w, h, WINDOW_MARGIN)
+    plan::resample_support(rect, p.dst.width, p.dst.height, w, h)
 }
 
-/// Pixels decoded beyond what the resize filter reads, on each side of a
-/// partial decode's window: libjpeg-turbo upsamples the chroma at a
-/// window's edges from the window alone (a chroma sample is up to 2 pixels
-/// wide, 4 for 4:1:1), so the pixels next to the edge can differ slightly
-/// from a full decode's.
-const WINDOW_MARGIN: usize = 4;
+/// Columns decoded beyond what the resize filter reads, on each side of a
+/// partial JPEG decode's window: libjpeg-turbo upsamples the chroma at a
+/// window's left and right edges from the window alone (a chroma sample
+/// is up to 2 pixels wide, 4 for 4:1:1), so the pixels next to those edges
+/// can differ slightly from a full decode's. Rows need no margin: skipping
+/// the rows above the window keeps the upsampler's context rows, and the
+/// window's rows are exactly a full decode's (tested).
+const JPEG_WINDOW_MARGIN: usize = 4;
 
 fn finish(slot: &mut [u8], p: &plan::Plan, c: usize, flip: Flip) {
     if flip.applies() {

@@ -280,8 +280,8 @@ pub(crate) struct BoxU {
 /// The pixels of a `w` x `h` image that resampling `rect` onto `dst_w` x
 /// `dst_h` pixels reads (antialiased bilinear: the filter reaches
 /// `max(1, scale)` pixels either side of each output pixel's center, see
-/// `ops::resample`), widened by `margin` pixels on each side and clipped
-/// to the image. Decoding only these pixels changes nothing in the result.
+/// `ops::resample`), clipped to the image. Decoding only these pixels
+/// changes nothing in the result.
 #[allow(clippy::cast_possible_truncation)]
 pub(crate) fn resample_support(
     rect: RectF,
@@ -289,13 +289,12 @@ pub(crate) fn resample_support(
     dst_h: usize,
     w: usize,
     h: usize,
-    margin: usize,
 ) -> BoxU {
     let axis = |start: f64, len: f64, out: usize, n: usize| -> (usize, usize) {
         let radius = (len / out.max(1) as f64).max(1.0);
         let lo = (start - radius).floor().max(0.0) as usize;
         let hi = (start + len + radius).ceil().max(0.0) as usize;
-        (lo.saturating_sub(margin).min(n), (hi + margin).min(n))
+        (lo.min(n), hi.min(n))
     };
     let (x0, x1) = axis(rect.left, rect.width, dst_w, w);
     let (y0, y1) = axis(rect.top, rect.height, dst_h, h);

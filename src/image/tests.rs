@@ -1245,7 +1245,7 @@ fn jpeg_window_is_partial_and_equals_the_full_decode_inside() {
             );
             // Inside the window, away from its edges (the margin that
             // decode_inner adds), the pixels are a full decode's.
-            let m = super::WINDOW_MARGIN;
+            let m = super::JPEG_WINDOW_MARGIN;
             let mut worst = 0u8;
             for y in m..win.height.saturating_sub(m) {
                 for x in (if win.x == 0 { 0 } else { m })..win.width.saturating_sub(m) {
@@ -1671,4 +1671,80 @@ fn decodes_do_not_see_an_earlier_images_pixels() {
     .join()
     .unwrap();
     assert_eq!(fresh, reused);
+}
+
+/// A JPEG window's rows are exactly those of a full decode, at its top and
+/// bottom edges too: the window needs a margin of columns only (see
+/// `JPEG_WINDOW_MARGIN`). Windows at many heights and positions, every
+/// scale, on the real photos (4:2:0, 4:2:2, 4:4:4, progressive, grey,
+/// CMYK) and a 4:4:0 JPEG (chroma halved vertically only).
+#[cfg(feature = "turbojpeg")]
+#[test]
+fn jpeg_window_rows_equal_the_full_decode() {
+    let sub440 = {
+        let (w, h) = (96, 80);
+        let px = gradient(w, h);
+        let image = turbojpeg::Image {
+            pixels: &px[..],
+            width: w,
+            pitch: w * 3,
+            height: h,
+            format: turbojpeg::PixelFormat::RGB,
+        };
+        turbojpeg::compress(image, 90, turbojpeg::Subsamp::Sub1x2)
+            .unwrap()
+            .to_vec()
+    };
+    let photos = PHOTOS.iter().map(|&(name, data)| (name, data));
+    let mut windows = 0;
+    for (name, data) in photos.chain([("gradient 4:4:0", &sub440[..])]) {
+        let info = probe(data, "p.jpg").unwrap();
+        for num in [1, 2, 4, 8] {
+            let (sw, sh) = codecs::jpeg_scaled_size(&info, num);
+            let all = codecs::Window {
+                x: 0,
+                y: 0,
+                width: sw,
+                height: sh,
+            };
+            let full = codecs::decode_jpeg_window(data, num, ColorMode::Rgb, all, false).unwrap();
+            for y in (0..sh).step_by(7) {
+                for height in [1, 2, 9, 16, 17, 40] {
+                    if y + height > sh {
+                        continue;
+                    }
+                    // The middle third of the columns: the columns near
+                    // the window's left and right edges may differ.
+                    let want = codecs::Window {
+                        x: sw / 3,
+                        y,
+                        width: (sw / 3).max(1),
+                        height,
+                    };
+                    let got =
+                        codecs::decode_jpeg_window(data, num, ColorMode::Rgb, want, false).unwrap();
+                    let win = got.window;
+                    assert_eq!((win.y, win.height), (y, height), "{name} {num}/8");
+                    let m = super::JPEG_WINDOW_MARGIN;
+                    let x0 = if win.x == 0 { 0 } else { win.x + m };
+                    let x1 = if win.x + win.width == sw {
+                        sw
+                    } else {
+                        win.x + win.width - m
+                    };
+                    if x0 >= x1 {
+                        continue; // a narrow window at 1/8: all edge
+                    }
+                    for r in 0..height {
+                        let row = &got.pixels[r * win.width * 3..][..win.width * 3];
+                        let a = &row[(x0 - win.x) * 3..(x1 - win.x) * 3];
+                        let b = &full.pixels[((y + r) * sw + x0) * 3..((y + r) * sw + x1) * 3];
+                        assert!(a == b, "{name} {num}/8: window {want:?}, row {r}");
+                    }
+                    windows += 1;
+                }
+            }
+        }
+    }
+    assert!(windows > 1000, "{windows}");
 }
