@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from conftest import Procs, last_json_line, process_gone, run_python, wait_gone
+from thread_counts import SNIPPET_IMPORT
 
 SHM = Path("/dev/shm")
 # OpenBLAS (NumPy's) runs a thread pool of its own, which it ends before a fork and starts
@@ -32,18 +33,11 @@ POPEN_ENV = {**os.environ, **ENV}
 
 # Helpers every snippet below starts with: the process's OS threads (with their names),
 # its Python threads, its open fds and its live (not zombie) children.
-PROBES = r"""
+PROBES = (
+    SNIPPET_IMPORT
+    + r"""
 import json, os, signal, sys, threading, time
 
-def os_threads():
-    # Less the threads of the process's runtime and CPU pool (kept for the process's
-    # life), plus one for each stage task still alive on that runtime.
-    from ferrofeed import _core
-    runtime, tasks, pool = _core._native_threads()
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("Threads:"):
-                return int(line.split()[1]) - runtime - pool + tasks
 
 def thread_names():
     names = []
@@ -83,6 +77,7 @@ def live_children():
 def shm_names():
     return sorted(os.listdir("/dev/shm"))
 """
+)
 
 
 def probe_snippet(body: str) -> str:

@@ -23,7 +23,13 @@ from typing import Any
 import pytest
 from ferrofeed import Pipeline, PipelineBuilder, PipelineError, _core, ops
 from ferrofeed.memory import process_memory
-from thread_counts import os_threads, python_threads, settle_threads, thread_counts
+from thread_counts import (
+    SNIPPET_IMPORT,
+    os_threads,
+    python_threads,
+    settle_threads,
+    thread_counts,
+)
 
 MB = 1 << 20
 RunPython = Callable[..., subprocess.CompletedProcess[str]]
@@ -232,19 +238,12 @@ def test_built_but_never_started_pipeline_leaves_no_threads(baseline: tuple[int,
 # --------------------------------------------------------------------------------------
 # Ctrl-C
 
-SIGINT_SNIPPET = r"""
+SIGINT_SNIPPET = (
+    SNIPPET_IMPORT
+    + r"""
 import asyncio, itertools, json, os, signal, sys, threading, time
 from ferrofeed import PipelineBuilder
 
-def os_threads():
-    # Less the threads of the process's runtime and CPU pool (kept for the process's
-    # life), plus one for each stage task still alive on that runtime.
-    from ferrofeed import _core
-    runtime, tasks, pool = _core._native_threads()
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("Threads:"):
-                return int(line.split()[1]) - runtime - pool + tasks
 
 kind, catch = sys.argv[1], sys.argv[2] == "catch"
 base = [threading.active_count(), os_threads()]
@@ -289,6 +288,7 @@ print(json.dumps({
     "base": base, "after": after, "got": got, "finished": p.finished,
 }))
 """
+)
 
 
 @pytest.mark.timeout(60)
@@ -396,19 +396,12 @@ def test_interpreter_exits_with_a_running_pipeline(kind: str, run_python: RunPyt
 # --------------------------------------------------------------------------------------
 # fork
 
-FORK_SNIPPET = r"""
+FORK_SNIPPET = (
+    SNIPPET_IMPORT
+    + r"""
 import asyncio, json, os, sys, threading, time
 from ferrofeed import PipelineBuilder, ops
 
-def os_threads():
-    # Less the threads of the process's runtime and CPU pool (kept for the process's
-    # life), plus one for each stage task still alive on that runtime.
-    from ferrofeed import _core
-    runtime, tasks, pool = _core._native_threads()
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("Threads:"):
-                return int(line.split()[1]) - runtime - pool + tasks
 
 def double(x):
     return 2 * x
@@ -493,6 +486,7 @@ print(json.dumps({
     "parent_ok": head + rest == expected_parent,
 }))
 """
+)
 
 
 @pytest.mark.timeout(90)

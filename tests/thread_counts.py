@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 from ferrofeed import _core
 
@@ -25,17 +26,20 @@ def all_os_threads() -> int:
     raise AssertionError("no Threads: line in /proc/self/status")
 
 
-def os_threads() -> int:
-    """OS threads of this process, less those of the process's runtime and CPU pool.
+def os_threads(*, with_tasks: bool = False) -> int:
+    """OS threads of this process, less those of the process's runtime and CPU pool;
+    with ``with_tasks``, plus one for each stage task still alive on the runtime.
 
     The library's counts and the kernel's are read apart: a runtime thread ending (10 s
     idle) between the reads would put the difference off by one. So the reads are taken
     again until two snapshots in a row agree (at most 100 tries, 1 ms apart).
+
+    The subprocess snippets of the tests import this module too (see ``SNIPPET_IMPORT``).
     """
 
-    def snapshot() -> tuple[int, int, int]:
-        runtime, _tasks, pool = _core._native_threads()
-        return runtime, pool, all_os_threads()
+    def snapshot() -> tuple[int, int, int, int]:
+        runtime, tasks, pool = _core._native_threads()
+        return runtime, tasks, pool, all_os_threads()
 
     last = snapshot()
     for _ in range(100):
@@ -44,8 +48,8 @@ def os_threads() -> int:
             break
         last = now
         time.sleep(0.001)
-    runtime, pool, total = last
-    return total - runtime - pool
+    runtime, tasks, pool, total = last
+    return total - runtime - pool + (tasks if with_tasks else 0)
 
 
 def runtime_tasks() -> int:
@@ -69,7 +73,7 @@ def python_threads() -> int:
 def thread_counts() -> tuple[int, int]:
     """(Python threads, OS threads less the runtime's and the pool's); the OS count is
     one more for each stage task still alive on the runtime."""
-    return python_threads(), os_threads() + runtime_tasks()
+    return python_threads(), os_threads(with_tasks=True)
 
 
 def settle_threads(base: tuple[int, int], within: float = 1.0) -> tuple[int, int]:
@@ -80,3 +84,16 @@ def settle_threads(base: tuple[int, int], within: float = 1.0) -> tuple[int, int
         if now == base or time.monotonic() > deadline:
             return now
         time.sleep(0.005)
+
+
+# The first lines of a test's ``python -c`` snippet that counts threads: it makes this
+# module importable there and defines ``os_threads()`` as `thread_counts` counts them (less
+# the runtime's and the pool's threads, plus the live stage tasks).
+SNIPPET_IMPORT = f"""\
+import sys
+sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})
+from thread_counts import os_threads as _os_threads
+
+def os_threads():
+    return _os_threads(with_tasks=True)
+"""
