@@ -80,6 +80,14 @@ fn png_rgb(w: usize, h: usize) -> (Vec<u8>, Vec<u8>) {
     (out, px)
 }
 
+/// A marker segment: `FF code`, the big-endian length, the payload.
+fn segment(code: u8, payload: &[u8]) -> Vec<u8> {
+    let mut out = vec![0xFF, code];
+    out.extend_from_slice(&u16::try_from(payload.len() + 2).unwrap().to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
 /// Inserts an EXIF APP1 segment with `orientation` right after SOI.
 fn with_orientation(jpeg: &[u8], orientation: u16) -> Vec<u8> {
     let mut tiff = Vec::new();
@@ -95,9 +103,7 @@ fn with_orientation(jpeg: &[u8], orientation: u16) -> Vec<u8> {
     let mut payload = b"Exif\0\0".to_vec();
     payload.extend_from_slice(&tiff);
     let mut out = jpeg[..2].to_vec();
-    out.extend_from_slice(&[0xFF, 0xE1]);
-    out.extend_from_slice(&u16::try_from(payload.len() + 2).unwrap().to_be_bytes());
-    out.extend_from_slice(&payload);
+    out.extend(segment(0xE1, &payload));
     out.extend_from_slice(&jpeg[2..]);
     out
 }
@@ -189,14 +195,6 @@ fn exif_orientation_is_applied() {
         assert_eq!((img.width, img.height), (w, h), "orientation {o}");
         assert_eq!(img.data, want, "orientation {o}");
     }
-}
-
-/// A marker segment: `FF code`, the big-endian length, the payload.
-fn segment(code: u8, payload: &[u8]) -> Vec<u8> {
-    let mut out = vec![0xFF, code];
-    out.extend_from_slice(&u16::try_from(payload.len() + 2).unwrap().to_be_bytes());
-    out.extend_from_slice(payload);
-    out
 }
 
 #[test]
