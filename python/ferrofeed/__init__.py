@@ -18,6 +18,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 from typing import Any as _Any
 
+from ._native import load_core as _load_core
+
+# Before any other import of ferrofeed._core: the x86-64-v3 build where the wheel holds it and
+# the CPU runs it, else the portable one (FERROFEED_CPU overrides; see _native). build_info()
+# says which.
+_native_build = _load_core()
+
 from . import _core, io, ops
 from ._core import BufferPool, Tensor, default_pool, empty, zeros
 from ._errors import (
@@ -136,8 +143,12 @@ def build_info() -> dict[str, str]:
 
     Example:
         >>> sorted(build_info())  # doctest: +NORMALIZE_WHITESPACE
-        ['arena_format', 'build_profile', 'cuda_feature', 'pinned_memory', 'platform',
-         'python', 'version']
+        ['arena_format', 'build_profile', 'cuda_feature', 'native_build', 'pinned_memory',
+         'platform', 'python', 'version']
+
+    ``native_build`` is the build of the native extension this process loaded:
+    ``"x86-64-v3"`` (in the x86_64 wheel, on CPUs with AVX2, FMA and BMI2) or ``"baseline"``
+    (any CPU; ``FERROFEED_CPU=baseline`` picks it).
     """
     import platform
 
@@ -151,6 +162,7 @@ def build_info() -> dict[str, str]:
     return {
         "version": __version__,
         "build_profile": _core.build_profile,
+        "native_build": _native_build,
         "arena_format": str(_core.FORMAT_VERSION),
         "cuda_feature": str(_core.cuda_feature),
         "pinned_memory": pinned,
