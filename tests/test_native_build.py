@@ -170,6 +170,22 @@ for job, kw in jobs.items():
     batch = np.from_dlpack(fio.load_images(data, threads=2, **kw))
     out[job] = [hashlib.sha256(batch[i].tobytes()).hexdigest() for i in range(len(names))]
     out[job + "/mean"] = float(batch.mean())
+# The DataLoader's batch op: float32, NCHW, normalized per channel. Its crops are seeded by
+# the file names, so both runs write the files into the same folder (argv[1]).
+import os
+paths = []
+for n in names:
+    kind = n.rsplit("-", 1)[1]
+    paths.append(os.path.join(sys.argv[1], n + {"png": ".png", "webp": ".webp"}.get(kind, ".jpg")))
+    with open(paths[-1], "wb") as f:
+        f.write(files[n])
+dl = ferrofeed.DataLoader(
+    paths, 7, shuffle=True, seed=11, num_threads=2,
+    transform=ferrofeed.ops.decode_image(size=64, crop="random", flip="random"),
+    collate=ferrofeed.ops.collate(layout="NCHW", dtype="float32",
+                                  normalize=([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])),
+)
+out["loader-float32"] = [hashlib.sha256(np.from_dlpack(x).tobytes()).hexdigest() for x in dl]
 for n in ("astronaut-420", "coffee-prog", "rocket-odd"):
     img = np.from_dlpack(fio.decode_image(files[n]))
     out["decode/" + n] = hashlib.sha256(img.tobytes()).hexdigest()
@@ -179,11 +195,13 @@ print(json.dumps(out))
 
 
 @needs_both
-def test_both_builds_give_the_same_bytes() -> None:
+def test_both_builds_give_the_same_bytes(tmp_path: Path) -> None:
     pytest.importorskip("skimage")
     pytest.importorskip("PIL")
     runs = {
-        build: last_json_line(run_python(DIGESTS, env={_native.ENV: build}, timeout=240).stdout)
+        build: last_json_line(
+            run_python(DIGESTS, args=[str(tmp_path)], env={_native.ENV: build}, timeout=240).stdout
+        )
         for build in ("baseline", "x86-64-v3")
     }
     base, v3 = runs["baseline"], runs["x86-64-v3"]
@@ -193,13 +211,14 @@ def test_both_builds_give_the_same_bytes() -> None:
     for key in base:
         if key in ("build", "names"):
             continue
-        if isinstance(base[key], list):
+        if isinstance(base[key], list) and len(base[key]) == len(base["names"]):
             differ = [
                 n for n, a, b in zip(base["names"], base[key], v3[key], strict=True) if a != b
             ]
             assert not differ, f"{key}: the builds decode these differently: {differ}"
         else:
             assert base[key] == v3[key], key
+    assert len(base["loader-float32"]) == 5
     # Not a vacuous comparison: the jobs give different images.
     assert base["training"] != base["exact"]
     assert len(set(base["training"])) == 35
