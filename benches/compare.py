@@ -900,6 +900,14 @@ def versions(py313: str | None) -> dict[str, str | None]:
     for dist in ("ferrofeed", "numpy", "torch", "pillow", "scikit-image", "spdl_io", "datago"):
         out[dist] = version_of(dist)
     out["matplotlib"] = version_of("matplotlib")
+    # Which build of ferrofeed's extension the loaders' interpreters load (x86-64-v3 or
+    # baseline; FERROFEED_CPU, inherited by them, picks it).
+    probe = subprocess.run(
+        [sys.executable, "-c", "import ferrofeed; print(ferrofeed.build_info()['native_build'])"],
+        capture_output=True,
+        text=True,
+    )
+    out["ferrofeed native build"] = probe.stdout.strip() or None
     if py313:
         probe = subprocess.run(
             [py313, "-c", "import platform; print(platform.python_version())"],
