@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import platform
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +128,33 @@ def test_auto_loads_the_v3_build_on_this_cpu() -> None:
     assert got["build"] == "x86-64-v3", got
     assert got["same"], got
     assert Path(got["file"]) == V3_PATH
+
+
+needs_v3_cpu = pytest.mark.skipif(
+    not _native.V3_FLAGS <= CPU_FLAGS,
+    reason=f"this CPU lacks {sorted(_native.V3_FLAGS - CPU_FLAGS)}",
+)
+
+
+@needs_v3_cpu
+def test_a_damaged_v3_file_falls_back_to_the_portable_build(tmp_path: Path) -> None:
+    # A copy of the installed package whose x86-64-v3 file is not a shared library.
+    pkg = Path(ferrofeed.__file__).parent
+    copy = tmp_path / "ferrofeed"
+    shutil.copytree(pkg, copy, ignore=shutil.ignore_patterns("__pycache__", _native.V3_FILE))
+    (copy / _native.V3_FILE).write_bytes(b"not an ELF file\n" * 64)
+    env = {"PYTHONPATH": str(tmp_path)}
+    proc = run_python(WHICH, env={**env, _native.ENV: "auto"})
+    got = last_json_line(proc.stdout)
+    assert got["build"] == "baseline", got
+    assert Path(got["file"]) == copy / "_core.abi3.so", got
+    assert "RuntimeWarning: ferrofeed: cannot load _core_x86_64_v3.abi3.so" in proc.stderr
+    assert "using the portable build" in proc.stderr
+    # Asked for by name, the damaged build fails the import instead.
+    proc = run_python("import ferrofeed", env={**env, _native.ENV: "x86-64-v3"}, check=False)
+    assert proc.returncode != 0
+    assert "ImportError" in proc.stderr
+    assert _native.V3_FILE in proc.stderr
 
 
 # Decode the same images through every kind of work the native chain does and print a

@@ -11,7 +11,9 @@ the same bytes for every input (tests/test_native_build.py checks it).
 kernel reports it in ``/proc/cpuinfo``) has every instruction set it needs, and the portable
 build otherwise. The environment variable ``FERROFEED_CPU`` overrides the choice:
 ``baseline`` always loads the portable build; ``x86-64-v3`` requires the other one (an
-ImportError names what is missing); ``auto`` (or unset) chooses as above.
+ImportError names what is missing); ``auto`` (or unset) chooses as above, and falls back to
+the portable build, with a RuntimeWarning, if the x86-64-v3 file is there but cannot be
+loaded.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import importlib.util
 import os
 import platform
 import sys
+import warnings
 from pathlib import Path
 
 __all__ = ["BASELINE", "ENV", "V3", "V3_FILE", "V3_FLAGS", "choose", "cpu_flags", "load_core"]
@@ -131,18 +134,34 @@ def load_core() -> str:
     # The flags are only read where they can matter.
     has_v3 = v3_path.is_file()
     flags = cpu_flags(_read_cpuinfo()) if has_v3 and machine in ("x86_64", "AMD64") else frozenset()
-    build = choose(os.environ.get(ENV, ""), machine, flags, has_v3)
+    setting = os.environ.get(ENV, "")
+    build = choose(setting, machine, flags, has_v3)
     if build == V3:
-        spec = importlib.util.spec_from_file_location(_MODULE, v3_path)
-        if spec is None or spec.loader is None:  # a ".abi3.so" name always has a loader
-            raise ImportError(f"cannot load {v3_path}")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[_MODULE] = module
         try:
-            spec.loader.exec_module(module)
-        except BaseException:
-            del sys.modules[_MODULE]
-            raise
-    else:
+            _load_v3(v3_path)
+        except ImportError as e:
+            if setting.strip().lower() == V3:
+                raise
+            # A damaged file (the CPU check already passed): the portable build still works.
+            warnings.warn(
+                f"ferrofeed: cannot load {v3_path.name} ({e}); using the portable build",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            build = BASELINE
+    if build == BASELINE:
         importlib.import_module(_MODULE)
     return build
+
+
+def _load_v3(path: Path) -> None:
+    spec = importlib.util.spec_from_file_location(_MODULE, path)
+    if spec is None or spec.loader is None:  # a ".abi3.so" name always has a loader
+        raise ImportError(f"no loader for {path}")
+    module = importlib.util.module_from_spec(spec)  # dlopen and PyInit__core
+    sys.modules[_MODULE] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[_MODULE]
+        raise
