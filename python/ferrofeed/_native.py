@@ -5,7 +5,7 @@ x86_64 CPU, and ``_core_x86_64_v3.abi3.so``, compiled for x86-64-v3 (AVX2, FMA, 
 Intel Haswell, 2013, and AMD Excavator/Zen on). The second lets the compiler inline and
 vectorize all of the code for those instructions, not only the kernels that pick them at
 run time, and decodes the training job with about 4% less CPU (BENCHMARKS.md). Both give
-the same bytes for every input (tests/test_native_build.py checks it).
+the same bytes (tests/test_native_build.py compares them over every codec and job).
 
 ``import ferrofeed`` loads the x86-64-v3 build when the wheel has it and the CPU (as the
 kernel reports it in ``/proc/cpuinfo``) has every instruction set it needs, and the portable
@@ -32,6 +32,7 @@ BASELINE = "baseline"
 V3 = "x86-64-v3"
 V3_FILE = "_core_x86_64_v3.abi3.so"
 _MODULE = "ferrofeed._core"
+_X86_64 = ("x86_64", "AMD64")  # platform.machine() on Linux, and on Windows
 
 # The instruction sets that x86-64-v3 adds up (LLVM's and GCC's definition: x86-64-v2's, then
 # AVX, AVX2, BMI1, BMI2, F16C, FMA, LZCNT, MOVBE, XSAVE), as /proc/cpuinfo names them
@@ -96,7 +97,7 @@ def choose(setting: str, machine: str, flags: frozenset[str], has_v3: bool) -> s
         raise ImportError(f"{ENV}={setting!r}: expected 'auto', '{BASELINE}' or '{V3}'")
     if wanted == BASELINE:
         return BASELINE
-    missing = sorted(V3_FLAGS - flags) if machine in ("x86_64", "AMD64") else None
+    missing = sorted(V3_FLAGS - flags) if machine in _X86_64 else None
     if wanted == V3:
         if not has_v3:
             raise ImportError(
@@ -133,7 +134,7 @@ def load_core() -> str:
     machine = platform.machine()
     # The flags are only read where they can matter.
     has_v3 = v3_path.is_file()
-    flags = cpu_flags(_read_cpuinfo()) if has_v3 and machine in ("x86_64", "AMD64") else frozenset()
+    flags = cpu_flags(_read_cpuinfo()) if has_v3 and machine in _X86_64 else frozenset()
     setting = os.environ.get(ENV, "")
     build = choose(setting, machine, flags, has_v3)
     if build == V3:
