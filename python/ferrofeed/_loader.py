@@ -248,7 +248,8 @@ class DataLoader:
     the GIL, straight into one pooled batch buffer, handed out as ``(images, labels)``
     (``images`` alone when there are no labels), uint8 NHWC unless ``collate`` is an
     `ops.collate` that says otherwise. Random crops are drawn from ``seed``, the epoch and
-    each file's name: the same in every run and with any number of threads.
+    each file's path as the dataset gives it: the same in every run and with any number of
+    threads (the same files under another folder get other crops).
 
     Args:
         source: a map-style dataset: ``len(ds)`` and ``ds[i]`` (a ``torch.utils.data.Dataset``
