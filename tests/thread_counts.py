@@ -52,11 +52,6 @@ def os_threads(*, with_tasks: bool = False) -> int:
     return total - runtime - pool + (tasks if with_tasks else 0)
 
 
-def runtime_tasks() -> int:
-    """Stage tasks alive on the process's runtime (0 once every pipeline has stopped)."""
-    return _core._native_threads()[1]
-
-
 def python_threads() -> int:
     """Threads started with `threading` that are running.
 
