@@ -22,9 +22,7 @@ from conftest import last_json_line, run_python
 from ferrofeed import _native
 
 V3_PATH = Path(ferrofeed.__file__).with_name(_native.V3_FILE)
-CPU_FLAGS = _native.cpu_flags(
-    Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-)
+CPU_FLAGS = _native.cpu_flags(_native._read_cpuinfo())
 HAS_BOTH = V3_PATH.is_file() and _native.V3_FLAGS <= CPU_FLAGS
 needs_both = pytest.mark.skipif(
     not HAS_BOTH,

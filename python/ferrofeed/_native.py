@@ -92,7 +92,7 @@ def choose(setting: str, machine: str, flags: frozenset[str], has_v3: bool) -> s
         >>> choose("baseline", "x86_64", V3_FLAGS, has_v3=True)
         'baseline'
     """
-    wanted = setting.strip().lower() or "auto"
+    wanted = _wanted(setting)
     if wanted not in ("auto", BASELINE, V3):
         raise ImportError(f"{ENV}={setting!r}: expected 'auto', '{BASELINE}' or '{V3}'")
     if wanted == BASELINE:
@@ -110,6 +110,11 @@ def choose(setting: str, machine: str, flags: frozenset[str], has_v3: bool) -> s
             raise ImportError(f"{ENV}={V3}, but this CPU lacks {', '.join(missing)}")
         return V3
     return V3 if has_v3 and missing == [] else BASELINE
+
+
+def _wanted(setting: str) -> str:
+    """``FERROFEED_CPU``'s value as :func:`choose` compares it (unset or blank: ``auto``)."""
+    return setting.strip().lower() or "auto"
 
 
 def _read_cpuinfo() -> str:
@@ -141,7 +146,7 @@ def load_core() -> str:
         try:
             _load_v3(v3_path)
         except ImportError as e:
-            if setting.strip().lower() == V3:
+            if _wanted(setting) == V3:
                 raise
             # A damaged file (the CPU check already passed): the portable build still works.
             warnings.warn(
