@@ -1076,7 +1076,7 @@ def test_collate_pool_timeout_is_settable() -> None:
 
 
 def test_native_batches_in_flight() -> None:
-    from ferrofeed._loader import _batches_in_flight
+    from ferrofeed._executors import _batches_in_flight
 
     # (num_threads, batch size, CPU pool threads) -> batches decoded at once
     cases = {

@@ -286,26 +286,62 @@ class NativeExecutor:
     The op takes ``(batch_no, indices, files)`` and gives back ``(batch_no, indices,
     images, labels, skipped)``: a batch crosses from Python to Rust once (its files) and
     back once (its tensors). Every sample's random crop and flip come from ``(seed,
-    epoch, index)``.
+    epoch, index)``. The op the user passed is the op that runs: the batch op is built
+    from it (and refuses, at construction, the options a loader cannot honour).
     """
 
     def __init__(
         self,
         dataset: Any,
-        make_op: Callable[[int], _core.NativeOp],
+        decode: _core.NativeOp,
+        collate: _core.NativeOp | None,
         *,
-        concurrency: int,
+        seed: int,
+        batch_size: int,
+        drop_last: bool,
+        num_threads: int,
+        skip: bool,
         prefetch: int,
         timeout: float | None,
-        pool: _core.BufferPool,
+        pinned: bool,
     ) -> None:
         self.dataset = dataset
-        self.make_op = make_op
-        self.concurrency = concurrency
+        self.decode = decode
+        self.collate = collate
+        self.seed = seed
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.num_threads = num_threads
+        self.skip = skip
         self.prefetch = prefetch
         self.timeout = timeout
-        self.pool = pool
+        self.concurrency = _batches_in_flight(num_threads, batch_size, _core._cpu_pool_size())
+        # No bound on buffers (the pipeline's queues bound the read-ahead, and a consumer
+        # may keep batches), a few kept for reuse from batch to batch; page-locked when the
+        # batches go to a CUDA device.
+        self.pool = _core.BufferPool(
+            None, max_idle=2 * (prefetch + 4), pinned=None if pinned else False, timeout=None
+        )
         self.pipeline: _core.Pipeline | None = None
+        # Built once now, so a transform that is not ops.decode_image(...), one without a
+        # fixed output size, or an option of the ops that the loader cannot honour (a seed
+        # of their own, another batch size or drop_last) fails at construction rather than
+        # at the first batch.
+        self._op(0)
+
+    def _op(self, epoch: int) -> _core.NativeOp:
+        """The batch op of ``epoch``."""
+        return _core._op_load_batch(
+            self.decode,
+            self.collate,
+            seed=self.seed,
+            epoch=epoch,
+            threads=min(self.num_threads, self.batch_size),
+            skip=self.skip,
+            pool=self.pool,
+            batch_size=self.batch_size,
+            drop_last=self.drop_last,
+        )
 
     def run(self, epoch: int, groups: Iterator[Group]) -> Iterator[Done]:
         dataset = self.dataset
@@ -319,7 +355,7 @@ class NativeExecutor:
             PipelineBuilder()
             .add_source(files())
             .pipe(
-                self.make_op(epoch),
+                self._op(epoch),
                 concurrency=self.concurrency,
                 name="decode_batch",
                 timeout=self.timeout,
@@ -426,6 +462,24 @@ class WorkerExecutor:
         pool, self.workers = self.workers, None
         if pool is not None:
             pool.shutdown()
+
+
+def _batches_in_flight(num_threads: int, batch: int, pool: int) -> int:
+    """How many batches the native path decodes at once.
+
+    Each batch decodes on up to ``num_threads`` threads, as jobs of the process's CPU pool
+    of ``pool`` threads, first come first served; with batches smaller than that, several
+    batches decode at once (``num_threads // batch``). When one batch would be in flight,
+    two are, so that the threads done with one batch's last images go on with the next at
+    once instead of waiting for the batch's slowest image; but only where the pool itself
+    keeps the threads at work within ``num_threads`` (``pool <= num_threads``: two
+    batches' jobs can then not run on more threads than that). With one thread, a batch
+    decodes on the calling thread: one at a time.
+    """
+    at_once = num_threads // min(num_threads, batch)
+    if at_once == 1 and num_threads > 1 and pool <= num_threads:
+        return 2
+    return at_once
 
 
 def _as_pair(sample: Any) -> Any:

@@ -65,9 +65,19 @@ class DataLoader:
     files are read, decoded, resized and cropped in Rust on ``num_threads`` threads without
     the GIL, straight into one pooled batch buffer, handed out as ``(images, labels)``
     (``images`` alone when there are no labels), uint8 NHWC unless ``collate`` is an
-    `ops.collate` that says otherwise. Random crops are drawn from ``seed``, the epoch and
-    each file's path as the dataset gives it: the same in every run and with any number of
-    threads (the same files under another folder get other crops).
+    `ops.collate` that says otherwise.
+
+    Randomness, one rule for every path: each random draw of a sample comes from
+    ``(seed, epoch, the sample's dataset index)``. Native random crops and flips do; so does
+    ``ferrofeed.io.decode_image(..., crop="random", flip="random")`` called without
+    ``seed=`` in a Python ``transform`` or ``dataset[i]`` (it gives exactly the native
+    chain's crop and flip for that sample), and `ferrofeed.sample_rng` (a NumPy generator
+    seeded for the sample, on any number of threads or workers). Where one thread loads at
+    a time (worker processes, or ``num_threads=1``), Python's ``random``, NumPy's global
+    generator and torch's are seeded per sample too, so one thread gives the batches any
+    number of workers gives; several threads share one process's global generators, which
+    then cannot be per sample: use `sample_rng` there. The draws are the same in every
+    run, with any number of threads or workers, and wherever the files are mounted.
 
     Args:
         source: a map-style dataset: ``len(ds)`` and ``ds[i]`` (a ``torch.utils.data.Dataset``
@@ -104,8 +114,9 @@ class DataLoader:
         num_workers: run ``dataset[i]``, ``transform`` and ``collate`` in this many worker
             processes (0: on ``num_threads`` threads in this process). Batches come back
             through shared memory without a copy, in the same order and with the same
-            random draws as with any other number of workers: each sample's ``random``,
-            ``numpy.random`` and torch generators are seeded from ``(seed, epoch, index)``.
+            random draws as with any other number of workers (or one thread): each
+            sample's ``random``, ``numpy.random`` and torch generators are seeded from
+            ``(seed, epoch, index)``.
             Not used by the native image chain, which needs no GIL.
         worker_start_method: ``"fork"``, ``"spawn"`` or ``"forkserver"``; ``None``:
             multiprocessing's default, or forkserver when JAX is imported.
@@ -249,7 +260,6 @@ class DataLoader:
         self._skipped: list[tuple[int, str]] = []
         self._skipped_lock = threading.Lock()
         self._failures = 0  # samples skipped in the current iteration
-        self._pool: _core.BufferPool | None = None
         # The native image chain: image files with a native (or the default) transform.
         self.native = isinstance(transform, _core.NativeOp) or (
             transform is None and isinstance(source, ImageFiles)
@@ -293,52 +303,28 @@ class DataLoader:
                     "with a native transform, the source's items are image paths or "
                     f"(path, label) pairs, not {type(first).__name__}"
                 )
-        # Builds the batch op once, so a transform that is not ops.decode_image(...), one
-        # without a fixed output size, or an option of the ops that the loader cannot
-        # honour (a seed of their own, another batch size or drop_last) fails here rather
-        # than at the first batch.
-        self._batch_op(0)
 
     def _wants_pinned(self) -> bool:
         """Whether batches go to a CUDA device (their host memory is then page-locked)."""
         return self.device is not None and "cuda" in self.device
 
-    def _batch_op(self, epoch: int) -> _core.NativeOp:
-        """The native op that turns a list of files into a batch, for ``epoch``."""
-        assert isinstance(self.transform, _core.NativeOp)
-        if self._pool is None:
-            pinned = None if self._wants_pinned() else False
-            # No bound on buffers (the pipeline's queues bound the read-ahead, and a
-            # consumer may keep batches), a few kept for reuse from batch to batch.
-            self._pool = _core.BufferPool(
-                None, max_idle=2 * (self.prefetch + 4), pinned=pinned, timeout=None
-            )
-        collate = self.collate if isinstance(self.collate, _core.NativeOp) else None
-        return _core._op_load_batch(
-            self.transform,
-            collate,
-            seed=self.seed,
-            epoch=epoch,
-            threads=min(self.num_threads, self._batch),
-            skip=self.on_error == "skip",
-            pool=self._pool,
-            batch_size=self._batch,
-            drop_last=self.drop_last,
-        )
-
     def _make_executor(self) -> Executor:
         """The executor that turns this loader's groups into batches."""
         if self.native:
-            assert self._pool is not None  # made by _check_native's _batch_op
+            assert isinstance(self.transform, _core.NativeOp)
+            assert self.collate is None or isinstance(self.collate, _core.NativeOp)
             return NativeExecutor(
                 self.dataset,
-                self._batch_op,
-                concurrency=_batches_in_flight(
-                    self.num_threads, self._batch, _core._cpu_pool_size()
-                ),
+                self.transform,
+                self.collate,
+                seed=self.seed,
+                batch_size=self._batch,
+                drop_last=self.drop_last,
+                num_threads=self.num_threads,
+                skip=self.on_error == "skip",
                 prefetch=self.prefetch,
                 timeout=self.timeout,
-                pool=self._pool,
+                pinned=self._wants_pinned(),
             )
         collate = self.collate
         assert callable(collate)
@@ -591,24 +577,6 @@ class DataLoader:
         """The batches of ``epoch`` (from its start), without changing the loader's state."""
         self._failures = 0
         yield from (b for b in self._batches(epoch, 0) if b is not _EMPTY)
-
-
-def _batches_in_flight(num_threads: int, batch: int, pool: int) -> int:
-    """How many batches the native path decodes at once.
-
-    Each batch decodes on up to ``num_threads`` threads, as jobs of the process's CPU pool
-    of ``pool`` threads, first come first served; with batches smaller than that, several
-    batches decode at once (``num_threads // batch``). When one batch would be in flight,
-    two are, so that the threads done with one batch's last images go on with the next at
-    once instead of waiting for the batch's slowest image; but only where the pool itself
-    keeps the threads at work within ``num_threads`` (``pool <= num_threads``: two
-    batches' jobs can then not run on more threads than that). With one thread, a batch
-    decodes on the calling thread: one at a time.
-    """
-    at_once = num_threads // min(num_threads, batch)
-    if at_once == 1 and num_threads > 1 and pool <= num_threads:
-        return 2
-    return at_once
 
 
 def _single(samples: list[Any]) -> Any:
