@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from ferrofeed import DataLoader
 
 GOLDEN = json.loads((Path(__file__).parent / "fixtures" / "plan_golden.json").read_text())

@@ -11,10 +11,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import ferrofeed
 import numpy as np
 import pytest
-
-import ferrofeed
 from ferrofeed import DataLoader, ImageFolder, io, ops
 from ferrofeed._core import mix_seed
 from ferrofeed.samples import synthetic_jpeg
