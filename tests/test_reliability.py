@@ -8,10 +8,13 @@ so a crash fails one test instead of taking the suite down.
 from __future__ import annotations
 
 import io
+import os
 import signal
 import struct
 import sys
+import threading
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -334,3 +337,179 @@ def test_image_folder_visits_each_folder_once(tmp_path: Path) -> None:
     folder = ImageFolder(tmp_path)
     names = [(Path(p).relative_to(tmp_path).as_posix(), label) for p, label in folder]
     assert names == [("cat/a.jpg", 0), ("dog/again/c.jpg", 1), ("dog/b.jpg", 1)]
+
+
+# --------------------------------------------------------------------------------------
+# named pipes, sockets and devices among the images
+
+# The rescuer's delay: past it, a reader stuck on one of the test's pipes is set free.
+RESCUE_AFTER_S = 20.0
+
+
+class Fifos:
+    """Named pipes made for a test, and a hang guard for them.
+
+    Opening a FIFO for reading waits for a writer, forever if none comes: the hole these
+    tests cover. Should a reader get stuck there all the same, the rescuer thread (from
+    ``RESCUE_AFTER_S`` on) keeps opening each pipe's write end without blocking and closing
+    it at once, so that the reader gets end-of-file, and the test fails on its asserts
+    instead of hanging (``rescued`` counts it). A reader that refuses the pipe, as it must,
+    never notices the rescuer, however slow the machine.
+    """
+
+    def __init__(self) -> None:
+        self.paths: list[Path] = []
+        self.rescued = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._rescue, daemon=True)
+        self._thread.start()
+
+    def make(self, path: Path) -> Path:
+        os.mkfifo(path)
+        self.paths.append(path)
+        return path
+
+    def _rescue(self) -> None:
+        if self._stop.wait(RESCUE_AFTER_S):
+            return
+        while not self._stop.wait(0.2):
+            for p in list(self.paths):
+                try:
+                    fd = os.open(p, os.O_WRONLY | os.O_NONBLOCK)
+                except OSError:  # ENXIO: nobody is reading it
+                    continue
+                os.close(fd)
+                self.rescued += 1
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+@pytest.fixture
+def fifos() -> Iterator[Fifos]:
+    guard = Fifos()
+    yield guard
+    guard.close()
+    assert guard.rescued == 0, "a reader was stuck on a named pipe"
+
+
+def _jpeg_file(path: Path, shade: int) -> str:
+    path.write_bytes(_pil(Image.new("RGB", (20, 16), (shade, 40, 90)), "JPEG"))
+    return str(path)
+
+
+@pytest.mark.timeout(60)
+def test_image_folder_lists_regular_files_and_links_to_them_only(
+    tmp_path: Path, fifos: Fifos, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import socket
+
+    from ferrofeed import DataLoader, ImageFolder, ops
+
+    cat = tmp_path / "cat"
+    cat.mkdir()
+    _jpeg_file(cat / "a.jpg", 10)
+    (cat / "link.jpg").symlink_to(cat / "a.jpg")
+    fifos.make(cat / "pipe.jpg")
+    (cat / "pipelink.jpg").symlink_to(cat / "pipe.jpg")
+    (cat / "broken.jpg").symlink_to(cat / "missing.jpg")
+    (cat / "null.jpg").symlink_to("/dev/null")
+    (cat / "sub.jpg").mkdir()  # a folder with an image's name: searched, not listed
+    _jpeg_file(cat / "sub.jpg" / "b.jpg", 20)
+    monkeypatch.chdir(cat)  # a short name: Unix socket paths are limited to 108 bytes
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind("sock.jpg")
+        folder = ImageFolder(tmp_path)
+        names = [Path(p).relative_to(tmp_path).as_posix() for p in folder.paths]
+        assert names == ["cat/a.jpg", "cat/link.jpg", "cat/sub.jpg/b.jpg"]
+        # And a whole epoch goes through.
+        loader = DataLoader(folder, batch_size=2, transform=ops.decode_image(size=8))
+        assert [len(labels) for _, labels in loader] == [2, 1]
+
+
+@pytest.mark.timeout(60)
+def test_a_named_pipe_given_as_a_path_fails_at_once_naming_it(tmp_path: Path, fifos: Fifos) -> None:
+    import ferrofeed.io as fio
+    from ferrofeed import (
+        ArenaError,
+        ImageReadError,
+        PipelineBuilder,
+        PipelineError,
+        SharedList,
+        ops,
+    )
+
+    fifo = fifos.make(tmp_path / "pipe.jpg")
+    good = _jpeg_file(tmp_path / "good.jpg", 30)
+    with pytest.raises(ImageReadError, match="not a regular file: a named pipe") as info:
+        fio.decode_image(fifo, size=8)
+    assert isinstance(info.value, OSError)
+    assert info.value.filename == str(fifo)
+    assert str(fifo) in str(info.value)
+    with pytest.raises(ImageReadError, match="named pipe"):
+        fio.load_images([good, str(fifo)], size=8)
+    # A device reads as empty; it is refused as what it is.
+    with pytest.raises(ImageReadError, match="a character device"):
+        fio.decode_image("/dev/null")
+    # So is a pipe given as an arena to open.
+    with pytest.raises(ArenaError, match="not a regular file") as aerr:
+        SharedList.open(fifo)
+    assert isinstance(aerr.value, OSError)
+
+    def pipeline(on_error: str) -> Any:
+        return (
+            PipelineBuilder()
+            .add_source([good, str(fifo), good])
+            .pipe(ops.read_file(), on_error=on_error)
+            .add_sink()
+            .build()
+        )
+
+    p = pipeline("raise")
+    with pytest.raises(PipelineError) as perr:
+        list(p)
+    (inner,) = perr.value.exceptions
+    assert isinstance(inner, OSError)
+    assert str(fifo) in str(inner)
+    assert "named pipe" in str(inner)
+    p = pipeline("skip")
+    assert len(list(p)) == 2
+    assert p.stats()["read_file"]["failures"] == 1
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("native", [True, False], ids=["native", "python_transform"])
+def test_a_named_pipe_in_a_loader_fails_fast_or_is_skipped(
+    tmp_path: Path, fifos: Fifos, native: bool
+) -> None:
+    import ferrofeed.io as fio
+    import numpy as np
+    from ferrofeed import DataLoader, ImageFiles, ImageReadError, ops
+
+    fifo = fifos.make(tmp_path / "pipe.jpg")
+    paths = [_jpeg_file(tmp_path / f"{i}.jpg", 40 * i) for i in range(3)]
+    paths.insert(2, str(fifo))
+    files = ImageFiles(paths, labels=list(range(4)))
+
+    def decode(item: tuple[str, int]) -> tuple[np.ndarray, int]:
+        return fio.decode_image(item[0], size=8).numpy(), item[1]
+
+    def make(**kw: Any) -> DataLoader:
+        transform: Any = ops.decode_image(size=8) if native else decode
+        return DataLoader(files, batch_size=2, transform=transform, num_threads=2, **kw)
+
+    with pytest.raises(ImageReadError, match="named pipe") as info:
+        list(make())
+    assert str(fifo) in str(info.value)
+    loader = make(on_error="skip")
+    labels = [np.asarray(batch[1]).tolist() for batch in loader]
+    assert labels == [[0, 1], [3]]
+    assert loader.epoch == 1
+    stats = loader.stats()
+    assert stats["skipped_count"] == 1
+    ((index, message),) = stats["skipped"]
+    assert index == 2
+    assert message.startswith("ImageReadError: ")
+    assert str(fifo) in message
+    assert "named pipe" in message

@@ -6,6 +6,8 @@ import gc
 import os
 import pickle
 import re
+import signal
+import stat
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -551,6 +553,47 @@ def test_gc_of_owner_removes_file(arena_dir: Path) -> None:
     gc.collect()
     assert not os.path.exists(p)
     assert list(arena_dir.iterdir()) == []
+
+
+def test_a_finished_arena_is_read_only(arena_dir: Path) -> None:
+    """Sealed: no process of the owner's user can open it for writing (and truncate it
+    under the readers' mappings); the owner still removes it. Root bypasses permission
+    checks, so the refused open is checked only as another user."""
+    sl = SharedList(PLAIN, path=arena_dir)
+    p = sl.path
+    assert stat.S_IMODE(os.stat(p).st_mode) == 0o444
+    if os.geteuid() != 0:
+        with pytest.raises(PermissionError):
+            open(p, "r+b")  # noqa: SIM115
+    with SharedList.open(p) as reader:
+        assert list(reader) == PLAIN
+    assert os.path.exists(p)
+    sl.close()
+    assert not os.path.exists(p)
+    assert list(arena_dir.iterdir()) == []
+
+
+def test_the_arena_of_a_killed_owner_is_read_only_and_swept(arena_dir: Path) -> None:
+    from conftest import run_python
+
+    proc = run_python(
+        """
+        import os, signal, sys
+        from ferrofeed import SharedList
+        sl = SharedList(range(1000), path=sys.argv[1])
+        print(sl.path, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)  # no close, no cleanup
+        """,
+        args=[str(arena_dir)],
+        check=False,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    orphan = Path(proc.stdout.split()[0])
+    assert stat.S_IMODE(orphan.stat().st_mode) == 0o444
+    # Creating an arena in the directory sweeps the orphan, read-only as it is.
+    with SharedList([1], path=arena_dir) as sl:
+        assert not orphan.exists()
+        assert [p.name for p in arena_dir.iterdir()] == [Path(sl.path).name]
 
 
 # ------------------------------------------------------------------ pickling

@@ -80,6 +80,48 @@ def _find_classes(root: str) -> list[str]:
     return classes
 
 
+def _list_images(top: str, endings: tuple[str, ...]) -> list[str]:
+    """The regular files under ``top`` (recursively) whose names end in ``endings``.
+
+    Symbolic links are followed, so a link to a parent folder would make a loop: each
+    folder is visited once, by device and inode, the first time it is reached in sorted
+    order. Only regular files, and symbolic links to regular files, are kept: a named
+    pipe, a socket or a device is left out (reading a FIFO would wait for a writer
+    forever), and so is a broken link. Folders that cannot be read are left out.
+    """
+    found: list[str] = []
+    seen: set[tuple[int, int]] = set()
+    stack = [top]
+    while stack:
+        folder = stack.pop()
+        try:
+            st = os.stat(folder)
+            if (st.st_dev, st.st_ino) in seen:
+                continue
+            seen.add((st.st_dev, st.st_ino))
+            with os.scandir(folder) as it:
+                entries = list(it)
+        except OSError:
+            continue
+        dirs: list[str] = []
+        for e in entries:
+            if e.name.startswith("."):
+                continue
+            try:
+                # DirEntry's is_dir/is_file follow symbolic links and are S_ISDIR/S_ISREG:
+                # without a stat call, except for links and file systems without d_type.
+                if e.is_dir():
+                    dirs.append(e.path)
+                elif e.name.lower().endswith(endings) and e.is_file():
+                    found.append(e.path)
+            except OSError:
+                continue
+        # Depth first, subfolders in sorted order (popped from the end).
+        stack.extend(sorted(dirs, reverse=True))
+    found.sort()
+    return found
+
+
 class ImageFolder(ImageFiles):
     """Images laid out one subfolder per class, as torchvision's ``ImageFolder``.
 
@@ -87,7 +129,8 @@ class ImageFolder(ImageFiles):
     sorted order, numbered from 0. Files are found recursively (following symbolic links,
     each folder visited once per class even when links make a loop) and sorted; hidden
     files and folders are left out, and so are files whose names do not end in one of
-    ``extensions`` (case-insensitive).
+    ``extensions`` (case-insensitive). Only regular files (and links to them) are taken:
+    a named pipe, a socket or a device with an image's name is left out.
 
     Raises:
         FileNotFoundError: ``root`` is not a folder, has no class subfolders, or no images.
@@ -114,29 +157,7 @@ class ImageFolder(ImageFiles):
         paths: list[str] = []
         labels: list[int] = []
         for label, name in enumerate(self.classes):
-            found: list[str] = []
-            # Symbolic links are followed, so a link to a parent folder would make a loop
-            # (os.walk would go round it until the path is too long): each folder is
-            # visited once, by device and inode, the first time it is reached in sorted
-            # order.
-            seen: set[tuple[int, int]] = set()
-            for folder, dirs, files in os.walk(os.path.join(root, name), followlinks=True):
-                try:
-                    st = os.stat(folder)
-                except OSError:
-                    dirs[:] = []
-                    continue
-                if (st.st_dev, st.st_ino) in seen:
-                    dirs[:] = []
-                    continue
-                seen.add((st.st_dev, st.st_ino))
-                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-                found.extend(
-                    os.path.join(folder, f)
-                    for f in files
-                    if not f.startswith(".") and f.lower().endswith(endings)
-                )
-            found.sort()
+            found = _list_images(os.path.join(root, name), endings)
             paths.extend(found)
             labels.extend([label] * len(found))
         if not paths:

@@ -7,7 +7,9 @@
 //! process maps read-only: the page cache holds a single copy per node.
 //!
 //! - [`ArenaWriter`] builds a file item by item, under a temporary name,
-//!   with space reserved by `fallocate`, and publishes it atomically.
+//!   with space reserved by `fallocate`, and publishes it atomically,
+//!   sealed: read-only ([`SEALED_MODE`], `0444`) for everyone, its owner
+//!   included.
 //! - [`Arena`] maps a file read-only, validates it once at open and hands
 //!   out items as zero-copy slices.
 //! - [`sweep_orphans`] removes arenas that no process holds any more (their
@@ -55,7 +57,7 @@ mod writer;
 pub use error::{ArenaError, Result};
 pub use reader::{validate, Arena, Layout};
 pub use sweep::{sweep_orphans, ARENA_SUFFIX};
-pub use writer::ArenaWriter;
+pub use writer::{ArenaWriter, SEALED_MODE};
 
 #[cfg(test)]
 mod tests;

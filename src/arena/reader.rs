@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use memmap2::Mmap;
+use rustix::fs::OFlags;
 use zerocopy::little_endian::U64;
 use zerocopy::FromBytes;
 
@@ -82,12 +83,26 @@ impl Arena {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        use std::os::unix::fs::OpenOptionsExt;
         let path = path.as_ref();
-        // std opens every file with O_CLOEXEC.
+        // std opens every file with O_CLOEXEC. O_NONBLOCK: a named pipe given as
+        // the path is refused below instead of waiting for a writer (it has no
+        // effect on a regular file).
         let file = File::options()
             .read(true)
+            .custom_flags((OFlags::NONBLOCK | OFlags::NOCTTY).bits().cast_signed())
             .open(path)
             .map_err(|e| ArenaError::io("open", path, e))?;
+        let meta = file
+            .metadata()
+            .map_err(|e| ArenaError::io("stat", path, e))?;
+        if !meta.is_file() {
+            return Err(ArenaError::io(
+                "open",
+                path,
+                std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file"),
+            ));
+        }
         lock::lock_shared(&file, path)?;
         Self::from_file(file, path.to_path_buf(), None)
     }

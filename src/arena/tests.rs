@@ -301,6 +301,65 @@ fn orphans_are_swept_and_foreign_files_kept() {
 }
 
 #[test]
+fn a_finished_arena_is_read_only_and_still_removed() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let owned = build(dir.path(), &sample());
+    let path = owned.path().to_path_buf();
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+    assert_eq!(mode & 0o7777, SEALED_MODE);
+    assert_eq!(SEALED_MODE, 0o444);
+    // Root bypasses permission checks; anyone else, the owner included,
+    // cannot open the sealed file for writing (so cannot truncate it).
+    if !rustix::process::geteuid().is_root() {
+        let err = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::PermissionDenied);
+    }
+    // Readers open it read-only, as before.
+    let reader = Arena::open(&path).unwrap();
+    assert_eq!(reader.get(0).unwrap(), b"alpha");
+    drop(reader);
+    // Removal needs write permission on the directory, not the file.
+    drop(owned);
+    assert!(!path.exists());
+    assert!(files_in(dir.path()).is_empty());
+}
+
+#[test]
+fn a_named_pipe_or_a_folder_is_refused_at_open_not_waited_on() {
+    use rustix::fs::{mknodat, FileType, Mode, CWD};
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("pipe.arena");
+    mknodat(CWD, &fifo, FileType::Fifo, Mode::from_raw_mode(0o600), 0).unwrap();
+    // Nobody opens the other end: a blocking open would wait forever.
+    for path in [fifo.as_path(), dir.path()] {
+        let err = Arena::open(path).unwrap_err();
+        assert!(
+            matches!(&err, ArenaError::Io { op: "open", path: p, .. } if p == path),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("not a regular file"), "{err}");
+    }
+}
+
+#[test]
+fn a_read_only_orphan_is_swept() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let a = build(dir.path(), &sample());
+    // fs::copy keeps the sealed mode: an orphan as a killed owner leaves it.
+    let orphan = dir.path().join("orphan.arena");
+    std::fs::copy(a.path(), &orphan).unwrap();
+    let mode = std::fs::metadata(&orphan).unwrap().permissions().mode();
+    assert_eq!(mode & 0o7777, SEALED_MODE);
+    assert_eq!(sweep_orphans(dir.path()), vec![orphan]);
+    assert!(a.path().exists());
+}
+
+#[test]
 fn orphan_held_by_a_reader_is_kept() {
     let dir = tempfile::tempdir().unwrap();
     let a = build(dir.path(), &sample());

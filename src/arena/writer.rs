@@ -17,6 +17,10 @@ use super::lock;
 use super::reader::Arena;
 use super::sweep::{sweep_orphans, ARENA_SUFFIX, TMP_SUFFIX};
 
+/// The mode of a finished arena file: read-only for everyone, the owner
+/// included. Only root, or the owner after a `chmod`, can change it.
+pub const SEALED_MODE: u32 = 0o444;
+
 /// Bytes gathered before one `pwrite`.
 const WRITE_BUFFER: usize = 4 << 20;
 /// Smallest step by which the file's reservation grows.
@@ -32,6 +36,8 @@ const MAX_RESERVE_STEP: u64 = 1 << 30;
 /// a file system that runs out of room (a small `/dev/shm`, say) fails here
 /// with [`ArenaError::NoSpace`], never with a SIGBUS in a reader later. A
 /// writer dropped before `finish` (or failing) removes its temporary file.
+/// A finished arena is sealed: its file is read-only ([`SEALED_MODE`]) from
+/// the moment it has its final name, and ferrofeed never writes to it again.
 ///
 /// Creating a writer first sweeps the directory's orphans
 /// ([`sweep_orphans`]).
@@ -386,6 +392,7 @@ impl ArenaWriter {
         self.file()
             .write_all_at(header.as_bytes(), 0)
             .map_err(|e| self.write_error(e, file_len))?;
+        self.seal()?;
         self.publish()?;
         let Some(file) = self.file.take() else {
             return Err(ArenaError::io(
@@ -397,6 +404,23 @@ impl ArenaWriter {
         Arena::from_file(file, self.path.clone(), Some(std::process::id())).inspect_err(|_| {
             let _ = std::fs::remove_file(&self.path);
         })
+    }
+
+    /// Makes the complete file read-only ([`SEALED_MODE`]) before it gets
+    /// its final name, so that no process of the owner's user can open it
+    /// for writing and truncate it under the readers' mappings. This
+    /// writer's own descriptor stays writable, but nothing writes through it
+    /// any more; the owner still removes the file (removal needs write
+    /// permission on the directory, not the file).
+    ///
+    /// A file system without file modes (some FUSE ones) is accepted
+    /// unsealed, as a file system without `flock` is accepted unlocked.
+    fn seal(&mut self) -> Result<()> {
+        let mode = rustix::fs::Mode::from_raw_mode(SEALED_MODE);
+        match rustix::fs::fchmod(self.file(), mode) {
+            Ok(()) | Err(Errno::OPNOTSUPP | Errno::NOSYS) => Ok(()),
+            Err(e) => Err(ArenaError::io("chmod", &self.tmp_path, e.into())),
+        }
     }
 
     /// Renames the temporary file to the final path, never replacing an

@@ -45,10 +45,60 @@ pub fn read_file(path: &Path) -> Result<Vec<u8>, ImageError> {
 
 /// [`read_file`], naming the file `name` in errors.
 fn read_named(path: &Path, name: &str) -> Result<Vec<u8>, ImageError> {
-    std::fs::read(path).map_err(|source| ImageError::Io {
+    read_regular(path).map_err(|source| ImageError::Io {
         name: name.to_owned(),
         source,
     })
+}
+
+/// Reads a whole file that must be a regular file (or a symlink to one).
+///
+/// The file is opened with `O_NONBLOCK`, so that opening a named pipe with
+/// no writer does not wait for one, then checked with `fstat` before any
+/// read: a FIFO, a socket, a device or a directory is refused at once
+/// instead of blocking the reading thread forever. `O_NONBLOCK` has no
+/// effect on the reads of a regular file, so it is left set. `O_NOCTTY`
+/// keeps a terminal device from becoming the process's controlling one.
+fn read_regular(path: &Path) -> std::io::Result<Vec<u8>> {
+    use rustix::fs::{FileType, Mode, OFlags};
+    use std::io::Read;
+
+    let fd = rustix::fs::open(
+        path,
+        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let st = rustix::fs::fstat(&fd)?;
+    let kind = FileType::from_raw_mode(st.st_mode);
+    if kind != FileType::RegularFile {
+        return Err(not_regular(kind));
+    }
+    let mut file = std::fs::File::from(fd);
+    let mut data = Vec::new();
+    // The size is a hint: a file that grows or shrinks meanwhile is read to
+    // its end all the same.
+    data.try_reserve_exact(usize::try_from(st.st_size).unwrap_or(0))?;
+    file.read_to_end(&mut data)?;
+    Ok(data)
+}
+
+/// The error for a path that is not a regular file: `EISDIR` for a
+/// directory (as reading one would give), else an `InvalidInput` error that
+/// says what the file is.
+fn not_regular(kind: rustix::fs::FileType) -> std::io::Error {
+    use rustix::fs::FileType;
+    let what = match kind {
+        FileType::Directory => return rustix::io::Errno::ISDIR.into(),
+        FileType::Fifo => "a named pipe (FIFO)",
+        FileType::Socket => "a socket",
+        FileType::CharacterDevice => "a character device",
+        FileType::BlockDevice => "a block device",
+        FileType::RegularFile | FileType::Symlink | FileType::Unknown => "a file of another kind",
+    };
+    std::io::Error::new(
+        std::io::ErrorKind::InvalidInput,
+        format!("not a regular file: {what}"),
+    )
 }
 
 /// Where an image's encoded bytes are.
@@ -567,5 +617,110 @@ mod tests {
         assert_eq!(batch_shape(&center), Some((3, 2, 3)));
         let report = decode_batch(&[], &transform(), &BatchOptions::default(), &mut []).unwrap();
         assert_eq!(report.kept, 0);
+    }
+
+    fn mkfifo(path: &Path) {
+        use rustix::fs::{mknodat, FileType, Mode, CWD};
+        mknodat(CWD, path, FileType::Fifo, Mode::from_raw_mode(0o600), 0).unwrap();
+    }
+
+    #[test]
+    fn a_named_pipe_is_refused_at_once_not_waited_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("pipe.jpg");
+        mkfifo(&fifo);
+        // Nobody ever opens the other end: a blocking open would wait forever.
+        let err = read_file(&fifo).unwrap_err();
+        let ImageError::Io { name, source } = &err else {
+            panic!("not an Io error: {err:?}");
+        };
+        assert_eq!(name, &fifo.display().to_string());
+        assert_eq!(source.kind(), std::io::ErrorKind::InvalidInput);
+        let msg = err.to_string();
+        assert!(msg.starts_with(&*fifo.display().to_string()), "{msg}");
+        assert!(
+            msg.contains("not a regular file: a named pipe (FIFO)"),
+            "{msg}"
+        );
+        // A symlink to it is refused the same way.
+        let link = dir.path().join("link.jpg");
+        std::os::unix::fs::symlink(&fifo, &link).unwrap();
+        assert!(read_file(&link)
+            .unwrap_err()
+            .to_string()
+            .contains("named pipe"));
+    }
+
+    #[test]
+    fn a_named_pipe_in_a_batch_is_skipped_and_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("pipe.jpg");
+        mkfifo(&fifo);
+        let good = dir.path().join("good.jpg");
+        std::fs::write(&good, jpeg(40, 30, 1)).unwrap();
+        let batch = [
+            BatchItem::new(Source::Path(good.clone()), "good".into()),
+            BatchItem::new(Source::Path(fifo), "pipe".into()),
+            BatchItem::new(Source::Path(good), "good again".into()),
+        ];
+        let t = transform();
+        let mut out = vec![0u8; 3 * 360];
+        let report = decode_batch(
+            &batch,
+            &t,
+            &options(2, Layout::default(), OnError::Skip),
+            &mut out,
+        )
+        .unwrap();
+        assert_eq!(report.kept, 2);
+        assert_eq!(report.failures.len(), 1);
+        assert_eq!(report.failures[0].0, 1);
+        assert!(matches!(&report.failures[0].1, ImageError::Io { name, .. } if name == "pipe"));
+        let err = decode_batch(
+            &batch,
+            &t,
+            &options(2, Layout::default(), OnError::Stop),
+            &mut out,
+        )
+        .unwrap_err();
+        assert!(err.to_string().starts_with("pipe: "), "{err}");
+    }
+
+    #[test]
+    fn directories_sockets_and_devices_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = read_file(dir.path()).unwrap_err();
+        let ImageError::Io { source, .. } = &err else {
+            panic!("not an Io error: {err:?}");
+        };
+        assert_eq!(
+            source.raw_os_error(),
+            Some(rustix::io::Errno::ISDIR.raw_os_error())
+        );
+        // Opening a Unix socket fails (ENXIO) rather than blocking.
+        let sock = dir.path().join("sock.png");
+        let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        assert!(matches!(read_file(&sock), Err(ImageError::Io { .. })));
+        // /dev/null would read as an empty image; it is refused as a device.
+        let err = read_file(Path::new("/dev/null")).unwrap_err();
+        assert!(err.to_string().contains("a character device"), "{err}");
+    }
+
+    #[test]
+    fn regular_files_and_symlinks_to_them_are_read_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.bin");
+        let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&path, &data).unwrap();
+        assert_eq!(read_file(&path).unwrap(), data);
+        let link = dir.path().join("link.bin");
+        std::os::unix::fs::symlink(&path, &link).unwrap();
+        assert_eq!(read_file(&link).unwrap(), data);
+        std::fs::write(&path, b"").unwrap();
+        assert_eq!(read_file(&path).unwrap(), b"");
+        assert!(matches!(
+            read_file(&dir.path().join("missing")),
+            Err(ImageError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound
+        ));
     }
 }
