@@ -1,8 +1,9 @@
 """Fault tests (issue 12): signals, killed processes, a full /dev/shm, abandoned iterators,
 interpreter exit. Each probe runs in a subprocess, so a crash fails one test, not the suite.
 
-Time bounds here test promises on fault paths and are kept generous against them (the
-machine running the suite may be loaded): Ctrl-C promises 0.5 s, the tests allow 1.5 s.
+Time bounds here are hang guards, never speed targets (the machine running the suite may
+be loaded): a test shows that something did not wait for a call in progress by making the
+call wait for the test, not by timing it.
 RELIABILITY.md lists each fault with its promise, what was observed before and after, and
 the command that reproduces it.
 """
@@ -75,7 +76,17 @@ def live_children():
     return live
 
 def shm_names():
-    return sorted(os.listdir("/dev/shm"))
+    # This process's files only: other processes (a test run beside this one) come and go
+    # in /dev/shm too. Folders are never this process's; arenas are named ferrofeed-PID-*.
+    mine = f"ferrofeed-{os.getpid()}-"
+    names = []
+    for e in os.scandir("/dev/shm"):
+        if e.is_dir(follow_symlinks=False):
+            continue
+        if e.name.split("-")[0] == "ferrofeed" and not e.name.startswith(mine):
+            continue
+        names.append(e.name)
+    return sorted(names)
 """
 )
 
@@ -89,13 +100,36 @@ def probe_snippet(body: str) -> str:
 
 CTRL_C = probe_snippet(
     r"""
-    import itertools
+    import itertools, tempfile
     from ferrofeed import DataLoader, PipelineBuilder
 
-    kind, conc, nap, catch = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+    kind, conc, catch = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    # The user's calls wait for the `release` file, made once KeyboardInterrupt is caught
+    # (never without `catch`), for at most GIVE_UP seconds: a loader that waited for the
+    # calls in progress would be seen waiting, whatever the machine's speed. Each call
+    # appends one byte to `started` as it starts and to `returned` as it returns (appends
+    # of one byte are atomic, from threads and worker processes alike).
+    GIVE_UP = 30.0
+    scratch = tempfile.mkdtemp()
+    release, started, returned = (os.path.join(scratch, n)
+                                  for n in ("release", "started", "returned"))
+    for path in (started, returned):
+        open(path, "wb").close()
+
+    def mark(path):
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        os.write(fd, b"x")
+        os.close(fd)
 
     def slow(x):
-        time.sleep(nap)  # cannot be interrupted: not on the main thread
+        mark(started)
+        if catch == "nocatch":
+            # Never released: one sleep, which takes the GIL again only once it is over.
+            time.sleep(GIVE_UP)
+        give_up = time.monotonic() + GIVE_UP
+        while not os.path.exists(release) and time.monotonic() < give_up:
+            time.sleep(0.01)  # cannot be interrupted: not on the main thread
+        mark(returned)
         return x
 
     base = [py_threads(), os_threads()]
@@ -110,12 +144,15 @@ CTRL_C = probe_snippet(
     fired = []
 
     def fire():
+        # Ctrl-C once `conc` calls are in progress (a hang guard of 20 s).
+        deadline = time.monotonic() + 20
+        while os.path.getsize(started) < conc and time.monotonic() < deadline:
+            time.sleep(0.005)
         fired.append(time.monotonic())
         print(json.dumps({"fired_at": time.time()}), flush=True)
         os.kill(os.getpid(), signal.SIGINT)
 
-    # Every call in progress sleeps from about t=0 to t=nap; Ctrl-C comes at t=1.
-    timer = threading.Timer(1.0, fire)
+    timer = threading.Thread(target=fire)
     timer.start()
     if catch == "nocatch":
         for _ in it:
@@ -129,16 +166,19 @@ CTRL_C = probe_snippet(
         caught = time.monotonic()
     timer.join()
     # The timer's OS thread outlives join() by a moment: wait for it alone to be gone.
-    gone_by = time.monotonic() + 1
+    gone_by = time.monotonic() + 10
     while os.path.exists(f"/proc/self/task/{timer.native_id}") and time.monotonic() < gone_by:
         time.sleep(0.001)
     at_catch = {"py": py_threads(), "os": os_threads(), "names": thread_names(),
-                "children": live_children()}
+                "children": live_children(), "started": os.path.getsize(started),
+                "returned": os.path.getsize(returned)}
+    open(release, "wb").close()  # the calls in progress return now
+    released = time.monotonic()
     back = None
-    deadline = time.monotonic() + nap + 5
+    deadline = released + 30
     while time.monotonic() < deadline:
         if [py_threads(), os_threads()] == base:
-            back = time.monotonic() - fired[0]
+            back = time.monotonic() - released
             break
         time.sleep(0.005)
     print(json.dumps({
@@ -152,28 +192,31 @@ CTRL_C = probe_snippet(
 STAGE_THREAD_PREFIX = {"pipeline": "ff-slow-", "loader-threads": "ff-load-"}
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(90)
 @pytest.mark.parametrize(
-    ("kind", "conc", "nap"),
+    ("kind", "conc"),
     [
-        ("pipeline", 1, 5.0),  # the issue's case
-        ("pipeline", 3, 3.0),
-        ("loader-threads", 2, 3.0),
-        ("loader-workers", 1, 5.0),
-        ("loader-workers", 2, 3.0),
+        ("pipeline", 1),  # the issue's case
+        ("pipeline", 3),
+        ("loader-threads", 2),
+        ("loader-workers", 1),
+        ("loader-workers", 2),
     ],
 )
 def test_ctrl_c_during_a_long_call_raises_at_once_with_every_other_thread_joined(
-    kind: str, conc: int, nap: float
+    kind: str, conc: int
 ) -> None:
-    """Promise: KeyboardInterrupt within 0.5 s; before it reaches the caller, every thread
-    ferrofeed owns is joined except those inside the user's call (stage threads in
-    ``time.sleep``), which end when the call returns; worker processes are ended."""
-    proc = run_python(CTRL_C, args=[kind, str(conc), str(nap), "catch"], timeout=45, env=ENV)
+    """Promise: KeyboardInterrupt at once (0.5 s: RELIABILITY.md), without waiting for the
+    calls in progress; before it reaches the caller, every thread ferrofeed owns is joined
+    except those inside the user's calls, which end when the calls return; worker processes
+    are ended. The calls return only when the probe releases them, after the catch: the
+    test proves the loader did not wait for them without timing it."""
+    proc = run_python(CTRL_C, args=[kind, str(conc), "catch"], timeout=75, env=ENV)
     r = last_json_line(proc.stdout)
     assert r["latency"] is not None, proc.stdout
-    assert r["latency"] < 1.5, r  # promise: 0.5 s
     at = r["at_catch"]
+    assert at["started"] >= conc, r  # Ctrl-C came with `conc` calls in progress
+    assert at["returned"] == 0, r  # and was raised before any of them returned
     base_py, base_os = r["base"]
     assert at["py"] == base_py, r  # no Python thread of ferrofeed's is left
     assert at["children"] == [], r  # the worker processes are gone already
@@ -193,26 +236,25 @@ def test_ctrl_c_during_a_long_call_raises_at_once_with_every_other_thread_joined
         ]
         assert len(left) == conc, r
         assert all(n.startswith(STAGE_THREAD_PREFIX[kind]) for n in left), r
-    # The abandoned threads end when their calls return (about nap - 1 s after Ctrl-C).
+    # The abandoned threads end once their calls return (a hang guard of 30 s).
     assert r["threads_back_after"] is not None, r
-    assert r["threads_back_after"] < nap + 1.0, r
     assert "Traceback" not in proc.stderr, proc.stderr
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(90)
 @pytest.mark.parametrize("kind", ["pipeline", "loader-threads", "loader-workers"])
 def test_uncaught_ctrl_c_during_a_long_call_ends_the_process_at_once(kind: str) -> None:
     """The process ends by SIGINT (CPython's way for an uncaught KeyboardInterrupt) without
-    waiting for the 30 s call in progress."""
+    waiting for the calls in progress, which are never released (they give up after 30 s)."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", CTRL_C, kind, "2", "30", "nocatch"],
+        [sys.executable, "-c", CTRL_C, kind, "2", "nocatch"],
         env=POPEN_ENV,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
-        out, err = proc.communicate(timeout=30)
+        out, err = proc.communicate(timeout=60)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate()
@@ -223,7 +265,8 @@ def test_uncaught_ctrl_c_during_a_long_call_ends_the_process_at_once(kind: str) 
     assert "KeyboardInterrupt" in err
     for bad in ("panicked", "Fatal", "Segmentation"):
         assert bad not in err, err
-    assert ended - fired < 3.0, ended - fired  # the interpreter's exit included
+    # A hang guard: the calls in progress would have held the process 30 s.
+    assert ended - fired < 20, ended - fired
 
 
 # --------------------------------------------------------------------------------------
@@ -253,15 +296,15 @@ MID_EPOCH = probe_snippet(
 )
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(90)
 @pytest.mark.parametrize("mode", ["threads", "workers"])
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signal_mid_epoch_ends_the_process_and_leaves_nothing(
     mode: str, sig: int, arena_dir: Path
 ) -> None:
     """SIGINT (uncaught KeyboardInterrupt) or SIGTERM mid-epoch: the process ends by that
-    signal within a second or so, the `SharedList`'s arena file is removed (SIGTERM runs
-    its cleanup), and the worker processes end with it."""
+    signal (its epoch would last minutes), the `SharedList`'s arena file is removed (SIGTERM
+    runs its cleanup), and the worker processes end with it."""
     proc = subprocess.Popen(
         [sys.executable, "-c", MID_EPOCH, mode, str(arena_dir)],
         stdout=subprocess.PIPE,
@@ -278,20 +321,18 @@ def test_signal_mid_epoch_ends_the_process_and_leaves_nothing(
         assert Path(info["arena"]).exists()
         assert len(info["workers"]) == (2 if mode == "workers" else 0)
         time.sleep(0.3)  # well into the epoch
-        t0 = time.monotonic()
         proc.send_signal(sig)
-        _, err = proc.communicate(timeout=20)
-        took = time.monotonic() - t0
+        # A hang guard: the loader would otherwise run for minutes.
+        _, err = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
     assert proc.returncode == -sig, (proc.returncode, err)
-    assert took < 3.0, took  # the interpreter's exit included
     for bad in ("panicked", "Fatal", "Segmentation"):
         assert bad not in err, err
     assert not Path(info["arena"]).exists(), "the arena was left in /dev/shm"
-    assert wait_gone(info["workers"], 5), "worker processes outlived the main process"
+    assert wait_gone(info["workers"], 30), "worker processes outlived the main process"
     assert sorted(p.name for p in arena_dir.iterdir()) == []
 
 
@@ -337,7 +378,7 @@ ABANDON = probe_snippet(
     for _ in range(5):
         workers = take_some()
         gc.collect()
-        deadline = time.monotonic() + 3
+        deadline = time.monotonic() + 12  # a hang guard: the loop ends once all is back
         while time.monotonic() < deadline:
             now = {"py": py_threads(), "os": os_threads(), "fds": fds(), "shm": shm_names()}
             if now == base and not live_children():
@@ -376,8 +417,8 @@ from ferrofeed.samples import image_folder
 mode = sys.argv[1]
 
 def load(x):
-    # "stuck": the first batch comes quickly, then every call sleeps for 30 s.
-    time.sleep(30 if mode == "stuck" and x >= 8 else 0.001)
+    # "stuck": the first batch comes quickly, then every call sleeps for 120 s.
+    time.sleep(120 if mode == "stuck" and x >= 8 else 0.001)
     return x
 
 if mode == "native":
@@ -389,24 +430,25 @@ else:
 it = iter(loader)
 next(it)
 if mode == "stuck":
-    time.sleep(0.3)  # both threads are inside 30 s calls
+    time.sleep(0.3)  # both threads are inside 120 s calls (or about to be)
 print("left running", flush=True)
 """
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(90)
 @pytest.mark.parametrize("mode", ["threads", "native", "stuck"])
 def test_interpreter_exits_with_a_loader_mid_epoch(mode: str) -> None:
     t0 = time.monotonic()
     try:
-        proc = run_python(EXIT_MID_EPOCH, args=[mode], timeout=30, check=False)
+        proc = run_python(EXIT_MID_EPOCH, args=[mode], timeout=75, check=False)
     except subprocess.TimeoutExpired:
         pytest.fail(f"the interpreter hung at exit with a {mode} loader mid-epoch")
     assert "left running" in proc.stdout
     assert proc.returncode == 0, proc.stderr
     for bad in ("Traceback", "panicked", "Fatal"):
         assert bad not in proc.stderr, proc.stderr
-    assert time.monotonic() - t0 < 15  # not the 30 s of the stuck call
+    # A hang guard, start-up included: not the 120 s of the stuck calls.
+    assert time.monotonic() - t0 < 60
 
 
 # --------------------------------------------------------------------------------------

@@ -1009,18 +1009,18 @@ def test_no_threads_left_after_an_epoch_a_break_or_an_error(
     base = thread_counts()
 
     collect(loader)
-    assert settle_threads(base, within=2.0) == base, "threads left after a full epoch"
+    assert settle_threads(base) == base, "threads left after a full epoch"
 
     for i, _ in enumerate(loader):
         if i == 1:
             break
-    assert settle_threads(base, within=2.0) == base, "threads left after a break"
+    assert settle_threads(base) == base, "threads left after a break"
 
     it = iter(loader)
     next(it)
     del it
     gc.collect()
-    assert settle_threads(base, within=2.0) == base, "threads left by a dropped iterator"
+    assert settle_threads(base) == base, "threads left by a dropped iterator"
 
     bad = DataLoader(
         [*data.paths[:8], broken["truncated"], *data.paths[8:16]],
@@ -1030,7 +1030,7 @@ def test_no_threads_left_after_an_epoch_a_break_or_an_error(
     )
     with pytest.raises(ImageDecodeError):
         list(bad)
-    assert settle_threads(base, within=2.0) == base, "threads left after an error"
+    assert settle_threads(base) == base, "threads left after an error"
 
 
 def test_kept_batches_are_not_overwritten_by_later_ones(data: Dataset) -> None:

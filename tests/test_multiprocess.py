@@ -396,7 +396,8 @@ def test_shared_waiter_times_out(arena_dir: Path) -> None:
         )
     elapsed = time.monotonic() - t0
     assert isinstance(info.value, TimeoutError)
-    assert 1.3 <= elapsed < 15, elapsed
+    assert elapsed >= 1.3, elapsed  # it waited for its timeout (1.5 s)
+    assert elapsed < 45, elapsed  # a hang guard
     assert not any(p.suffix == ".arena" for p in arena_dir.iterdir())
 
 
@@ -542,7 +543,7 @@ def test_shared_builder_raises(arena_dir: Path, mode: str) -> None:
     assert out["result"] == "ArenaBuilderError", out
     assert out["builder"] is True
     assert out["runtime"] is True
-    assert out["elapsed"] < 20, out  # promptly, far from its 60 s timeout
+    assert out["elapsed"] < 45, out  # a hang guard, short of its 60 s timeout
     assert not any(p.suffix == ".arena" for p in arena_dir.iterdir())
     _retry_build_works(arena_dir, name)
 
@@ -575,8 +576,10 @@ def test_shared_builder_killed(arena_dir: Path) -> None:
     out = json.loads(w_out.strip().splitlines()[-1])
     assert out["result"] == "ArenaBuilderError", out
     assert out["builder"] is True
-    assert waited < 15, waited  # promptly after the death, not at the 60 s timeout
-    assert out["elapsed"] < 40, out
+    # Hang guards, short of the waiter's 60 s timeout (counted from before the builder
+    # started): it noticed the death, it did not time out.
+    assert waited < 40, waited
+    assert out["elapsed"] < 55, out
     _retry_build_works(arena_dir, name)
     # the dead builder's partial file is swept by the next arena created in the dir
     with SharedList([1], path=arena_dir) as sl:
