@@ -66,13 +66,14 @@ mod engine;
 mod error;
 pub mod runtime;
 mod shared;
+mod source;
 mod stage;
 mod stats;
+mod tasks;
 mod threads;
+mod watch;
 
-pub use engine::{
-    Next, Pipeline, PipelineConfig, ReportFn, Stall, StallFn, StallWatch, StatsReporter, STOP_GRACE,
-};
+pub use engine::{Next, Pipeline, PipelineConfig, STOP_GRACE};
 pub use error::{Failure, FailureKind, PipelineError};
 pub use stage::{
     AccumulateStage, AggregateStage, AsyncItemFn, BoxFuture, CombineFn, DisaggregateStage,
@@ -80,6 +81,7 @@ pub use stage::{
     Stage, StageTimeout, TimeoutErrorFn, Work,
 };
 pub use stats::{format_table, StageStats, StatsSnapshot};
+pub use watch::{ReportFn, Stall, StallFn, StallWatch, StatsReporter};
 
 #[cfg(test)]
 mod tests;
