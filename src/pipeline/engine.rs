@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use super::error::{Failure, FailureKind, PipelineError};
 use super::shared::{Chain, Emitter, Link, Msg, Shared, StageCtx};
 use super::source::spawn_source;
-use super::stage::{BoxFuture, MapStage, SkipHook, Source, Stage, Work};
+use super::stage::{BoxFuture, MapStage, SkipHook, Source, Stage, UnskippableFn, Work};
 use super::stats::{StageStats, StatsSnapshot};
 use super::tasks::{run_accumulate, run_aggregate, run_disaggregate, run_map, TaskWork};
 use super::watch::{spawn_reporter, spawn_stall_watch, StallWatch, StatsReporter};
@@ -246,6 +246,7 @@ impl<T: Send + 'static, E: Send + 'static> Pipeline<T, E> {
                 aborts: Mutex::new(Vec::new()),
                 abandoned: Mutex::new(std::collections::HashSet::new()),
                 blocking: Arc::new(tokio::sync::Semaphore::new(permits)),
+                unskippable: std::sync::OnceLock::new(),
             }),
             stats,
             capacities,
@@ -266,6 +267,14 @@ impl<T: Send + 'static, E: Send + 'static> Pipeline<T, E> {
         if let Some(plan) = &mut self.plan {
             plan.stall = Some(watch);
         }
+    }
+
+    /// Errors that fail the pipeline even under
+    /// [`ErrorPolicy::Skip`](super::ErrorPolicy::Skip) (set
+    /// before start; the first setting holds): a programming error, such as a
+    /// stage function called with the wrong arguments, is not a bad item.
+    pub fn set_unskippable(&mut self, unskippable: UnskippableFn<E>) {
+        let _ = self.shared.unskippable.set(unskippable);
     }
 
     /// Whether the pipeline was started (and possibly already finished).

@@ -78,7 +78,7 @@ pub use error::{Failure, FailureKind, PipelineError};
 pub use stage::{
     AccumulateStage, AggregateStage, AsyncItemFn, BoxFuture, CombineFn, DisaggregateStage,
     ErrorPolicy, FlushFn, ItemFn, IterSource, MapStage, SessionFn, SkipHook, Source, SplitFn,
-    Stage, StageTimeout, TimeoutErrorFn, Work,
+    Stage, StageTimeout, TimeoutErrorFn, UnskippableFn, Work,
 };
 pub use stats::{format_table, StageStats, StatsSnapshot};
 pub use watch::{ReportFn, Stall, StallFn, StallWatch, StatsReporter};
