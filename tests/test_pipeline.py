@@ -542,11 +542,15 @@ def test_stopped_pipeline_iterated_again_raises() -> None:
 def test_start_then_iterate_and_stop_is_idempotent() -> None:
     p = PipelineBuilder().add_source(range(10)).pipe(lambda x: x * 2).add_sink().build()
     p.start()
-    p.start()
+    # A pipeline runs once (as SPDL's): a second start() is refused, and changes nothing.
+    with pytest.raises(RuntimeError, match="started already"):
+        p.start()
     assert list(p) == [x * 2 for x in range(10)]
     p.stop()
     p.stop()
     assert p.finished
+    with pytest.raises(RuntimeError, match="started already"):
+        p.start()
 
 
 # --------------------------------------------------------------------------------------

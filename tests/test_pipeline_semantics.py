@@ -72,10 +72,15 @@ def test_async_stage_failing_at_call_raises(op: Any) -> None:
 
 @pytest.mark.timeout(20)
 @pytest.mark.parametrize("op", list(BAD_ASYNC_OPS.values()), ids=list(BAD_ASYNC_OPS))
-def test_async_stage_failing_at_call_is_skipped(op: Any) -> None:
+def test_async_stage_failing_at_call_is_not_skipped(op: Any) -> None:
+    # A call that fails before the op runs is a programming error, not a bad item: it
+    # fails the pipeline even under on_error="skip".
     p = PipelineBuilder().add_source(range(3)).pipe(op, on_error="skip").add_sink().build()
-    assert drain(p) == []
-    assert p.stats()[next(iter(p.stats().keys() - {"source", "sink"}))]["failures"] == 3
+    with pytest.raises(PipelineError) as info:
+        drain(p)
+    (inner,) = info.value.exceptions
+    assert isinstance(inner, TypeError)
+    assert any("programming error" in n for n in inner.__notes__)
 
 
 @pytest.mark.timeout(20)
@@ -90,7 +95,9 @@ def test_async_stage_failing_at_call_with_many_in_flight(on_error: Any) -> None:
     )
     got, err = take_until_error(p)
     assert got == []
-    assert (err is None) == (on_error == "skip")
+    # Raised under either policy: the call itself failed (a programming error).
+    assert isinstance(err, PipelineError)
+    assert isinstance(err.exceptions[0], TypeError)
 
 
 # --------------------------------------------------------------------------------------

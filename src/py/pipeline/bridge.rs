@@ -12,6 +12,8 @@ use super::{logger, Item};
 /// thread of its own) and completes when the loop finishes it.
 #[pyclass(module = "ferrofeed._core", frozen)]
 struct Completion {
+    /// What was called (to tell a failed call from a failure inside it).
+    op: Py<PyAny>,
     reply: Mutex<Option<tokio::sync::oneshot::Sender<PyResult<Option<Item>>>>>,
 }
 
@@ -29,7 +31,11 @@ impl Completion {
                     let v = task.call_method0("result")?;
                     Ok((!v.is_none()).then(|| Item::Py(v.unbind())))
                 }
-                e => Err(PyErr::from_value(e)),
+                e => {
+                    let e = PyErr::from_value(e);
+                    super::spec::mark_if_call_failed(task.py(), &e, self.op.bind(task.py()));
+                    Err(e)
+                }
             }
         };
         let sender = self
@@ -71,6 +77,7 @@ impl AsyncFeeder {
                             job.take().or_else(|| rx.try_recv().ok())
                         {
                             let done = Completion {
+                                op: op.clone_ref(py),
                                 reply: Mutex::new(Some(reply)),
                             };
                             let submitted = item.into_py(py).and_then(|arg| {

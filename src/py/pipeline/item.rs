@@ -15,12 +15,18 @@ pub(crate) enum Item {
     Path {
         path: std::path::PathBuf,
         label: Option<i64>,
+        /// The item's position in the pipeline's source (0, 1, ...), for
+        /// the random draws of native ops (`ops.decode_image`); `None` for
+        /// a path inside a group.
+        pos: Option<u64>,
     },
     /// Encoded bytes (a file's content), named for errors.
     Bytes {
         data: Vec<u8>,
         name: String,
         label: Option<i64>,
+        /// As for `Path`: the position in the source, if known.
+        pos: Option<u64>,
     },
     /// A decoded image.
     Image {
@@ -59,14 +65,16 @@ impl Item {
 
     /// A native item for a Python source object when there is one: a path
     /// (`str` or `os.PathLike`), encoded `bytes`, or either paired with an
-    /// int label; else the object itself.
-    pub(super) fn from_source(obj: Bound<'_, PyAny>) -> Item {
-        fn plain(obj: &Bound<'_, PyAny>, label: Option<i64>) -> Option<Item> {
+    /// int label; else the object itself. `pos` is its position in the
+    /// source (the items of a list have none).
+    pub(super) fn from_source(obj: Bound<'_, PyAny>, pos: Option<u64>) -> Item {
+        let plain = |obj: &Bound<'_, PyAny>, label: Option<i64>| -> Option<Item> {
             if let Ok(b) = obj.cast::<pyo3::types::PyBytes>() {
                 return Some(Item::Bytes {
                     data: b.as_bytes().to_vec(),
                     name: "<bytes>".into(),
                     label,
+                    pos,
                 });
             }
             let is_path = obj.is_instance_of::<pyo3::types::PyString>()
@@ -77,8 +85,8 @@ impl Item {
                 return None;
             }
             let path: std::path::PathBuf = obj.extract().ok()?;
-            Some(Item::Path { path, label })
-        }
+            Some(Item::Path { path, label, pos })
+        };
         if let Ok(t) = obj.cast::<PyTuple>() {
             if t.len() == 2 {
                 if let (Ok(first), Ok(label)) = (
@@ -97,7 +105,7 @@ impl Item {
             if !list.is_empty() {
                 let items: Vec<Item> = list
                     .iter()
-                    .map(Item::from_source)
+                    .map(|obj| Item::from_source(obj, None))
                     .take_while(|i| !matches!(i, Item::Py(_)))
                     .collect();
                 if items.len() == list.len() {
@@ -121,7 +129,7 @@ impl Item {
         Ok(match self {
             Item::Py(o) => o,
             Item::Int(i) => i.into_pyobject(py)?.into_any().unbind(),
-            Item::Path { path, label } => labelled(path.into_pyobject(py)?.into_any(), label)?,
+            Item::Path { path, label, .. } => labelled(path.into_pyobject(py)?.into_any(), label)?,
             Item::Bytes { data, label, .. } => {
                 labelled(pyo3::types::PyBytes::new(py, &data).into_any(), label)?
             }

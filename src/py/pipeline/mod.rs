@@ -25,7 +25,7 @@ mod source;
 mod spec;
 
 pub(crate) use item::Item;
-pub(crate) use native::{OpConfig, PyNativeOp};
+pub(crate) use native::{OpConfig, PerEpochFn, PyNativeOp};
 
 /// Bumped in every child right after a fork (see `_after_fork_in_child`):
 /// a pipeline built in another generation belongs to the parent.
@@ -80,6 +80,7 @@ pub(super) fn logger(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<run::PyPipeline>()?;
     m.add_class::<PyNativeOp>()?;
+    spec::register(m)?;
     m.add_function(wrap_pyfunction!(native::_op_identity, m)?)?;
     m.add_function(wrap_pyfunction!(_after_fork_in_child, m)?)?;
     m.add_function(wrap_pyfunction!(_native_threads, m)?)?;

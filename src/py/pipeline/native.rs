@@ -21,6 +21,10 @@ pub(crate) enum OpConfig {
     Collate(crate::image::batch::Layout),
 }
 
+/// Makes a native op's function for a pipeline's epoch (see
+/// [`PyNativeOp::per_epoch`]).
+pub(crate) type PerEpochFn = Arc<dyn Fn(u64) -> ItemFn<Item, PyErr> + Send + Sync>;
+
 /// A native stage: Rust code run on items without the GIL.
 #[pyclass(name = "NativeOp", module = "ferrofeed._core", frozen)]
 pub(crate) struct PyNativeOp {
@@ -28,6 +32,10 @@ pub(crate) struct PyNativeOp {
     /// Run on the blocking pool (CPU-heavy) rather than inline.
     pub(super) blocking: bool,
     pub(super) f: ItemFn<Item, PyErr>,
+    /// For an op whose function depends on the pipeline's epoch (random
+    /// draws): makes the function a pipeline of that epoch runs; `f` is the
+    /// one of epoch 0.
+    per_epoch: Option<PerEpochFn>,
     /// For a grouping op (`collate`): the group size, `drop_last`, and how
     /// a group becomes one item.
     pub(super) group: Option<(usize, bool, CombineFn<Item, PyErr>)>,
@@ -51,6 +59,12 @@ impl PyNativeOp {
         self.group.as_ref().map(|g| g.0)
     }
 
+    /// For a grouping op, whether a last, short group is dropped.
+    #[getter]
+    fn drop_last(&self) -> Option<bool> {
+        self.group.as_ref().map(|g| g.1)
+    }
+
     fn __repr__(&self) -> String {
         format!("<ferrofeed native op {}>", self.name)
     }
@@ -62,8 +76,28 @@ impl PyNativeOp {
             name: name.to_owned(),
             blocking,
             f,
+            per_epoch: None,
             group: None,
             config: None,
+        }
+    }
+
+    /// An op whose function depends on the pipeline's epoch: `make(epoch)`
+    /// gives the function a pipeline built for that epoch runs
+    /// (`PipelineBuilder.build(epoch=...)`).
+    pub(crate) fn per_epoch(name: &str, blocking: bool, make: PerEpochFn) -> Self {
+        let f = make(0);
+        Self {
+            per_epoch: Some(make),
+            ..Self::new(name, blocking, f)
+        }
+    }
+
+    /// The function a pipeline of `epoch` runs for this op.
+    pub(super) fn item_fn(&self, epoch: u64) -> ItemFn<Item, PyErr> {
+        match &self.per_epoch {
+            Some(make) => make(epoch),
+            None => Arc::clone(&self.f),
         }
     }
 
@@ -94,6 +128,7 @@ impl PyNativeOp {
                     "a grouping op is used with PipelineBuilder.pipe(), which makes it an aggregate stage",
                 ))
             }),
+            per_epoch: None,
             group: Some((size, drop_last, combine)),
             config: None,
         }

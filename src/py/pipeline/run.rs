@@ -10,7 +10,7 @@ use pyo3::types::{PyDict, PyList, PyRange, PyRangeMethods, PyTuple};
 
 use super::bridge::AsyncFeeder;
 use super::source::{PySource, RangeSource};
-use super::spec::parse_stage;
+use super::spec::{is_call_failure, takes_native_items, to_stage, StageEnv};
 use super::{fork_generation, logger, Item};
 use crate::pipeline::{
     format_table, Failure, FailureKind, Next, Pipeline, PipelineConfig, ReportFn, SkipHook, Stall,
@@ -45,6 +45,7 @@ fn failure_to_pyerr(py: Python<'_>, failure: Failure<PyErr>) -> PyErr {
             .call_method1("add_note", (format!("raised in pipeline stage {stage:?}"),))?;
         let cls = py.import("ferrofeed._errors")?.getattr("PipelineError")?;
         let group = cls.call1((message, PyList::new(py, [value])?))?;
+        group.call_method1("add_note", (format!("raised in pipeline stage {stage:?}"),))?;
         group.setattr("stage", stage)?;
         Ok(PyErr::from_value(group))
     };
@@ -109,6 +110,8 @@ pub(super) struct PyPipeline {
     /// The stages' task hooks, as one object whose `enter()` the start calls
     /// (their `stage_hook()`s) and whose `exit()` the stop calls.
     stage_hooks: Option<Py<PyAny>>,
+    /// The epoch it was built for.
+    epoch: u64,
 }
 
 impl PyPipeline {
@@ -121,6 +124,38 @@ impl PyPipeline {
     /// the parent's.
     fn in_creator(&self, inner: &Inner) -> bool {
         self.generation == fork_generation() && inner.pipeline.is_in_creator_process()
+    }
+
+    /// Starts the pipeline unless it was started already (iterating, or
+    /// entering `auto_stop()`, starts it this way).
+    fn ensure_started(&self, py: Python<'_>) -> PyResult<()> {
+        let runner = {
+            let inner = self.lock();
+            if self.generation != fork_generation() || !inner.pipeline.is_in_creator_process() {
+                return Err(PyRuntimeError::new_err(
+                    "this pipeline was built in another process (before a fork); build a new one",
+                ));
+            }
+            if inner.pipeline.is_started() {
+                return Ok(());
+            }
+            inner.runner.as_ref().map(|r| r.clone_ref(py))
+        };
+        if let Some(h) = &self.stage_hooks {
+            // Before any item moves (once: `enter` does nothing the second
+            // time). A hook that fails raises `PipelineError` naming its
+            // stage, and the pipeline is over: nothing runs.
+            if let Err(e) = h.bind(py).call_method0("enter") {
+                self.lock().exhausted = true;
+                let _ = self.shutdown(py);
+                return Err(e);
+            }
+        }
+        if let Some(r) = runner {
+            r.bind(py).call_method0("start")?;
+        }
+        py.detach(|| self.lock().pipeline.start())
+            .map_err(|e| PyRuntimeError::new_err(e.to_string()))
     }
 
     /// Stops the engine, the feeder and the runner (call detached from the
@@ -180,25 +215,33 @@ impl PyPipeline {
 #[pymethods]
 impl PyPipeline {
     #[new]
-    #[pyo3(signature = (source, stages, *, sink_buffer=3, num_threads=None, runner=None, report_interval=None, native_source=false, stall_warning=None, stage_hooks=None))]
+    #[pyo3(signature = (source, stages, *, sink_buffer=3, num_threads=None, runner=None, report_interval=None, stall_warning=None, stage_hooks=None, epoch=0))]
     #[allow(clippy::too_many_arguments)]
     fn new(
-        py: Python<'_>,
         source: &Bound<'_, PyAny>,
-        stages: &Bound<'_, PyList>,
+        stages: &Bound<'_, PyAny>,
         sink_buffer: usize,
         num_threads: Option<usize>,
         runner: Option<Py<PyAny>>,
         report_interval: Option<f64>,
-        native_source: bool,
         stall_warning: Option<f64>,
         stage_hooks: Option<Py<PyAny>>,
+        epoch: u64,
     ) -> PyResult<Self> {
-        let mut feeder = None;
-        let stages = stages
+        let specs: Vec<Bound<'_, PyAny>> = stages.try_iter()?.collect::<PyResult<_>>()?;
+        // A native first stage takes native items: the source converts paths
+        // and bytes.
+        let native_source = specs.first().is_some_and(takes_native_items);
+        let mut env = StageEnv {
+            epoch,
+            runner: runner.as_ref(),
+            feeder: None,
+        };
+        let stages = specs
             .iter()
-            .map(|s| parse_stage(py, s.cast::<PyTuple>()?, &mut feeder, runner.as_ref()))
+            .map(|s| to_stage(s, &mut env))
             .collect::<PyResult<Vec<_>>>()?;
+        let feeder = env.feeder;
         let mut config = PipelineConfig {
             sink_buffer,
             ..PipelineConfig::default()
@@ -239,6 +282,7 @@ impl PyPipeline {
                 PySource {
                     iter,
                     native: native_source,
+                    next_pos: 0,
                 },
                 stages,
                 config,
@@ -265,6 +309,11 @@ impl PyPipeline {
         if let Some(secs) = stall_warning {
             pipeline.set_stall_watch(stall_watch(secs)?);
         }
+        // A stage function that could not be called with the item is a
+        // programming error: no `on_error="skip"` hides it.
+        pipeline.set_unskippable(Arc::new(|e: &PyErr| {
+            Python::attach(|py| is_call_failure(py, e))
+        }));
         Ok(Self {
             inner: Mutex::new(Inner {
                 pipeline,
@@ -274,32 +323,30 @@ impl PyPipeline {
             }),
             generation: fork_generation(),
             stage_hooks,
+            epoch,
         })
     }
 
-    /// Starts the pipeline's threads (iteration starts it too).
+    /// Starts the pipeline's threads (iteration starts it too); a pipeline
+    /// runs once: starting it again raises `RuntimeError`.
     fn start(&self, py: Python<'_>) -> PyResult<()> {
-        let runner = {
+        let started = {
             let inner = self.lock();
-            if self.generation != fork_generation() || !inner.pipeline.is_in_creator_process() {
-                return Err(PyRuntimeError::new_err(
-                    "this pipeline was built in another process (before a fork); build a new one",
-                ));
-            }
-            if inner.pipeline.is_started() {
-                return Ok(());
-            }
-            inner.runner.as_ref().map(|r| r.clone_ref(py))
+            self.in_creator(&inner) && inner.pipeline.is_started()
         };
-        if let Some(h) = &self.stage_hooks {
-            // Before any item moves (once: `enter` does nothing the second time).
-            h.bind(py).call_method0("enter")?;
+        if started {
+            return Err(PyRuntimeError::new_err(
+                "this pipeline was started already: a pipeline is one pass over its source; \
+                 build a new one (PipelineBuilder.build()) for the next epoch",
+            ));
         }
-        if let Some(r) = runner {
-            r.bind(py).call_method0("start")?;
-        }
-        py.detach(|| self.lock().pipeline.start())
-            .map_err(|e| PyRuntimeError::new_err(e.to_string()))
+        self.ensure_started(py)
+    }
+
+    /// The epoch the pipeline was built for (see `PipelineBuilder.build`).
+    #[getter]
+    fn epoch(&self) -> u64 {
+        self.epoch
     }
 
     /// Stops every stage and joins every thread, except those still inside
@@ -337,7 +384,7 @@ impl PyPipeline {
         if let Some(item) = ready {
             return item.into_py(py).map(Some);
         }
-        self.start(py)?;
+        self.ensure_started(py)?;
         loop {
             let next = py.detach(|| {
                 let mut inner = self.lock();
@@ -396,7 +443,7 @@ impl PyPipeline {
     }
 
     fn __enter__(slf: Bound<'_, Self>) -> PyResult<Bound<'_, Self>> {
-        slf.get().start(slf.py())?;
+        slf.get().ensure_started(slf.py())?;
         Ok(slf)
     }
 

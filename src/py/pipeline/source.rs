@@ -12,12 +12,16 @@ pub(super) struct PySource {
     pub(super) iter: Py<PyIterator>,
     /// Turn paths and bytes into native items (the first stage is native).
     pub(super) native: bool,
+    /// The position in the source of the next item pulled.
+    pub(super) next_pos: u64,
 }
 
 impl PySource {
-    fn convert(&self, v: Bound<'_, PyAny>) -> Item {
+    fn convert(&mut self, v: Bound<'_, PyAny>) -> Item {
+        let pos = self.next_pos;
+        self.next_pos += 1;
         if self.native {
-            Item::from_source(v)
+            Item::from_source(v, Some(pos))
         } else {
             Item::Py(v.unbind())
         }
