@@ -26,6 +26,7 @@ from ._errors import PipelineError
 if TYPE_CHECKING:
     import asyncio
     from concurrent.futures import Executor
+    from types import TracebackType
 
 __all__ = ["Aggregator", "Pipeline", "PipelineBuilder", "TaskHook"]
 
@@ -576,20 +577,22 @@ def _code_of(op: Any) -> Any:
     return code
 
 
-def _call_failed(exc: BaseException, op: Any) -> bool:
+def _call_failed(exc: BaseException, op: Any, tb: TracebackType | None = None) -> bool:
     """Whether ``exc`` is a `TypeError` from calling ``op`` itself, before its body ran.
 
     The engine asks this of a stage's failures (``op`` is what the stage calls): such a call
     (wrong arity, a bad ``functools.partial``) is a programming error, which fails the
     pipeline even under ``on_error="skip"``. Where ``op``'s code is unknown (a builtin, a
-    lookup table) the failure is the item's.
+    lookup table) the failure is the item's. ``tb`` is the traceback when the exception
+    does not hold it yet.
     """
     if not isinstance(exc, TypeError):
         return False
     code = _code_of(op)
     if code is None:
         return False
-    tb = exc.__traceback__
+    if tb is None:
+        tb = exc.__traceback__
     while tb is not None:
         if tb.tb_frame.f_code is code:
             return False

@@ -45,7 +45,10 @@ pub(super) fn mark_if_call_failed(py: Python<'_>, err: &PyErr, op: &Bound<'_, Py
                     .unbind(),
             )
         })?;
-        if check.bind(py).call1((value, op))?.is_truthy()? {
+        // The traceback as pyo3 holds it: on Python 3.11 the value's own
+        // `__traceback__` is set only when the error is raised again.
+        let tb = err.traceback(py);
+        if check.bind(py).call1((value, op, tb))?.is_truthy()? {
             value.setattr(CALL_FAILED, true)?;
             value.call_method1(
                 "add_note",
