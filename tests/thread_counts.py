@@ -71,7 +71,7 @@ def thread_counts() -> tuple[int, int]:
     return python_threads(), os_threads(with_tasks=True)
 
 
-def settle_threads(base: tuple[int, int], within: float = 1.0) -> tuple[int, int]:
+def settle_threads(base: tuple[int, int], within: float = 30.0) -> tuple[int, int]:
     """The thread counts once back to ``base``, or as they are after ``within`` seconds."""
     deadline = time.monotonic() + within
     while True:
