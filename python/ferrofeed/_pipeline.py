@@ -727,8 +727,13 @@ class PipelineBuilder:
                 ``stall_warning_after`` in `build`).
             hooks: task hooks, as SPDL's ``TaskHook`` (see `TaskHook`): each hook's
                 ``stage_hook()`` context manager is entered when the pipeline starts and
-                exited when it stops; its ``task_hook()`` context manager wraps every call
-                of the stage (for stats and tracing).
+                exited when it stops; its ``task_hook(input_item)`` context manager wraps
+                every call of the stage on ``input_item`` (for stats and tracing).
+
+        A call that fails before ``op`` runs (a `TypeError` from the call itself: wrong
+        arity, a bad ``functools.partial``) is a programming error, not a bad item: it fails
+        the pipeline even under ``on_error="skip"`` (a note on the error says so). A
+        `TypeError` raised inside ``op`` is the item's, as any other error.
 
         Example:
             >>> from concurrent.futures import ThreadPoolExecutor
