@@ -405,7 +405,10 @@ def test_stage_specs_are_typed_frozen_and_checked() -> None:
         (lambda: _core.MapSpec("m", str, timeout=0.0), ValueError),
         (lambda: _core.AggregateSpec("a", 0), ValueError),
         (lambda: _core.AggregateSpec("a", 2, combine=ops.identity()), ValueError),
-        (lambda: _core.AggregateSpec("a", 0, combine=ops.collate()), ValueError),
+        (
+            lambda: _core.Pipeline([], [_core.AggregateSpec("a", 0, combine=ops.collate())]),
+            ValueError,
+        ),
         (lambda: _core.AccumulateSpec("a", 3), TypeError),  # type: ignore[arg-type]
     ]:
         with pytest.raises(err):

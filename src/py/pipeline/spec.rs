@@ -298,7 +298,8 @@ impl AggregateSpec {
     /// `AggregateSpec(name, size, *, drop_last=False, combine=None)`: a group
     /// becomes a list (`combine=None`), one item through a grouping
     /// `NativeOp` (`ops.collate`), or whatever a Python callable makes of
-    /// the group's list.
+    /// the group's list. A grouping op made without a batch size (0: a
+    /// `DataLoader`'s) is taken here and refused by the `Pipeline`.
     #[new]
     #[pyo3(signature = (name, size, *, drop_last=false, combine=None))]
     fn new(
@@ -316,13 +317,6 @@ impl AggregateSpec {
                         op.name
                     )));
                 }
-                if size == 0 {
-                    return Err(PyValueError::new_err(format!(
-                        "ops.{}() without a batch size takes the DataLoader's; in a pipeline, \
-                         give one: ops.{}(batch_size, ...)",
-                        op.name, op.name
-                    )));
-                }
             } else if !c.is_callable() {
                 return Err(PyTypeError::new_err(format!(
                     "combine must be a grouping NativeOp or a callable, not {}",
@@ -330,7 +324,10 @@ impl AggregateSpec {
                 )));
             }
         }
-        if size == 0 {
+        let native = combine
+            .as_ref()
+            .is_some_and(|c| c.cast::<PyNativeOp>().is_ok());
+        if size == 0 && !native {
             return Err(PyValueError::new_err("the group size must be at least 1"));
         }
         Ok(Self {
@@ -561,7 +558,19 @@ impl MapSpec {
 }
 
 impl AggregateSpec {
-    fn stage(&self, py: Python<'_>) -> Stage<Item, PyErr> {
+    fn stage(&self, py: Python<'_>) -> PyResult<Stage<Item, PyErr>> {
+        if self.size == 0 {
+            let op = self.combine.as_ref().map_or_else(String::new, |c| {
+                c.bind(py)
+                    .cast::<PyNativeOp>()
+                    .map(|op| op.get().name.clone())
+                    .unwrap_or_default()
+            });
+            return Err(PyValueError::new_err(format!(
+                "ops.{op}() without a batch size takes the DataLoader's; in a pipeline, give \
+                 one: ops.{op}(batch_size, ...)"
+            )));
+        }
         let combine: CombineFn<Item, PyErr> = match &self.combine {
             None => Arc::new(|items: Vec<Item>| {
                 if items.iter().all(|i| !matches!(i, Item::Py(_))) {
@@ -585,12 +594,12 @@ impl AggregateSpec {
                 }
             }
         };
-        Stage::Aggregate(AggregateStage {
+        Ok(Stage::Aggregate(AggregateStage {
             name: self.name.clone(),
             size: self.size,
             drop_last: self.drop_last,
             combine,
-        })
+        }))
     }
 }
 
@@ -653,7 +662,7 @@ pub(super) fn to_stage(
     if let Ok(m) = spec.cast::<MapSpec>() {
         m.get().stage(py, env)
     } else if let Ok(a) = spec.cast::<AggregateSpec>() {
-        Ok(a.get().stage(py))
+        a.get().stage(py)
     } else if let Ok(a) = spec.cast::<AccumulateSpec>() {
         Ok(a.get().stage(py))
     } else if let Ok(d) = spec.cast::<DisaggregateSpec>() {
