@@ -232,6 +232,8 @@ def test_a_stage_hook_failing_to_enter_reaches_the_consumer_as_pipeline_error(ho
     with pytest.raises(PipelineError) as info:
         start()
     assert info.value.stage == "fmt"
+    assert str(info.value).startswith('stage "fmt" failed')
+    assert 'raised in pipeline stage "fmt"' in info.value.__notes__
     (inner,) = info.value.exceptions
     assert isinstance(inner, TypeError)
     assert "cannot enter" in str(inner)
@@ -360,7 +362,7 @@ def test_a_pipeline_error_carries_a_note_naming_its_stage(builder: Any, stage: s
     with pytest.raises(PipelineError) as info:
         drain(p)
     assert info.value.stage == stage
-    assert f"raised in pipeline stage {stage!r}".replace("'", '"') in info.value.__notes__
+    assert f'raised in pipeline stage "{stage}"' in info.value.__notes__
     assert any(stage in n for n in info.value.exceptions[0].__notes__)
 
 

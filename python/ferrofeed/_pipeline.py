@@ -6,6 +6,7 @@ import atexit
 import contextlib
 import functools
 import inspect
+import json
 import os
 import threading
 import weakref
@@ -467,10 +468,11 @@ def _check_hook_factories(stage: str, hook: TaskHook) -> None:
 
 def _stage_error(stage: str, exc: Exception) -> PipelineError:
     """The `PipelineError` a failure of ``stage`` (its hooks included) raises in the consumer."""
-    exc.add_note(f"raised in pipeline stage {stage!r}")
-    error = PipelineError(f"stage {stage!r} failed", [exc])
+    quoted = json.dumps(stage)  # as the engine quotes it (Rust's {:?})
+    exc.add_note(f"raised in pipeline stage {quoted}")
+    error = PipelineError(f"stage {quoted} failed", [exc])
     error.stage = stage
-    error.add_note(f"raised in pipeline stage {stage!r}")
+    error.add_note(f"raised in pipeline stage {quoted}")
     return error
 
 
