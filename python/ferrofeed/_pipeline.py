@@ -320,9 +320,10 @@ class TaskHook(Protocol):
     the group (a list) about to be sent on; for a custom `Aggregator`, each item given to
     ``accumulate``. It sees the call's exception, if any; suppressing it drops the item. A
     ``task_hook`` that takes no argument (hooks written for ferrofeed's earlier
-    ``task_hook()``) is still accepted and called without the item. On an ``async def`` stage the task hook
-    runs on the pipeline's event loop; elsewhere an async task hook runs on the stage's
-    thread and must not await anything that suspends (stats and tracing hooks do not).
+    ``task_hook()``) is still accepted and called without the item. On an ``async def``
+    stage the task hook runs on the pipeline's event loop; elsewhere an async task hook runs
+    on the stage's thread and must not await anything that suspends (stats and tracing
+    hooks do not).
 
     Example:
         >>> import contextlib
