@@ -234,10 +234,17 @@ PYTHON313 ?=
 PY313_VENV := .venv-py313
 COMPARE_PEERS := "torch>=2.3" "pillow>=10" "scikit-image>=0.22" "matplotlib>=3.8" "tqdm>=4.60" \
 	"spdl==0.8.0"
+# torchvision (decode_jpeg + transforms.v2) must be a release built for the torch installed
+# above: `compare.py --torchvision-requirement` names the range for it (0.(m+15) for torch 2.m;
+# the stable-ABI 0.29+ for torch 2.14 on). It is installed with --no-deps: its requirement on
+# torch would otherwise let pip swap the installed torch (a CUDA or local build) for another.
 
 .PHONY: compare-deps
-compare-deps: install bench-deps ## Install the compared loaders (PyTorch, Pillow, SPDL 0.8, datago, dataloader-rs where they install)
+compare-deps: install bench-deps ## Install the compared loaders (PyTorch, Pillow, torchvision, SPDL 0.8, datago, dataloader-rs where they install)
 	$(PIP) install -q $(COMPARE_PEERS)
+	@req=$$($(PY) benches/compare.py --torchvision-requirement) \
+		&& $(PIP) install -q --no-deps "$$req" \
+		|| echo "compare: no torchvision for the installed torch here; its loader is left out"
 	@$(PIP) install -q datago || echo "compare: datago does not install here; it is left out"
 	@py313=""; \
 	for c in $(PYTHON313) python3.13 python3.14 \

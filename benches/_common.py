@@ -274,14 +274,15 @@ class PillowTrain:
         return np.array(im)
 
 
-def native_op(job: str, seed: int) -> Any:
+def native_op(job: str) -> Any:
     """ferrofeed's native chain for ``job``: ``exact`` (Resize 256, CenterCrop 224) or
-    ``train`` (RandomResizedCrop 224 + random horizontal flip)."""
+    ``train`` (RandomResizedCrop 224 + random horizontal flip; the DataLoader's seed seeds
+    each sample's crop and flip)."""
     from ferrofeed import ops
 
     if job == "exact":
         return ops.decode_image(resize_shorter=SHORT, crop=CROP)
-    return ops.decode_image(size=CROP, crop="random", flip="random", seed=seed)
+    return ops.decode_image(size=CROP, crop="random", flip="random")
 
 
 def shutdown_workers(loader: Any) -> None:

@@ -23,12 +23,16 @@ Jobs, batches of 32, shuffled, uint8 224x224x3 images with int labels out:
   SharedList), run through benches/ram_study.py (see `ram_experiment`).
 
 Loaders (`LOADERS`): PyTorch's DataLoader with the Pillow transform (0, 1, 2, 4 workers);
-SPDL 0.8 (its PipelineBuilder and its FFmpeg decoder and filters); ferrofeed's native chain
-(decode, resize, crop and the random flip in Rust); ferrofeed's DataLoader running the same
-Pillow transform as PyTorch on threads and in worker processes; dataloader-rs (threads; the
-same Pillow transform; it needs Python >= 3.13, so it runs in its own interpreter, ``--py313``) and
-datago, where they install and can do the job. Each (job, loader) runs in a fresh
-interpreter, the loaders taking turns, ``--rounds`` rounds with the order rotated each round.
+PyTorch's DataLoader with torchvision's decoder and ``transforms.v2`` on uint8 tensors (2 and
+4 workers; see `TorchvisionJob`), what speed-minded PyTorch users pick today; SPDL 0.8 (its
+PipelineBuilder and its FFmpeg decoder and filters); ferrofeed's native chain (decode,
+resize, crop and the random flip in Rust); ferrofeed's DataLoader running the same Pillow
+transform as PyTorch on threads and in worker processes; dataloader-rs (threads; the same
+Pillow transform; it needs Python >= 3.13, so it runs in its own interpreter, ``--py313``)
+and datago, where they install and can do the job. Each (job, loader) runs in a fresh
+interpreter, the loaders taking turns, ``--rounds`` rounds with the order rotated each
+round. A loader that cannot run here (not installed, or its probe fails) is skipped with a
+printed line and listed in the results.
 
 In each run: the loader is built and the time to the first batch taken (construction,
 worker and thread start-up included); then ``--epochs`` epochs (default 3): the first is the
@@ -44,7 +48,8 @@ each epoch by the child: the peak, the peak less the tree's PSS just before the 
 built ("added by the loader"), and the growth from the end of the first epoch to the end of
 the last. Figures are medians over the rounds with min-max; ferrofeed's ratios to each peer
 are taken round by round (the two ran within minutes of each other), then the median and
-range of those.
+range of those. Every figure names the CPU it was measured on (the results' ``cpu`` and
+``machine``, the tables' headings, the plots' titles).
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ import multiprocessing
 import os
 import platform
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -73,6 +79,7 @@ from typing import Any
 import numpy as np
 from _common import (
     CROP,
+    SHORT,
     PillowExact,
     PillowTrain,
     child_entry,
@@ -107,7 +114,7 @@ class Loader:
 
     key: str
     label: str
-    family: str  # pytorch | spdl | ferrofeed | dataloader-rs | datago
+    family: str  # pytorch | torchvision | spdl | ferrofeed | dataloader-rs | datago
     workers: int  # worker processes, or threads
     jobs: tuple[str, ...] = JOBS
     module: str = ""  # what must import for it to run ("" : nothing beyond this script's)
@@ -129,6 +136,19 @@ LOADERS = [
             module="torch",
         )
         for w in (0, 1, 2, 4)
+    ),
+    *(
+        Loader(
+            f"torchvision-w{w}",
+            f"PyTorch DataLoader + torchvision decode_jpeg + transforms.v2, {w} workers",
+            "torchvision",
+            w,
+            module="torchvision.io",
+            # A torchvision built for another torch fails at its first operator: decode a JPEG.
+            probe="import torch, torchvision.io as tio; "
+            "tio.decode_jpeg(tio.encode_jpeg(torch.zeros(3, 8, 8, dtype=torch.uint8)))",
+        )
+        for w in (2, 4)
     ),
     Loader(
         "spdl",
@@ -165,6 +185,33 @@ LOADERS = [
 BY_KEY = {lo.key: lo for lo in LOADERS}
 # The ferrofeed configuration each headline ratio is quoted for, per job.
 HEADLINE = {"exact": "ferrofeed-native", "train": "ferrofeed-native"}
+# Peers compared with each other round by round (besides ferrofeed with each peer): the
+# torchvision loader against the Pillow one with as many workers.
+PEER_PAIRS = [(f"torchvision-w{w}", f"pytorch-w{w}") for w in (2, 4)]
+
+
+def torchvision_requirement(torch_version: str) -> str:
+    """The pip requirement for the torchvision releases built for ``torch_version``.
+
+    torchvision 0.(m+15) is the release for torch 2.m. From 0.29 (torch 2.14) on, its wheels'
+    extensions (``_C_stable.so``, ``image_stable.so``) use only libtorch's stable ABI and the
+    wheels require ``torch>=2.14.0`` rather than one release: a later torch takes any of them
+    up to its own (torch 2.15 with torchvision 0.29.2, before 0.30 was on PyPI).
+    ``make compare-deps`` installs it with ``--no-deps``, so that pip cannot replace the
+    installed torch.
+
+    >>> torchvision_requirement("2.5.1+cu124")
+    'torchvision==0.20.*'
+    >>> torchvision_requirement("2.15.0+cu132")
+    'torchvision>=0.29,<0.31'
+    """
+    m = re.match(r"(\d+)\.(\d+)", torch_version)
+    if m is None or int(m[1]) != 2 or int(m[2]) < 3:
+        raise ValueError(f"no known torchvision for torch {torch_version!r} (2.3 or later)")
+    own = int(m[2]) + 15
+    if own < 29:
+        return f"torchvision==0.{own}.*"
+    return f"torchvision>=0.29,<0.{own + 1}"
 
 
 # --- the loaders, each built in its child interpreter ------------------------------------------
@@ -193,6 +240,44 @@ class NativeTrainFlip:
             path, size=CROP, crop="random", seed=random.getrandbits(63), flip=random.random() < 0.5
         )
         return np.from_dlpack(tensor), label
+
+
+class TorchvisionJob:
+    """A job with torchvision: ``read_file``, ``decode_jpeg`` and ``transforms.v2`` on uint8.
+
+    What a speed-minded PyTorch user writes instead of the Pillow transform: the file read
+    into a uint8 tensor (``torchvision.io.read_file``), decoded on the CPU by the
+    libjpeg-turbo torchvision bundles (``decode_jpeg(data, mode=ImageReadMode.RGB,
+    device="cpu")``; RGB as Pillow's ``convert("RGB")``, for the greyscale files), then
+    ``v2.RandomResizedCrop(224, antialias=True)`` + ``v2.RandomHorizontalFlip()`` (training)
+    or ``v2.Resize(256, antialias=True)`` + ``v2.CenterCrop(224)`` (exact 224) on the uint8
+    CHW tensor. The image is handed to the default collate as an HWC view
+    (``permute(1, 2, 0)``), so the collate's one stack (a copy it makes anyway) gives the
+    same uint8 NHWC batches as the Pillow loaders. The random draws use torch's generator,
+    which PyTorch's DataLoader seeds in each worker. (torchvision 0.29 deprecates these
+    decoders in favour of TorchCodec's; they still work, and are what users run today.)
+    """
+
+    def __init__(self, files: list[tuple[str, int]], job: str) -> None:
+        from torchvision.transforms import v2
+
+        self.files = files
+        if job == "exact":
+            self.transform = v2.Compose([v2.Resize(SHORT, antialias=True), v2.CenterCrop(CROP)])
+        else:
+            self.transform = v2.Compose(
+                [v2.RandomResizedCrop(CROP, antialias=True), v2.RandomHorizontalFlip()]
+            )
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> tuple[Any, int]:
+        from torchvision.io import ImageReadMode, decode_jpeg, read_file
+
+        path, label = self.files[i]
+        image = decode_jpeg(read_file(path), mode=ImageReadMode.RGB, device="cpu")
+        return self.transform(image).permute(1, 2, 0), label
 
 
 def stack_batch(samples: list[tuple[np.ndarray, int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -321,14 +406,17 @@ def build(lo: Loader, job: str, spec: dict[str, Any]) -> Iterator[Iterable[Any]]
         finally:  # on close(): end the worker processes, so that the child reaps them
             shutdown_workers(loader)
 
-    if lo.family == "pytorch":
+    if lo.family in ("pytorch", "torchvision"):
         import torch
 
+        dataset = pillow if lo.family == "pytorch" else TorchvisionJob(files, job)
+        # torchvision 0.29 deprecates its image decoders (for TorchCodec's) at every call.
+        warnings.filterwarnings("ignore", "The image decoding and encoding", DeprecationWarning)
         # 4 workers on 2 CPUs is one of the configurations measured, on purpose.
         warnings.filterwarnings("ignore", "This DataLoader will create", UserWarning)
         return forever(
             torch.utils.data.DataLoader(
-                pillow,  # type: ignore[arg-type]  # map-style, duck-typed
+                dataset,  # type: ignore[arg-type]  # map-style, duck-typed
                 batch_size=BATCH,
                 shuffle=True,
                 num_workers=w,
@@ -367,7 +455,7 @@ def build(lo: Loader, job: str, spec: dict[str, Any]) -> Iterator[Iterable[Any]]
     import ferrofeed
 
     if lo.key == "ferrofeed-native":
-        op = native_op(job, seed)
+        op = native_op(job)
         return forever(
             ferrofeed.DataLoader(files, BATCH, shuffle=True, seed=seed, transform=op, num_threads=w)
         )
@@ -407,8 +495,12 @@ def child_main(spec: dict[str, Any]) -> dict[str, Any]:
         import torch
 
         torch.set_num_threads(1)
+    # The loader's own library is imported before the measurement starts, as torch is.
     if lo.ferrofeed:
         import ferrofeed  # noqa: F401
+    if lo.family == "torchvision":
+        import torchvision.io
+        import torchvision.transforms.v2  # noqa: F401
     gc.collect()
     n, me = len(spec["files"]), os.getpid()
     pss_before = tree_pss(me)
@@ -613,6 +705,24 @@ def ratios(runs: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
     return out
 
 
+def peer_ratios(runs: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
+    """Each pair of `PEER_PAIRS` that ran, per job, round by round (>1: the first better)."""
+    out: dict[str, Any] = {}
+    for job, by_loader in runs.items():
+        for a, b in PEER_PAIRS:
+            rounds = min(len(by_loader.get(a, [])), len(by_loader.get(b, [])))
+            if not rounds:
+                continue
+            per = [(by_loader[a][i], by_loader[b][i]) for i in range(rounds)]
+            out.setdefault(job, {})[f"{a} vs {b}"] = {
+                "throughput": med_range([x["images_per_s"] / y["images_per_s"] for x, y in per]),
+                "cpu_per_image_less": med_range(
+                    [y["cpu_s_per_1000"] / x["cpu_s_per_1000"] for x, y in per]
+                ),
+            }
+    return out
+
+
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "images_per_s": med_range([r["images_per_s"] for r in runs]),
@@ -639,9 +749,11 @@ def _ratio(stat: dict[str, float]) -> str:
 def markdown(results: dict[str, Any]) -> str:
     """The tables BENCHMARKS.md quotes, from the results."""
     lines: list[str] = []
+    # Results written before the CPU had a field of its own name it in "machine".
+    cpu = results.get("cpu") or results["machine"]
     for job, summary in results["summary"].items():
         lines += [
-            f"#### {JOB_TITLES[job]}",
+            f"#### {JOB_TITLES[job]}, on {cpu}",
             "",
             "| loader | images/s | first batch (ms) | CPU s / 1000 images | peak PSS (MiB) "
             "| added by the loader (MiB) | growth, epoch 1→3 (MiB) |",
@@ -675,6 +787,22 @@ def markdown(results: dict[str, Any]) -> str:
                     f"| {_ratio(r['pss_added_less'])} |"
                 )
             lines.append("")
+        pairs = results.get("peer_ratios", {}).get(job, {})
+        if pairs:
+            lines += [
+                "Peers against each other, from the same rounds (per round, then median and "
+                "range; above 1 is better for the first):",
+                "",
+                "| loader | against | images/s | less CPU per image |",
+                "|---|---|---:|---:|",
+            ]
+            for pair, r in pairs.items():
+                a, b = pair.split(" vs ")
+                lines.append(
+                    f"| {BY_KEY[a].label} | {BY_KEY[b].label} | {_ratio(r['throughput'])} "
+                    f"| {_ratio(r['cpu_per_image_less'])} |"
+                )
+            lines.append("")
         same = [k for k in ("ferrofeed-threads", "ferrofeed-w2") if k in summary]
         if same and peers:
             lines += [
@@ -703,7 +831,7 @@ def markdown(results: dict[str, Any]) -> str:
     if ram:
         lines += [
             f"#### metadata only: {ram['runs'][0]['n']:,} COCO-like annotations, "
-            f"{ram['layout']}, each reads every item",
+            f"{ram['layout']}, each reads every item, on {cpu}",
             "",
             "| loader | peak total PSS (MiB) | steady total PSS (MiB) "
             "| job footprint, no data (MiB) | wall time (s) |",
@@ -793,7 +921,8 @@ def plots(results: dict[str, Any], out_dir: Path) -> list[Path]:
         ax.set_xlabel(f"{xlabel}; median of the rounds, bars: min-max", fontsize=8)
         ax.grid(axis="x", alpha=0.3)
         ax.legend(fontsize=8, loc="lower right")
-        ax.set_title(results["title"], fontsize=8)
+        # The machine (its CPU first) on a line of its own, so that it is never cut off.
+        ax.set_title(results["title"].replace("; ", "\n", 1), fontsize=8)
         fig.tight_layout()
         path = out_dir / f"compare_{name}.png"
         fig.savefig(path, dpi=72)
@@ -810,8 +939,8 @@ def plots(results: dict[str, Any], out_dir: Path) -> list[Path]:
         ax.set_ylabel("total PSS, MiB", fontsize=8)
         ax.set_title(
             f"{ram['runs'][0]['n']:,} COCO-like annotations, {ram['layout']}: "
-            "PSS of all processes over time",
-            fontsize=9,
+            f"PSS of all processes over time\n{results['machine']}",
+            fontsize=8,
         )
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
@@ -865,6 +994,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument(
+        "--torchvision-requirement",
+        action="store_true",
+        help="only print the pip requirement of the torchvision built for the installed torch "
+        "(make compare-deps installs it)",
+    )
+    p.add_argument(
         "--no-torch-import",
         action="store_true",
         help="do not import torch in the runs of loaders that do not need it (quicker; "
@@ -897,7 +1032,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def versions(py313: str | None) -> dict[str, str | None]:
     out: dict[str, str | None] = {"python": platform.python_version()}
-    for dist in ("ferrofeed", "numpy", "torch", "pillow", "scikit-image", "spdl_io", "datago"):
+    for dist in (
+        "ferrofeed",
+        "numpy",
+        "torch",
+        "torchvision",
+        "pillow",
+        "scikit-image",
+        "spdl_io",
+        "datago",
+    ):
         out[dist] = version_of(dist)
     out["matplotlib"] = version_of("matplotlib")
     # Which build of ferrofeed's extension the loaders' interpreters load (x86-64-v3 or
@@ -924,6 +1068,13 @@ def main(argv: list[str] | None = None) -> int:
     if child_entry(argv, child_main):
         return 0
     args = parse_args(argv[1:])
+    if args.torchvision_requirement:
+        try:
+            print(torchvision_requirement(importlib.metadata.version("torch")))
+        except (ValueError, importlib.metadata.PackageNotFoundError) as e:
+            print(f"compare: {e!r}", file=sys.stderr)
+            return 1
+        return 0
     if args.replot:
         results = json.loads(args.replot.read_text())
         report(results, args.out_dir)
@@ -939,8 +1090,10 @@ def main(argv: list[str] | None = None) -> int:
             runnable.append(lo)
         else:
             not_run[lo.key] = why
+            print(f"skipped {lo.key} ({lo.label}): {why}", flush=True)
     load_start = [round(x, 2) for x in os.getloadavg()]
     results: dict[str, Any] = {
+        "cpu": cpu_model(),
         "machine": f"{cpu_model()}, {platform.machine()}, {os.cpu_count()} CPUs, "
         f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB",
         "versions": versions(args.py313),
@@ -1021,6 +1174,7 @@ def main(argv: list[str] | None = None) -> int:
         if r["children_left"]
     ]
     results["ratios"] = ratios(runs)
+    results["peer_ratios"] = peer_ratios(runs)
     results["title"] = (
         f"{results['machine']}; {args.n} JPEGs, batches of {BATCH}, {args.rounds} rounds"
     )

@@ -162,7 +162,7 @@ def build(family: str, workers: int, job: str, files: list[tuple[str, int]], see
         )
     import ferrofeed
 
-    op = native_op(job, seed)
+    op = native_op(job)
     return ferrofeed.DataLoader(
         files,
         BATCH,

@@ -74,7 +74,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as root:
         files, _info = make_jpegs(root, 64, 0, varied=True)
         loader = DataLoader(
-            files, 32, shuffle=True, seed=0, transform=native_op("train", 0), num_threads=2
+            files, 32, shuffle=True, seed=0, transform=native_op("train"), num_threads=2
         )
         for _ in range(5):
             loader_epoch(loader)

@@ -14,7 +14,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -27,23 +27,40 @@ BENCHES = Path(__file__).resolve().parent.parent / "benches"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def runs_here(key: str) -> bool:
-    """Whether compare.py finds loader ``key`` usable here (installed, and SPDL's FFmpeg)."""
+def import_compare() -> Any:
     sys.path.insert(0, str(BENCHES))
     try:
         import compare
     finally:
         sys.path.remove(str(BENCHES))
-    return compare.available(compare.BY_KEY[key], None)[0]
+    return compare
+
+
+def runs_here(key: str) -> bool:
+    """Whether compare.py finds loader ``key`` usable here (installed, and SPDL's FFmpeg)."""
+    compare = import_compare()
+    return bool(compare.available(compare.BY_KEY[key], None)[0])
+
+
+class Smoke(NamedTuple):
+    results: dict[str, Any]
+    out: Path
+    ran: list[str]  # the loaders that must have run
+    not_run: list[str]  # the loaders asked for that must be reported as not run
+    stdout: str
 
 
 @pytest.fixture(scope="module")
-def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path, list[str]]:
+def smoke(tmp_path_factory: pytest.TempPathFactory) -> Smoke:
     out = tmp_path_factory.mktemp("compare")
-    loaders = ["ferrofeed-native", "ferrofeed-native-flip"]
-    loaders += [k for k in ("pytorch-w0", "spdl") if runs_here(k)]
+    ran = ["ferrofeed-native", "ferrofeed-native-flip"]
+    ran += [k for k in ("pytorch-w0", "spdl") if runs_here(k)]
     # Never installed in the test environment's interpreter: it must be reported, not run.
-    loaders.append("dataloader-rs")
+    not_run = ["dataloader-rs"]
+    # torchvision's loader runs where a torchvision built for the installed torch is there,
+    # and is reported as not run where it is not.
+    (ran if runs_here("torchvision-w2") else not_run).append("torchvision-w2")
+    loaders = ran + not_run
     cmd = [
         sys.executable,
         str(BENCHES / "compare.py"),
@@ -60,16 +77,14 @@ def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Pat
         "--no-torch-import",
     ]
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
-    return json.loads((out / "compare.json").read_text()), out, loaders
+    results = json.loads((out / "compare.json").read_text())
+    return Smoke(results, out, ran, not_run, proc.stdout)
 
 
-def test_every_installed_loader_ran_both_jobs(
-    smoke: tuple[dict[str, Any], Path, list[str]],
-) -> None:
-    results, _, loaders = smoke
-    ran = [k for k in loaders if k != "dataloader-rs"]
+def test_every_installed_loader_ran_both_jobs(smoke: Smoke) -> None:
+    results, ran = smoke.results, smoke.ran
     assert set(results["summary"]) == {"exact", "train"}
     assert set(results["summary"]["train"]) == set(ran)
     # The native chain's flip variant is a training-job configuration only.
@@ -90,13 +105,11 @@ def test_every_installed_loader_ran_both_jobs(
             assert r["peak_pss"] >= max(r["pss_epoch_end"]) > 0
 
 
-def test_ratios_pair_ferrofeed_with_each_peer(
-    smoke: tuple[dict[str, Any], Path, list[str]],
-) -> None:
-    results, _, loaders = smoke
-    peers = [k for k in loaders if not k.startswith("ferrofeed") and k != "dataloader-rs"]
+def test_ratios_pair_ferrofeed_with_each_peer(smoke: Smoke) -> None:
+    results = smoke.results
+    peers = [k for k in smoke.ran if not k.startswith("ferrofeed")]
     if not peers:
-        pytest.skip("no peer loader installed (torch, spdl)")
+        pytest.skip("no peer loader installed (torch, torchvision, spdl)")
     for job, table in results["ratios"].items():
         ours = [k for k in results["summary"][job] if k.startswith("ferrofeed")]
         assert set(table) == {f"{f} vs {p}" for f in ours for p in peers}
@@ -107,21 +120,58 @@ def test_ratios_pair_ferrofeed_with_each_peer(
             assert r["throughput"]["median"] == pytest.approx(mine / theirs)
 
 
-def test_missing_loader_is_said_not_faked(
-    smoke: tuple[dict[str, Any], Path, list[str]],
-) -> None:
-    results, out, _ = smoke
+def test_missing_loader_is_said_not_faked(smoke: Smoke) -> None:
+    results, out = smoke.results, smoke.out
+    assert set(results["not_run"]) == set(smoke.not_run)
     assert "Python >= 3.13" in results["not_run"]["dataloader-rs"]
-    assert "dataloader-rs" not in results["summary"]["exact"]
+    for key in smoke.not_run:
+        assert key not in results["summary"]["exact"]
+        assert key not in results["summary"]["train"]
+        # Said when the run starts, and in the tables.
+        assert f"skipped {key} (" in smoke.stdout
     said = [
         line for line in (out / "compare.md").read_text().splitlines() if "needs Python" in line
     ]
     assert len(said) == 1
     assert said[0].startswith("- dataloader-rs")
+    if "torchvision-w2" in smoke.not_run:
+        why = results["not_run"]["torchvision-w2"]
+        assert "torchvision is not installed" in why or "fails here" in why
 
 
-def test_ram_job_and_outputs(smoke: tuple[dict[str, Any], Path, list[str]]) -> None:
-    results, out, _ = smoke
+def test_torchvision_loader_gives_the_pillow_rows_batches(smoke: Smoke) -> None:
+    """Where it runs: both jobs, its version recorded; the child checked its batches' shape
+    and dtype (uint8 NHWC, as the Pillow rows) and count, or the run would have failed."""
+    if "torchvision-w2" not in smoke.ran:
+        pytest.skip("no torchvision built for the installed torch here")
+    results = smoke.results
+    assert results["versions"]["torchvision"]
+    for job in ("exact", "train"):
+        (run,) = results["runs"][job]["torchvision-w2"]
+        assert run["children_left"] == 0
+        assert run["images"] == 32 * 2
+
+
+def test_every_figure_names_its_cpu(smoke: Smoke) -> None:
+    sys.path.insert(0, str(BENCHES))
+    try:
+        from bench_machine import cpu_model
+    finally:
+        sys.path.remove(str(BENCHES))
+    results, out = smoke.results, smoke.out
+    cpu = cpu_model()
+    assert results["cpu"] == cpu
+    assert cpu in results["machine"]
+    assert cpu in results["title"]
+    headings = [
+        line for line in (out / "compare.md").read_text().splitlines() if line.startswith("####")
+    ]
+    assert len(headings) == 3  # exact, train, metadata only
+    assert all(line.endswith(f", on {cpu}") for line in headings), headings
+
+
+def test_ram_job_and_outputs(smoke: Smoke) -> None:
+    results, out = smoke.results, smoke.out
     ram = results["ram"]
     expected = {"ferrofeed DataLoader + SharedList, fork"}
     if importlib.util.find_spec("torch") is not None:
@@ -141,6 +191,118 @@ def test_ram_job_and_outputs(smoke: tuple[dict[str, Any], Path, list[str]]) -> N
     for name in ("throughput", "cpu", "pss", "ram"):
         png = out / f"compare_{name}.png"
         assert png.read_bytes()[:8] == PNG_MAGIC, name
+
+
+def test_peer_pairs_are_compared_round_by_round() -> None:
+    """torchvision's loader against the Pillow one with as many workers: per round, in the
+    JSON and in the tables (figures made up: only the arithmetic is checked)."""
+    compare = import_compare()
+
+    def run(ips: float, cpu: float) -> dict[str, Any]:
+        return {"images_per_s": ips, "cpu_s_per_1000": cpu}
+
+    runs = {
+        "train": {
+            "torchvision-w2": [run(1200, 1.0), run(1100, 1.2)],
+            "pytorch-w2": [run(1000, 1.5), run(1000, 1.2)],
+            "torchvision-w4": [run(900, 1.0)],  # its peer did not run: no pair
+        }
+    }
+    pairs = compare.peer_ratios(runs)
+    assert set(pairs) == {"train"}
+    assert set(pairs["train"]) == {"torchvision-w2 vs pytorch-w2"}
+    r = pairs["train"]["torchvision-w2 vs pytorch-w2"]
+    assert r["throughput"]["min"] == pytest.approx(1.1)
+    assert r["throughput"]["max"] == pytest.approx(1.2)
+    assert r["cpu_per_image_less"]["max"] == pytest.approx(1.5)
+    md = compare.markdown(
+        {
+            "cpu": "Some CPU",
+            "machine": "Some CPU, x86_64, 2 CPUs, 8 GiB",
+            "summary": {"train": {}},
+            "ratios": {},
+            "peer_ratios": pairs,
+            "not_run": {},
+        }
+    )
+    assert "#### training (RandomResizedCrop 224 + random flip), on Some CPU" in md
+    row = next(line for line in md.splitlines() if "transforms.v2, 2 workers |" in line)
+    assert "| PyTorch DataLoader + Pillow, 2 workers |" in row
+    assert "| 1.15x (1.10-1.20) | 1.25x (1.00-1.50) |" in row
+
+
+def test_torchvision_loader_not_installed_is_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without torchvision its loaders are not run and say why (the smoke run checks that
+    the reason is printed and listed, with dataloader-rs)."""
+    compare = import_compare()
+    real = compare.importlib.util.find_spec
+
+    def find_spec(name: str, *args: Any) -> Any:
+        return None if name == "torchvision" else real(name, *args)
+
+    monkeypatch.setattr(compare.importlib.util, "find_spec", find_spec)
+    for key in ("torchvision-w2", "torchvision-w4"):
+        assert compare.available(compare.BY_KEY[key], None) == (
+            False,
+            "torchvision is not installed",
+        )
+
+
+@pytest.mark.parametrize(
+    ("torch_version", "requirement"),
+    [
+        ("2.3.1", "torchvision==0.18.*"),
+        ("2.9.0+cpu", "torchvision==0.24.*"),
+        ("2.13.0", "torchvision==0.28.*"),
+        ("2.14.1", "torchvision>=0.29,<0.30"),
+        ("2.15.0+cu132", "torchvision>=0.29,<0.31"),
+    ],
+)
+def test_torchvision_requirement_follows_torch(torch_version: str, requirement: str) -> None:
+    compare = import_compare()
+    assert compare.torchvision_requirement(torch_version) == requirement
+
+
+@pytest.mark.parametrize("torch_version", ["1.13.1", "2.2.0", "3.0.0", "nightly"])
+def test_torchvision_requirement_refuses_unknown_torch(torch_version: str) -> None:
+    compare = import_compare()
+    with pytest.raises(ValueError, match="no known torchvision"):
+        compare.torchvision_requirement(torch_version)
+
+
+# torchvision 0.29 deprecates its image decoders (for TorchCodec's); they still work.
+@pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")
+def test_torchvision_job_is_the_pillow_job(tmp_path: Path) -> None:
+    """The exact-224 job through torchvision's decoder and v2 transforms gives the Pillow
+    rows' images (torch's antialiased uint8 bilinear resize follows Pillow's), HWC uint8;
+    the training job gives 224x224x3 uint8 samples that vary from draw to draw."""
+    pytest.importorskip("torchvision")
+    if not runs_here("torchvision-w2"):
+        pytest.skip("torchvision here is not built for the installed torch")
+    import numpy as np
+    import torch
+
+    compare = import_compare()
+    sys.path.insert(0, str(BENCHES))
+    try:
+        from _common import PillowExact, make_jpegs
+    finally:
+        sys.path.remove(str(BENCHES))
+    files, _ = make_jpegs(str(tmp_path), 12, seed=3, varied=True)
+    exact, pillow = compare.TorchvisionJob(files, "exact"), PillowExact(files)
+    for i in range(len(files)):
+        image, label = exact[i]
+        want, want_label = pillow[i]
+        assert label == want_label
+        assert tuple(image.shape) == (224, 224, 3)
+        assert image.dtype == torch.uint8
+        diff = np.abs(image.numpy().astype(np.int16) - want.astype(np.int16))
+        assert diff.mean() < 0.5, (files[i], diff.mean())
+    train = compare.TorchvisionJob(files, "train")
+    torch.manual_seed(0)
+    draws = [train[0][0] for _ in range(4)]
+    assert all(tuple(d.shape) == (224, 224, 3) and d.dtype == torch.uint8 for d in draws)
+    assert any(not torch.equal(draws[0], d) for d in draws[1:])
 
 
 def test_varied_jpegs_are_seeded_and_mixed(tmp_path: Path) -> None:

@@ -165,6 +165,16 @@ pub(crate) fn parse_transform(
     })
 }
 
+/// The seed of the random crop and flip of the sample a `DataLoader` is
+/// loading on this thread (`ferrofeed._sample.image_seed()`), or `None`.
+fn sample_image_seed(py: Python<'_>) -> PyResult<Option<u64>> {
+    static IMAGE_SEED: pyo3::sync::PyOnceLock<Py<PyAny>> = pyo3::sync::PyOnceLock::new();
+    IMAGE_SEED
+        .import(py, "ferrofeed._sample", "image_seed")?
+        .call0()?
+        .extract()
+}
+
 /// Decodes one image into a new tensor of shape `(H, W, C)`.
 #[pyfunction]
 #[pyo3(signature = (
@@ -190,6 +200,12 @@ fn decode_image(
     crop_decode: bool,
     pool: Option<&Bound<'_, PyBufferPool>>,
 ) -> PyResult<PyTensor> {
+    // Without a seed, inside a DataLoader's dataset[i] or transform: the sample's own seed
+    // (the one sample-seed rule), so the crop and flip are the native chain's.
+    let seed = match seed {
+        Some(s) => Some(s),
+        None => sample_image_seed(py)?,
+    };
     let transform = parse_transform(
         size,
         mode,

@@ -39,13 +39,16 @@ pub(crate) enum Item {
         images: crate::staging::Tensor,
         labels: Option<crate::staging::Tensor>,
     },
-    /// A batch made by `DataLoader`'s batch op: the images that decoded (none
-    /// when every one failed), their labels, and the items left out under
-    /// `on_error="skip"` as (position in the group, reason).
+    /// A batch made by `DataLoader`'s batch op: its number in the epoch and
+    /// the dataset indices of its items, the images that decoded (none when
+    /// every one failed), their labels, and the items left out under
+    /// `on_error="skip"` as (dataset index, reason).
     Loaded {
+        batch_no: u64,
+        indices: Vec<u64>,
         images: Option<crate::staging::Tensor>,
         labels: Option<crate::staging::Tensor>,
-        skipped: Vec<(usize, String)>,
+        skipped: Vec<(u64, String)>,
     },
 }
 
@@ -67,7 +70,7 @@ impl Item {
     /// (`str` or `os.PathLike`), encoded `bytes`, or either paired with an
     /// int label; else the object itself. `pos` is its position in the
     /// source (the items of a list have none).
-    pub(super) fn from_source(obj: Bound<'_, PyAny>, pos: Option<u64>) -> Item {
+    pub(crate) fn from_source(obj: Bound<'_, PyAny>, pos: Option<u64>) -> Item {
         let plain = |obj: &Bound<'_, PyAny>, label: Option<i64>| -> Option<Item> {
             if let Ok(b) = obj.cast::<pyo3::types::PyBytes>() {
                 return Some(Item::Bytes {
@@ -153,6 +156,8 @@ impl Item {
                 }
             }
             Item::Loaded {
+                batch_no,
+                indices,
                 images,
                 labels,
                 skipped,
@@ -164,9 +169,14 @@ impl Item {
                     })
                 };
                 let skipped = PyList::new(py, skipped)?.into_any();
-                PyTuple::new(py, [tensor(images)?, tensor(labels)?, skipped])?
-                    .into_any()
-                    .unbind()
+                let batch_no = batch_no.into_pyobject(py)?.into_any();
+                let indices = PyList::new(py, indices)?.into_any();
+                PyTuple::new(
+                    py,
+                    [batch_no, indices, tensor(images)?, tensor(labels)?, skipped],
+                )?
+                .into_any()
+                .unbind()
             }
             Item::List(items) => {
                 let list = PyList::empty(py);

@@ -112,6 +112,11 @@ impl PyNativeOp {
         self.config
     }
 
+    /// For a grouping op, its group size (0: none given) and `drop_last`.
+    pub(crate) fn grouping(&self) -> Option<(usize, bool)> {
+        self.group.as_ref().map(|g| (g.0, g.1))
+    }
+
     /// A grouping op: `size` items (fewer at the end unless `drop_last`)
     /// become one through `combine`.
     pub(crate) fn aggregate(
