@@ -325,7 +325,11 @@ mod tests {
                 for start in 0..=whole.len() {
                     let plan = EpochPlan::new(config, epoch, start as u64).unwrap();
                     let rest: Vec<_> = plan.iter().collect();
-                    assert_eq!(rest, whole[start..], "{config:?} epoch {epoch} from {start}");
+                    assert_eq!(
+                        rest,
+                        whole[start..],
+                        "{config:?} epoch {epoch} from {start}"
+                    );
                     assert_eq!(plan.remaining() as usize, whole.len() - start);
                 }
             }
@@ -367,7 +371,10 @@ mod tests {
                     }
                 }
                 // Every rank steps in lockstep: the same number of batches.
-                assert!(lens.windows(2).all(|w| w[0] == w[1]), "{config:?}: {lens:?}");
+                assert!(
+                    lens.windows(2).all(|w| w[0] == w[1]),
+                    "{config:?}: {lens:?}"
+                );
                 let total: u32 = seen.iter().sum();
                 if config.drop_last {
                     // Each sample at most once, and all but the dropped tail.

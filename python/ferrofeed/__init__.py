@@ -55,7 +55,7 @@ from ._errors import (
 )
 from ._images import IMAGE_EXTENSIONS, ImageFiles, ImageFolder
 from ._loader import DataLoader
-from ._pipeline import Pipeline, PipelineBuilder
+from ._pipeline import Aggregator, Pipeline, PipelineBuilder, TaskHook
 from ._sample import sample_rng
 from ._shared_list import SharedList, default_arena_dir
 from ._workers import WorkerInfo, get_worker_info
@@ -69,6 +69,7 @@ __version__: str = _core.__version__
 
 __all__ = [
     "IMAGE_EXTENSIONS",
+    "Aggregator",
     "ArenaBuilderError",
     "ArenaClosedError",
     "ArenaCorruptError",
@@ -95,6 +96,7 @@ __all__ = [
     "PoolExhaustedError",
     "SharedList",
     "StagingError",
+    "TaskHook",
     "Tensor",
     "TooManyFailuresError",
     "WorkerDiedError",

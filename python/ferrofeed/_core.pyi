@@ -1,6 +1,6 @@
 """Type stubs of the compiled core. Use the public names of `ferrofeed` instead."""
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from os import PathLike
 from typing import Any, Literal, Self, final
 
@@ -72,6 +72,92 @@ class NativeOp:
     @property
     def group_size(self) -> int | None:
         """For a grouping op (`ferrofeed.ops.collate`), the items per group."""
+    @property
+    def drop_last(self) -> bool | None:
+        """For a grouping op, whether a last, short group is dropped."""
+
+@final
+class MapSpec:
+    """A map stage handed to `Pipeline`: ``op`` applied to each item (internal)."""
+
+    def __new__(
+        cls,
+        name: str,
+        op: Callable[[Any], Any] | NativeOp,
+        *,
+        kind: Literal["sync", "async", "native"] = "sync",
+        concurrency: int = 1,
+        on_error: Literal["raise", "skip"] = "raise",
+        max_failures: int | None = None,
+        ordered: bool = True,
+        timeout: float | None = None,
+    ) -> Self: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def op(self) -> Callable[[Any], Any] | NativeOp: ...
+    @property
+    def kind(self) -> Literal["sync", "async", "native"]: ...
+    @property
+    def concurrency(self) -> int: ...
+    @property
+    def on_error(self) -> Literal["raise", "skip"]: ...
+    @property
+    def max_failures(self) -> int | None: ...
+    @property
+    def ordered(self) -> bool: ...
+    @property
+    def timeout(self) -> float | None: ...
+
+@final
+class AggregateSpec:
+    """An aggregate stage handed to `Pipeline`: every ``size`` items become one (internal).
+
+    ``combine`` is ``None`` (a list), a grouping `NativeOp` (``ops.collate``) or a callable
+    given the group's list.
+    """
+
+    def __new__(
+        cls,
+        name: str,
+        size: int,
+        *,
+        drop_last: bool = False,
+        combine: NativeOp | Callable[[list[Any]], Any] | None = None,
+    ) -> Self: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def drop_last(self) -> bool: ...
+    @property
+    def combine(self) -> NativeOp | Callable[[list[Any]], Any] | None: ...
+
+@final
+class AccumulateSpec:
+    """A custom aggregation handed to `Pipeline` (SPDL's ``Aggregator``) (internal)."""
+
+    def __new__(
+        cls,
+        name: str,
+        accumulate: Callable[[Any], Any],
+        flush: Callable[[], Any] | None = None,
+    ) -> Self: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def accumulate(self) -> Callable[[Any], Any]: ...
+    @property
+    def flush(self) -> Callable[[], Any] | None: ...
+
+@final
+class DisaggregateSpec:
+    """A stage handed to `Pipeline` that sends on the elements of each item (internal)."""
+
+    def __new__(cls, name: str) -> Self: ...
+    @property
+    def name(self) -> str: ...
 
 def _after_fork_in_child() -> None:
     """Mark pipelines built before a fork as the parent's (internal)."""
@@ -267,18 +353,24 @@ class Pipeline:
     def __new__(
         cls,
         source: Iterable[Any],
-        stages: list[tuple[Any, ...]],
+        stages: Iterable[MapSpec | AggregateSpec | AccumulateSpec | DisaggregateSpec],
         *,
         sink_buffer: int = 3,
         num_threads: int | None = None,
         runner: Any = None,
         report_interval: float | None = None,
-        native_source: bool = False,
         stall_warning: float | None = None,
         stage_hooks: Any = None,
+        epoch: int = 0,
     ) -> Self: ...
     def start(self) -> None:
-        """Start the pipeline's threads (iteration starts it too)."""
+        """Start the pipeline's threads (iteration starts it too).
+
+        A pipeline runs once: starting one that was started already raises `RuntimeError`.
+        """
+    @property
+    def epoch(self) -> int:
+        """The epoch the pipeline was built for (see `ferrofeed.PipelineBuilder.build`)."""
     def stop(self) -> None:
         """Stop every stage and join every thread; idempotent; returns within about 0.25 s.
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import inspect
+import json
 import os
 import threading
 import weakref
@@ -20,21 +22,45 @@ from collections.abc import (
 from typing import TYPE_CHECKING, Any, Literal, Protocol, Self
 
 from . import _core
+from ._errors import PipelineError
 
 if TYPE_CHECKING:
     import asyncio
     from concurrent.futures import Executor
+    from types import TracebackType
 
-__all__ = ["Pipeline", "PipelineBuilder"]
+__all__ = ["Aggregator", "Pipeline", "PipelineBuilder", "TaskHook"]
 
 Pipeline = _core.Pipeline
 """A built pipeline: iterate it, or use ``with pipeline.auto_stop():``."""
 
 OnError = Literal["raise", "skip"]
 
+_Spec = _core.MapSpec | _core.AggregateSpec | _core.AccumulateSpec | _core.DisaggregateSpec
+
 
 class Aggregator(Protocol):
-    """A custom aggregation for `PipelineBuilder.aggregate` (as SPDL's ``Aggregator``)."""
+    """A custom aggregation for `PipelineBuilder.aggregate` (as SPDL's ``Aggregator``).
+
+    ``accumulate(item)`` is called with every item, in order, one at a time; it returns a
+    result to send on, or ``None`` for "nothing yet". ``flush()`` is called once when the
+    input ends, for what is still held (``None``: nothing).
+
+    Example:
+        >>> class Pairs:
+        ...     def __init__(self):
+        ...         self.held = []
+        ...     def accumulate(self, item):
+        ...         self.held.append(item)
+        ...         if len(self.held) == 2:
+        ...             out, self.held = self.held, []
+        ...             return out
+        ...         return None
+        ...     def flush(self):
+        ...         return self.held or None
+        >>> list(PipelineBuilder().add_source(range(5)).aggregate(Pairs()).add_sink().build())
+        [[0, 1], [2, 3], [4]]
+    """
 
     def accumulate(self, item: Any, /) -> Any:
         """Take the next item; return a result to send on, or ``None`` for nothing yet."""
@@ -275,21 +301,53 @@ class _Timeout:
 
 
 class TaskHook(Protocol):
-    """What ``pipe(..., hooks=[...])`` takes: an object like SPDL's ``TaskHook``.
+    """What ``pipe(hooks=[...])`` and ``aggregate(hooks=[...])`` take, as SPDL's ``TaskHook``.
+
+    Both methods are context manager factories: methods decorated with
+    ``@contextlib.contextmanager`` or ``@contextlib.asynccontextmanager`` (or returning a
+    context manager object). A plain generator function or a coroutine function (``async
+    def`` without ``@asynccontextmanager``) is not one, and `PipelineBuilder.build` refuses
+    it with `ValueError`.
 
     ``stage_hook()`` returns a context manager (sync or async) entered once when the
-    pipeline starts and exited once when it stops; ``task_hook()`` returns one entered
-    around every call of the stage (it sees the call's exception, if any; suppressing it
-    drops the item). On an ``async def`` stage the task hook runs on the pipeline's event
-    loop; on a sync stage an async task hook runs on the stage's thread and must not await
-    anything that suspends (stats and tracing hooks do not).
+    pipeline starts and exited once when it stops. An exception while entering or leaving
+    it reaches the consumer as `PipelineError` naming the stage (from ``start()``, the
+    first ``next()``, or the last one, or from ``stop()``); when entering fails, nothing
+    runs.
+
+    ``task_hook(input_item)`` returns a context manager entered around every call of the
+    stage, given the item the call processes (as SPDL passes it): for an aggregate stage,
+    the group (a list) about to be sent on; for a custom `Aggregator`, each item given to
+    ``accumulate``. It sees the call's exception, if any; suppressing it drops the item. A
+    ``task_hook`` that takes no argument (hooks written for ferrofeed's earlier
+    ``task_hook()``) is still accepted and called without the item. On an ``async def``
+    stage the task hook runs on the pipeline's event loop; elsewhere an async task hook runs
+    on the stage's thread and must not await anything that suspends (stats and tracing
+    hooks do not).
+
+    Example:
+        >>> import contextlib
+        >>> class Seen:
+        ...     def __init__(self):
+        ...         self.items = []
+        ...     @contextlib.contextmanager
+        ...     def stage_hook(self):
+        ...         yield
+        ...     @contextlib.contextmanager
+        ...     def task_hook(self, input_item):
+        ...         self.items.append(input_item)
+        ...         yield
+        >>> seen = Seen()
+        >>> p = PipelineBuilder().add_source(range(3)).pipe(str, hooks=[seen]).add_sink()
+        >>> list(p.build()), seen.items
+        (['0', '1', '2'], [0, 1, 2])
     """
 
     def stage_hook(self) -> Any:
         """Return the context manager around the stage's life."""
 
-    def task_hook(self) -> Any:
-        """Return the context manager around one call."""
+    def task_hook(self, input_item: Any, /) -> Any:
+        """Return the context manager around the call on ``input_item``."""
 
 
 def _drive(coro: Coroutine[Any, Any, Any]) -> Any:
@@ -326,32 +384,58 @@ def _as_sync(cm: Any) -> Any:
     raise TypeError(f"a hook must return a context manager, not {type(cm).__name__}")
 
 
+def _takes_item(hook: TaskHook) -> bool:
+    """Whether ``hook.task_hook`` takes the item (SPDL's signature) or nothing (older hooks)."""
+    try:
+        sig = inspect.signature(hook.task_hook)
+    except (TypeError, ValueError):  # no signature to read (a builtin): give the item
+        return True
+    try:
+        sig.bind(None)
+    except TypeError:
+        pass
+    else:
+        return True
+    try:
+        sig.bind()
+    except TypeError:
+        raise TypeError(
+            f"{type(hook).__name__}.task_hook must take the item (task_hook(input_item), as "
+            "SPDL's TaskHook) or nothing"
+        ) from None
+    return False
+
+
+def _task_cm(hook: TaskHook, takes_item: bool, item: Any) -> Any:
+    return hook.task_hook(item) if takes_item else hook.task_hook()  # type: ignore[call-arg]
+
+
 class _SyncTaskHooks:
-    """Enters every hook's ``task_hook()`` around each call of a sync stage."""
+    """Enters every hook's ``task_hook(item)`` around each call of a sync stage."""
 
     def __init__(self, op: Callable[[Any], Any], hooks: Sequence[TaskHook]) -> None:
         self.op = op
-        self.hooks = hooks
+        self.hooks = [(hook, _takes_item(hook)) for hook in hooks]
 
     def __call__(self, item: Any) -> Any:
         with contextlib.ExitStack() as stack:
-            for hook in self.hooks:
-                stack.enter_context(_as_sync(hook.task_hook()))
+            for hook, takes_item in self.hooks:
+                stack.enter_context(_as_sync(_task_cm(hook, takes_item, item)))
             return self.op(item)
         return None  # a hook suppressed the call's exception: the item is dropped
 
 
 class _AsyncTaskHooks:
-    """Enters every hook's ``task_hook()`` around each call of an async stage."""
+    """Enters every hook's ``task_hook(item)`` around each call of an async stage."""
 
     def __init__(self, op: Callable[[Any], Any], hooks: Sequence[TaskHook]) -> None:
         self.op = op
-        self.hooks = hooks
+        self.hooks = [(hook, _takes_item(hook)) for hook in hooks]
 
     async def __call__(self, item: Any) -> Any:
         async with contextlib.AsyncExitStack() as stack:
-            for hook in self.hooks:
-                cm = hook.task_hook()
+            for hook, takes_item in self.hooks:
+                cm = _task_cm(hook, takes_item, item)
                 if hasattr(cm, "__aenter__"):
                     await stack.enter_async_context(cm)
                 else:
@@ -360,17 +444,51 @@ class _AsyncTaskHooks:
         return None  # a hook suppressed the call's exception: the item is dropped
 
 
+def _group(items: list[Any]) -> list[Any]:
+    """An aggregate stage's group, as it is (what task hooks wrap on an aggregate)."""
+    return items
+
+
+def _check_hook_factories(stage: str, hook: TaskHook) -> None:
+    """Refuse a ``stage_hook``/``task_hook`` that is not a context manager factory."""
+    for attr in ("stage_hook", "task_hook"):
+        method = getattr(hook, attr)
+        if inspect.isasyncgenfunction(method):
+            kind, fix = "an async generator", "@contextlib.asynccontextmanager"
+        elif inspect.isgeneratorfunction(method):
+            kind, fix = "a generator", "@contextlib.contextmanager"
+        elif inspect.iscoroutinefunction(method):
+            kind, fix = "a coroutine", "@contextlib.asynccontextmanager (on an async generator)"
+        else:
+            continue
+        raise ValueError(
+            f"{type(hook).__name__}.{attr} (a hook of stage {stage!r}) is {kind} function, not "
+            f"a context manager factory: decorate it with {fix}"
+        )
+
+
+def _stage_error(stage: str, exc: Exception) -> PipelineError:
+    """The `PipelineError` a failure of ``stage`` (its hooks included) raises in the consumer."""
+    quoted = json.dumps(stage)  # as the engine quotes it (Rust's {:?})
+    exc.add_note(f"raised in pipeline stage {quoted}")
+    error = PipelineError(f"stage {quoted} failed", [exc])
+    error.stage = stage
+    error.add_note(f"raised in pipeline stage {quoted}")
+    return error
+
+
 class _StageHooks:
     """The ``stage_hook()`` of every hook of a pipeline: entered at start, exited at stop.
 
-    Async ones run on a private event loop that lives from enter to exit.
+    Async ones run on a private event loop that lives from enter to exit. A failure to
+    enter or leave one raises `PipelineError` naming the hook's stage.
     """
 
-    def __init__(self, hooks: Sequence[TaskHook]) -> None:
+    def __init__(self, hooks: Sequence[tuple[str, TaskHook]]) -> None:
         self.hooks = list(hooks)
-        self.stack: contextlib.ExitStack | None = None
+        self.entered: list[tuple[str, Any]] = []
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.done = False
+        self.started = False
 
     def _sync(self, cm: Any) -> Any:
         if hasattr(cm, "__enter__"):
@@ -397,31 +515,97 @@ class _StageHooks:
         return driven()
 
     def enter(self) -> None:
-        if self.done or self.stack is not None:
+        """Enter every stage hook, in stage order (once)."""
+        if self.started:
             return
-        stack = contextlib.ExitStack()
-        try:
-            for hook in self.hooks:
-                stack.enter_context(self._sync(hook.stage_hook()))
-        except BaseException:
-            self.done = True
-            self._close(stack)
-            raise
-        self.stack = stack
+        self.started = True
+        for stage, hook in self.hooks:
+            try:
+                cm = self._sync(hook.stage_hook())
+                cm.__enter__()
+            except Exception as exc:
+                failure = _stage_error(stage, exc)
+                try:
+                    self.exit()
+                except PipelineError as more:
+                    failure.add_note(f"leaving the hooks entered before failed too: {more!r}")
+                raise failure from None
+            except BaseException:
+                self.exit()
+                raise
+            self.entered.append((stage, cm))
 
     def exit(self) -> None:
-        stack, self.stack = self.stack, None
-        self.done = True
-        if stack is not None:
-            self._close(stack)
-
-    def _close(self, stack: contextlib.ExitStack) -> None:
+        """Leave the stage hooks entered, in reverse order (once)."""
+        self.started = True
+        entered, self.entered = self.entered, []
+        failures: list[tuple[str, Exception]] = []
         try:
-            stack.close()
+            for stage, cm in reversed(entered):
+                try:
+                    cm.__exit__(None, None, None)
+                except Exception as exc:
+                    failures.append((stage, exc))
         finally:
             loop, self.loop = self.loop, None
             if loop is not None:
                 loop.close()
+        if failures:
+            stage, first = failures[0]
+            error = _stage_error(stage, first)
+            for other_stage, other in failures[1:]:
+                error.add_note(f"a hook of stage {other_stage!r} failed too: {other!r}")
+            raise error
+
+
+# What the builder wraps a user's function in: `_code_of` sees through them.
+_WRAPPERS = (_SyncTaskHooks, _AsyncTaskHooks, _Collect, _CollectAsync, _InExecutor, _Timeout)
+
+
+def _code_of(op: Any) -> Any:
+    """The code object of the user's function behind ``op`` (through the builder's wrappers)."""
+    for _ in range(64):
+        if isinstance(op, _WRAPPERS):
+            op = op.op
+        elif isinstance(op, functools.partial):
+            op = op.func
+        else:
+            break
+    if inspect.ismethod(op):
+        op = op.__func__
+    code = getattr(op, "__code__", None)
+    if code is None and not inspect.isroutine(op) and not isinstance(op, type):
+        call = getattr(type(op), "__call__", None)  # noqa: B004 - the class's own __call__
+        code = getattr(call, "__code__", None)
+    return code
+
+
+def _call_failed(exc: BaseException, op: Any, tb: TracebackType | None = None) -> bool:
+    """Whether ``exc`` is a `TypeError` from calling ``op`` itself, before its body ran.
+
+    The engine asks this of a stage's failures (``op`` is what the stage calls): such a call
+    (wrong arity, a bad ``functools.partial``) is a programming error, which fails the
+    pipeline even under ``on_error="skip"``. Where ``op``'s code is unknown (a builtin, a
+    lookup table) the failure is the item's. ``tb`` is the traceback when the exception
+    does not hold it yet.
+    """
+    if not isinstance(exc, TypeError):
+        return False
+    code = _code_of(op)
+    if code is None:
+        return False
+    if tb is None:
+        tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code is code:
+            return False
+        tb = tb.tb_next
+    cause = exc.__cause__
+    if type(cause).__name__ == "_RemoteTraceback":
+        # From a ProcessPoolExecutor: the worker's traceback, as text.
+        text = str(cause)
+        return not (f'"{code.co_filename}"' in text and f"in {code.co_name}" in text)
+    return True
 
 
 def _op_name(op: Any) -> str:
@@ -470,10 +654,11 @@ class PipelineBuilder:
 
     def __init__(self) -> None:
         self._source: Any = None
-        self._stages: list[tuple[Any, ...]] = []
+        self._stages: list[_Spec] = []
         self._names: set[str] = set()
         self._sink_buffer: int | None = None
-        self._hooks: list[TaskHook] = []
+        self._hooks: list[tuple[str, TaskHook]] = []
+        self._epoch = 0
 
     def add_source(self, source: Iterable[Any] | AsyncIterable[Any], /) -> Self:
         """Set where items come from: any iterable or async iterable.
@@ -545,8 +730,13 @@ class PipelineBuilder:
                 ``stall_warning_after`` in `build`).
             hooks: task hooks, as SPDL's ``TaskHook`` (see `TaskHook`): each hook's
                 ``stage_hook()`` context manager is entered when the pipeline starts and
-                exited when it stops; its ``task_hook()`` context manager wraps every call
-                of the stage (for stats and tracing).
+                exited when it stops; its ``task_hook(input_item)`` context manager wraps
+                every call of the stage on ``input_item`` (for stats and tracing).
+
+        A call that fails before ``op`` runs (a `TypeError` from the call itself: wrong
+        arity, a bad ``functools.partial``) is a programming error, not a bad item: it fails
+        the pipeline even under ``on_error="skip"`` (a note on the error says so). A
+        `TypeError` raised inside ``op`` is the item's, as any other error.
 
         Example:
             >>> from concurrent.futures import ThreadPoolExecutor
@@ -606,11 +796,18 @@ class PipelineBuilder:
             default_name = None
         if isinstance(op, _core.NativeOp) and op.group_size is not None:
             # A grouping op (ops.collate): an aggregate stage with a native combine.
+            if hooks:
+                raise ValueError("hooks= applies to Python stages, not to native ops")
             stage_name = self._unique(name or op.name, explicit=name is not None)
-            self._stages.append(("aggregate_native", op, stage_name))
+            self._stages.append(
+                _core.AggregateSpec(
+                    stage_name, op.group_size, drop_last=bool(op.drop_last), combine=op
+                )
+            )
             return self
         call: Any = op
         flat = False
+        kind: Literal["sync", "async", "native"]
         if isinstance(op, _core.NativeOp):
             kind = "native"
         elif callable(op):
@@ -632,37 +829,49 @@ class PipelineBuilder:
             # Bounded on the event loop, where the coroutine can be cancelled.
             call, engine_timeout = _Timeout(call, float(timeout), stage_name), None
         if hooks:
-            hooks = list(hooks)
-            for hook in hooks:
-                if not callable(getattr(hook, "task_hook", None)) or not callable(
-                    getattr(hook, "stage_hook", None)
-                ):
-                    raise TypeError(
-                        "a hook needs stage_hook() and task_hook() methods (as SPDL's "
-                        f"TaskHook), not {type(hook).__name__}"
-                    )
+            hooks = self._checked_hooks(hooks)
             if kind == "native":
                 raise ValueError("hooks= applies to Python stages, not to native ops")
             call = (_AsyncTaskHooks if kind == "async" else _SyncTaskHooks)(call, hooks)
-            self._hooks.extend(hooks)
+            self._hooks.extend((stage_name, hook) for hook in hooks)
         self._stages.append(
-            (
-                "map",
-                kind,
-                call,
-                concurrency,
+            _core.MapSpec(
                 stage_name,
-                on_error,
-                max_failures,
-                ordered,
-                engine_timeout,
+                call,
+                kind=kind,
+                concurrency=concurrency,
+                on_error=on_error,
+                max_failures=max_failures,
+                ordered=ordered,
+                timeout=engine_timeout,
             )
         )
         if flat:
-            self._stages.append(("disaggregate", self._unique(f"{stage_name}/flat")))
+            self._stages.append(_core.DisaggregateSpec(self._unique(f"{stage_name}/flat")))
         return self
 
-    def aggregate(self, n: int | Aggregator, /, *, drop_last: bool = False) -> Self:
+    @staticmethod
+    def _checked_hooks(hooks: Sequence[TaskHook]) -> list[TaskHook]:
+        hooks = list(hooks)
+        for hook in hooks:
+            if not callable(getattr(hook, "task_hook", None)) or not callable(
+                getattr(hook, "stage_hook", None)
+            ):
+                raise TypeError(
+                    "a hook needs stage_hook() and task_hook() methods (as SPDL's "
+                    f"TaskHook), not {type(hook).__name__}"
+                )
+            _takes_item(hook)  # a task_hook that takes neither the item nor nothing fails here
+        return hooks
+
+    def aggregate(
+        self,
+        n: int | Aggregator,
+        /,
+        *,
+        drop_last: bool = False,
+        hooks: Sequence[TaskHook] | None = None,
+    ) -> Self:
         """Group items: every ``n`` consecutive items into a list, or with a custom aggregator.
 
         Args:
@@ -674,6 +883,9 @@ class PipelineBuilder:
             drop_last: drop the last, short group; for an aggregator, ``flush()`` is not
                 called. After a failure upstream, neither the short group nor ``flush()``
                 goes on (the failure does, after the complete groups).
+            hooks: task hooks, as for `pipe` (see `TaskHook`): ``task_hook(group)`` wraps
+                the sending on of each group (the list), or, with an aggregator, each call
+                of ``accumulate(item)``; ``stage_hook()`` wraps the pipeline's run.
 
         Example:
             >>> class Upto10:
@@ -695,6 +907,7 @@ class PipelineBuilder:
             raise ValueError("add_source() comes first")
         if self._sink_buffer is not None:
             raise ValueError("the pipeline already has a sink")
+        checked = self._checked_hooks(hooks) if hooks else []
         if not isinstance(n, int):
             accumulate = getattr(n, "accumulate", None)
             flush = getattr(n, "flush", None)
@@ -704,13 +917,20 @@ class PipelineBuilder:
                     f"and flush() methods, not {type(n).__name__}"
                 )
             stage_name = self._unique(f"aggregate({type(n).__name__})")
+            if checked:
+                accumulate = _SyncTaskHooks(accumulate, checked)
             self._stages.append(
-                ("accumulate", accumulate, None if drop_last else flush, stage_name)
+                _core.AccumulateSpec(stage_name, accumulate, None if drop_last else flush)
             )
-            return self
-        if isinstance(n, bool) or n < 1:
-            raise ValueError(f"n must be a positive int, not {n!r}")
-        self._stages.append(("aggregate", n, drop_last, self._unique(f"aggregate({n})")))
+        else:
+            if isinstance(n, bool) or n < 1:
+                raise ValueError(f"n must be a positive int, not {n!r}")
+            stage_name = self._unique(f"aggregate({n})")
+            combine = _SyncTaskHooks(_group, checked) if checked else None
+            self._stages.append(
+                _core.AggregateSpec(stage_name, n, drop_last=drop_last, combine=combine)
+            )
+        self._hooks.extend((stage_name, hook) for hook in checked)
         return self
 
     def disaggregate(self, *, name: str | None = None) -> Self:
@@ -730,7 +950,7 @@ class PipelineBuilder:
         if self._sink_buffer is not None:
             raise ValueError("the pipeline already has a sink")
         self._stages.append(
-            ("disaggregate", self._unique(name or "disaggregate", explicit=name is not None))
+            _core.DisaggregateSpec(self._unique(name or "disaggregate", explicit=name is not None))
         )
         return self
 
@@ -747,8 +967,17 @@ class PipelineBuilder:
         num_threads: int | None = None,
         report_stats_interval: float | None = None,
         stall_warning_after: float | None = 120.0,
+        epoch: int | None = None,
     ) -> _core.Pipeline:
         """Build a new pipeline (one pass over the source); call again for each epoch.
+
+        Each build is the next epoch: the first is epoch 0, then 1, 2, ...; ``epoch=k``
+        builds epoch ``k`` (and the next build is ``k + 1``). The epoch keys the random
+        draws of native ops: with ``ops.decode_image(crop="random", seed=s)`` (and
+        ``flip="random"``) the item at position ``i`` of the source (0, 1, ...) draws its
+        crop and flip from ``(s, epoch, i)``. So every epoch gets new crops, building the
+        same epoch again gives the same ones, and neither the files' folder nor the
+        threads' timing changes them.
 
         Args:
             num_threads: the most native ops (``ops.read_file``, ``ops.decode_image``, ...)
@@ -766,6 +995,17 @@ class PipelineBuilder:
                 source when none has), and again every as many seconds while it stays
                 stuck. ``None`` turns the watch off. A stalled pipeline can always be
                 stopped with ``stop()``.
+            epoch: the epoch to build (an int >= 0; default: the one after the last build,
+                0 for the first).
+
+        Raises:
+            ValueError: a bad argument, or a hook's ``stage_hook``/``task_hook`` that is not
+                a context manager factory (see `TaskHook`).
+
+        Example:
+            >>> b = PipelineBuilder().add_source(range(2)).add_sink()
+            >>> [b.build().epoch, b.build().epoch, b.build(epoch=7).epoch, b.build().epoch]
+            [0, 1, 7, 8]
         """
         if self._source is None:
             raise ValueError("the pipeline has no source: call add_source() first")
@@ -780,14 +1020,19 @@ class PipelineBuilder:
                 f"stall_warning_after must be a positive number of seconds or None, "
                 f"not {stall_warning_after!r}"
             )
+        if epoch is None:
+            epoch = self._epoch
+        elif isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"epoch must be an int >= 0, not {epoch!r}")
+        for stage, hook in self._hooks:
+            _check_hook_factories(stage, hook)
         source = self._source
         if not isinstance(source, range) and isinstance(source, AsyncIterable):
             source = _AsyncIterBridge(source)
-        runner = _AsyncRunner() if any(s[:2] == ("map", "async") for s in self._stages) else None
-        # A native first stage takes native items: the source converts paths and bytes.
-        first = self._stages[0] if self._stages else None
-        native_source = first is not None and (
-            first[0] == "aggregate_native" or first[:2] == ("map", "native")
+        runner = (
+            _AsyncRunner()
+            if any(isinstance(s, _core.MapSpec) and s.kind == "async" for s in self._stages)
+            else None
         )
         pipeline = _core.Pipeline(
             source,
@@ -796,10 +1041,11 @@ class PipelineBuilder:
             num_threads=num_threads,
             runner=runner,
             report_interval=report_stats_interval,
-            native_source=native_source,
             stall_warning=None if stall_warning_after is None else float(stall_warning_after),
             stage_hooks=_StageHooks(self._hooks) if self._hooks else None,
+            epoch=epoch,
         )
+        self._epoch = epoch + 1
         _LIVE.add(pipeline)
         return pipeline
 

@@ -64,9 +64,15 @@ def decode_image(
     The transforms are those of `ferrofeed.io.decode_image` (orientation, resize, crop,
     flip).
 
-    With ``crop="random"`` each image's crop is drawn from ``seed`` and the image's name,
-    so it does not depend on thread timing; so is its mirroring with ``flip="random"``
-    (torchvision's ``RandomHorizontalFlip()``: probability 1/2, independent of the crop).
+    With ``crop="random"`` each image's crop is drawn from ``(seed, epoch, position)``: the
+    pipeline's epoch (each `ferrofeed.PipelineBuilder.build` is the next one; ``build(epoch=
+    k)`` sets it) and the item's position in the pipeline's source (0, 1, ...). So every
+    epoch gets new crops, the same epoch built again gets the same ones, and neither the
+    files' folder nor the threads' timing changes them. So is its mirroring with
+    ``flip="random"`` (torchvision's ``RandomHorizontalFlip()``: probability 1/2,
+    independent of the crop). Without ``seed`` each op draws a fresh one, so two ops (or
+    two runs) crop differently. (The paths of a list the source yields, split by
+    ``disaggregate()``, have no position of their own: they are keyed by their name.)
     The training transform ``RandomResizedCrop(224)`` + ``RandomHorizontalFlip()`` is
     ``decode_image(size=224, crop="random", flip="random")``. A corrupt image raises
     `ferrofeed.ImageDecodeError` naming the file (or is skipped with ``on_error="skip"``).

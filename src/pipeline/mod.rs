@@ -66,20 +66,22 @@ mod engine;
 mod error;
 pub mod runtime;
 mod shared;
+mod source;
 mod stage;
 mod stats;
+mod tasks;
 mod threads;
+mod watch;
 
-pub use engine::{
-    Next, Pipeline, PipelineConfig, ReportFn, Stall, StallFn, StallWatch, StatsReporter, STOP_GRACE,
-};
+pub use engine::{Next, Pipeline, PipelineConfig, STOP_GRACE};
 pub use error::{Failure, FailureKind, PipelineError};
 pub use stage::{
     AccumulateStage, AggregateStage, AsyncItemFn, BoxFuture, CombineFn, DisaggregateStage,
     ErrorPolicy, FlushFn, ItemFn, IterSource, MapStage, SessionFn, SkipHook, Source, SplitFn,
-    Stage, StageTimeout, TimeoutErrorFn, Work,
+    Stage, StageTimeout, TimeoutErrorFn, UnskippableFn, Work,
 };
 pub use stats::{format_table, StageStats, StatsSnapshot};
+pub use watch::{ReportFn, Stall, StallFn, StallWatch, StatsReporter};
 
 #[cfg(test)]
 mod tests;

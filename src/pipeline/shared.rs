@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::error::{panic_message, Failure, FailureKind};
-use super::stage::{ErrorPolicy, ItemFn, SkipHook};
+use super::stage::{ErrorPolicy, ItemFn, SkipHook, UnskippableFn};
 use super::stats::StageStats;
 
 /// Longest a thread stage runs items in one session before it sends the
@@ -56,6 +56,9 @@ pub(super) struct Shared<E> {
     /// One permit per blocking call the pipeline may run at once
     /// (`PipelineConfig::num_threads`), held until the call returns.
     pub(super) blocking: Arc<tokio::sync::Semaphore>,
+    /// Errors that fail the pipeline whatever the stage's policy (see
+    /// [`UnskippableFn`]).
+    pub(super) unskippable: std::sync::OnceLock<UnskippableFn<E>>,
 }
 
 impl<E> Shared<E> {
@@ -161,6 +164,9 @@ impl<E> StageCtx<E> {
         let count = self.stats.failed();
         let kind = match policy {
             ErrorPolicy::Raise => FailureKind::Item(e),
+            ErrorPolicy::Skip { .. } if self.shared.unskippable.get().is_some_and(|f| f(&e)) => {
+                FailureKind::Item(e)
+            }
             ErrorPolicy::Skip { max_failures } => {
                 if let Some(hook) = &self.hook {
                     hook(stage, &e);

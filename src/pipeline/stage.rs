@@ -239,3 +239,9 @@ where
 
 /// Called with the stage name and the error of each item a stage skips.
 pub type SkipHook<E> = Arc<dyn Fn(&str, &E) + Send + Sync>;
+
+/// Tells an error that no skip policy may skip: a programming error (a stage
+/// function called with the wrong arguments), not a bad item. Such an error
+/// fails the pipeline under [`ErrorPolicy::Skip`] as under
+/// [`ErrorPolicy::Raise`].
+pub type UnskippableFn<E> = Arc<dyn Fn(&E) -> bool + Send + Sync>;

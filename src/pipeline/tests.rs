@@ -205,6 +205,52 @@ fn skip_counts_exactly_and_max_failures_trips() {
 }
 
 #[test]
+fn an_unskippable_error_fails_the_pipeline_under_skip_on_every_kind_of_work() {
+    // "bad" items are skipped; a "bug" is a programming error that fails the
+    // pipeline whatever the policy, after the items before it.
+    let f: ItemFn<u64, String> = Arc::new(|x| match x {
+        7 => Err("bug".into()),
+        x if x % 3 == 0 => Err("bad".into()),
+        x => Ok(Some(x)),
+    });
+    let af: AsyncItemFn<u64, String> = {
+        let f = Arc::clone(&f);
+        Arc::new(move |x| {
+            let out = f(x);
+            Box::pin(async move { out })
+        })
+    };
+    let works = [
+        Work::Inline(Arc::clone(&f)),
+        Work::Blocking(Arc::clone(&f)),
+        Work::Dedicated(Arc::clone(&f), None),
+        Work::Async(af),
+    ];
+    for work in works {
+        for concurrency in [1, 4] {
+            let stage = with_policy(
+                map("m", work.clone(), concurrency, true),
+                ErrorPolicy::Skip { max_failures: None },
+            );
+            let mut p = P::new(source(20), vec![stage], config(4), None).unwrap();
+            p.set_unskippable(Arc::new(|e: &String| e == "bug"));
+            let mut got = Vec::new();
+            let failure = loop {
+                match p.next_timeout(Duration::from_secs(10)) {
+                    Next::Item(x) => got.push(x),
+                    Next::Failed(f) => break f,
+                    Next::Finished => panic!("the bug was skipped"),
+                    Next::Timeout => panic!("pipeline stalled"),
+                }
+            };
+            assert_eq!(got, vec![1, 2, 4, 5]);
+            assert_eq!(failure.stage, "m");
+            assert!(matches!(failure.kind, FailureKind::Item(ref e) if e == "bug"));
+        }
+    }
+}
+
+#[test]
 fn source_errors_and_panics_are_failures() {
     let src = IterSource((0..10u64).map(|x| {
         if x == 5 {

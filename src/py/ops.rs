@@ -11,7 +11,7 @@ use pyo3::exceptions::{PyOSError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
 use super::image::parse_transform;
-use super::pipeline::{Item, OpConfig, PyNativeOp};
+use super::pipeline::{Item, OpConfig, PerEpochFn, PyNativeOp};
 use super::staging::PyBufferPool;
 use crate::dlpack::DType;
 use crate::image::batch::{
@@ -30,9 +30,14 @@ fn _op_read_file() -> PyNativeOp {
         "read_file",
         true,
         Arc::new(|item| match item {
-            Item::Path { path, label } => {
+            Item::Path { path, label, pos } => {
                 let (data, name) = read_path(&path)?;
-                Ok(Some(Item::Bytes { data, name, label }))
+                Ok(Some(Item::Bytes {
+                    data,
+                    name,
+                    label,
+                    pos,
+                }))
             }
             other => Err(wrong_item(
                 "read_file",
@@ -106,26 +111,36 @@ fn _op_decode_image(
         dct_scaling,
         crop_decode,
     )?;
-    let for_item =
-        move |name: &str| -> Transform { transform.with_seed(crop_seed(base_seed, 0, name)) };
     let config = OpConfig::Decode { transform, seed };
-    Ok(PyNativeOp::new(
-        "decode_image",
-        true,
+    // In a pipeline of epoch `e`, an item's random crop and flip draw from
+    // (seed, e, its position in the source): new ones every epoch, the same
+    // ones for the same epoch, whatever the file's folder or the threads'
+    // timing. An item without a position (a path inside a group) keys on
+    // its name instead.
+    let make: PerEpochFn = Arc::new(move |epoch| {
         Arc::new(move |item| {
-            let (data, name, label) = match item {
-                Item::Bytes { data, name, label } => (data, name, label),
-                Item::Path { path, label } => {
+            let (data, name, label, pos) = match item {
+                Item::Bytes {
+                    data,
+                    name,
+                    label,
+                    pos,
+                } => (data, name, label, pos),
+                Item::Path { path, label, pos } => {
                     let (data, name) = read_path(&path)?;
-                    (data, name, label)
+                    (data, name, label, pos)
                 }
                 other => return Err(wrong_item("decode_image", "encoded bytes or paths", &other)),
             };
-            let image = decode(&data, &name, &for_item(&name))?;
+            let seed = match pos {
+                Some(pos) => mix(base_seed, epoch, pos, Stream::Crop),
+                None => crop_seed(base_seed, epoch, &name),
+            };
+            let image = decode(&data, &name, &transform.with_seed(seed))?;
             Ok(Some(Item::Image { image, name, label }))
-        }),
-    )
-    .with_config(config))
+        })
+    });
+    Ok(PyNativeOp::per_epoch("decode_image", true, make).with_config(config))
 }
 
 /// `ops.collate(batch_size, ...)`: groups images into one batch tensor
@@ -318,16 +333,15 @@ impl Group {
     /// The group in a Python `(batch_no, indices, items)` tuple.
     fn extract(obj: &Py<PyAny>) -> PyResult<Self> {
         Python::attach(|py| {
-            let (batch_no, indices, items): (u64, Vec<u64>, Bound<'_, PyAny>) = obj
-                .extract(py)
-                .map_err(|_| {
+            let (batch_no, indices, items): (u64, Vec<u64>, Bound<'_, PyAny>) =
+                obj.extract(py).map_err(|_| {
                     PyTypeError::new_err(
                         "the batch op takes (batch_no, indices, items) groups of the epoch plan",
                     )
                 })?;
             let items: Vec<Item> = items
                 .try_iter()?
-                .map(|item| item.map(Item::from_source))
+                .map(|item| item.map(|item| Item::from_source(item, None)))
                 .collect::<PyResult<_>>()?;
             if items.len() != indices.len() {
                 return Err(PyValueError::new_err(format!(
@@ -370,11 +384,13 @@ impl LoadBatch {
         let mut labels = Vec::with_capacity(items.len());
         for (item, &index) in items.into_iter().zip(&indices) {
             let (source, name, label) = match item {
-                Item::Path { path, label } => {
+                Item::Path { path, label, .. } => {
                     let name = path.display().to_string();
                     (Source::Path(path), name, label)
                 }
-                Item::Bytes { data, name, label } => (Source::Owned(data), name, label),
+                Item::Bytes {
+                    data, name, label, ..
+                } => (Source::Owned(data), name, label),
                 other => return Err(wrong_item("decode_batch", "paths or bytes", &other)),
             };
             let seed = sample_crop_seed(self.seed, self.epoch, index);
