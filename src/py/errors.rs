@@ -7,6 +7,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
 
 use crate::arena::ArenaError;
+use crate::image::spec::SpecError;
 use crate::image::ImageError;
 use crate::staging::StagingError;
 
@@ -150,5 +151,13 @@ impl From<ImageError> for PyErr {
                 _ => make(image_decode(py), &msg, None, None),
             }
         })
+    }
+}
+
+impl From<SpecError> for PyErr {
+    /// An invalid image spec or batch layout: a `ValueError`.
+    #[cold]
+    fn from(err: SpecError) -> PyErr {
+        PyValueError::new_err(err.to_string())
     }
 }

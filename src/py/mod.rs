@@ -14,6 +14,7 @@ mod ops;
 mod pipeline;
 mod sampler;
 mod slots;
+mod spec;
 mod staging;
 
 use pyo3::prelude::*;
@@ -39,6 +40,7 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     staging::register(m)?;
     slots::register(m)?;
     image::register(m)?;
+    spec::register(m)?;
     m.add("cuda_feature", cfg!(feature = "cuda"))?;
     Ok(())
 }
