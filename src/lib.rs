@@ -16,6 +16,8 @@
 //!   and per-sample seed.
 //! - [`cpu`]: the process's one CPU pool (re-created in a forked child).
 //! - [`sampler`]: seekable shuffled index orders, O(1) to start or resume.
+//! - [`plan`]: the epoch plan: numbered batches of dataset indices per rank,
+//!   from any resume point, for every executor.
 //! - [`arena`]: the shared arena, one memory-mapped file of opaque items that
 //!   every process on a node maps, so dataset metadata exists once per node.
 //! - [`image`]: decode, resize, crop and flip into a slot of a batch, and the
@@ -37,6 +39,7 @@ pub mod cpu;
 pub mod dlpack;
 pub mod image;
 pub mod pipeline;
+pub mod plan;
 pub mod sampler;
 pub mod seed;
 pub mod staging;

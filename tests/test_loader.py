@@ -1,4 +1,4 @@
-"""`ferrofeed.DataLoader` and `ferrofeed.default_collate` (map-style datasets).
+"""`ferrofeed.DataLoader` (map-style datasets); `default_collate` alone is in test_collate.py.
 
 Sharding by rank, shuffling, determinism across thread counts, exact resume in a new
 process, ``batches_per_epoch``, epochs, torch and JAX output, collation, bad samples,
@@ -23,7 +23,7 @@ import threading
 import time
 import types
 from collections.abc import Callable, Iterable
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import pytest
@@ -31,8 +31,6 @@ from ferrofeed import DataLoader, PipelineError, TooManyFailuresError, default_c
 from thread_counts import settle_threads, thread_counts
 
 RunPython = Callable[..., subprocess.CompletedProcess[str]]
-
-POOLED = ("uint8", "int32", "int64", "float16", "float32")
 
 
 def batches_of(loader: Iterable[Any]) -> list[list[Any]]:
@@ -50,10 +48,6 @@ def epoch_order(n: int, *, shuffle: bool, seed: int, epoch: int = 0) -> list[int
     (batch,) = batches_of(loader.epoch_batches(epoch))
     assert sorted(batch) == list(range(n))
     return batch
-
-
-def aligned(a: np.ndarray) -> bool:
-    return a.ctypes.data % 64 == 0
 
 
 # --------------------------------------------------------------------------------------
@@ -696,113 +690,6 @@ def test_jax_output_arrays(run_python: RunPython, last_json_line: Callable[[str]
 
 
 # --------------------------------------------------------------------------------------
-# default_collate
-
-
-class Point(NamedTuple):
-    x: float
-    label: int
-    tag: str
-
-
-def test_collate_dict_tuple_namedtuple_nested() -> None:
-    samples = [
-        {
-            "img": np.full((2, 2), i, np.uint8),
-            "label": i,
-            "name": f"n{i}",
-            "pair": (np.float32(i), [i, i + 1]),
-            "meta": {"score": i / 2, "id": b"id%d" % i},
-            "point": Point(float(i), i * 10, f"t{i}"),
-        }
-        for i in range(3)
-    ]
-    batch = default_collate(samples)
-    assert set(batch) == set(samples[0])
-    assert batch["img"].dtype == np.uint8
-    assert batch["img"].shape == (3, 2, 2)
-    assert batch["img"][:, 0, 0].tolist() == [0, 1, 2]
-    assert batch["label"].dtype == np.int64
-    assert batch["label"].tolist() == [0, 1, 2]
-    assert batch["name"] == ["n0", "n1", "n2"]
-    assert isinstance(batch["pair"], tuple)
-    assert batch["pair"][0].dtype == np.float32
-    assert batch["pair"][0].tolist() == [0.0, 1.0, 2.0]
-    assert batch["pair"][1].tolist() == [[0, 1], [1, 2], [2, 3]]
-    assert batch["meta"]["score"].tolist() == [0.0, 0.5, 1.0]
-    assert batch["meta"]["id"] == [b"id0", b"id1", b"id2"]
-    point = batch["point"]
-    assert type(point) is Point
-    assert point.x.tolist() == [0.0, 1.0, 2.0]
-    assert point.label.tolist() == [0, 10, 20]
-    assert point.tag == ["t0", "t1", "t2"]
-
-
-def test_collate_tuples_and_lists_of_numbers() -> None:
-    pairs = default_collate([(np.arange(3, dtype=np.int32) + i, i) for i in range(4)])
-    assert isinstance(pairs, tuple)
-    assert len(pairs) == 2
-    assert pairs[0].dtype == np.int32
-    assert pairs[0].shape == (4, 3)
-    assert pairs[1].tolist() == [0, 1, 2, 3]
-
-    ints = default_collate([[1, 2, 3], [4, 5, 6]])
-    assert isinstance(ints, np.ndarray)
-    assert ints.dtype == np.int64
-    assert ints.tolist() == [[1, 2, 3], [4, 5, 6]]
-    assert aligned(ints)
-    floats = default_collate([[0.5, 1.5], [2.5, 3.5]])
-    assert floats.dtype == np.float64
-    assert floats.tolist() == [[0.5, 1.5], [2.5, 3.5]]
-    scalars = default_collate([1.5, 2.5, 3.5])
-    assert scalars.tolist() == [1.5, 2.5, 3.5]
-    bools = default_collate([True, False])
-    assert bools.dtype == np.bool_
-    assert bools.tolist() == [True, False]
-    # lists of strings are transposed field by field, each field a list
-    words = default_collate([["a", "b"], ["c", "d"]])
-    assert words == [["a", "c"], ["b", "d"]]
-    assert default_collate(["x", "y", "z"]) == ["x", "y", "z"]
-
-
-def test_collate_mixed_int_and_float_numbers_promote() -> None:
-    # np.stack / torch's default_collate promote to a float type; nothing may be lost.
-    assert default_collate([1, 2.5]).tolist() == [1.0, 2.5]
-    assert default_collate([[1, 2], [3.5, 4]]).tolist() == [[1.0, 2.0], [3.5, 4.0]]
-
-
-@pytest.mark.parametrize(
-    "dtype", ["uint8", "int32", "int64", "float16", "float32", "float64", "bool"]
-)
-def test_collate_numpy_dtypes(dtype: str) -> None:
-    rng = np.random.default_rng(0)
-    samples = [(rng.integers(0, 2, size=(3, 5)) * (i + 1)).astype(dtype) for i in range(4)]
-    batch = default_collate(samples)
-    assert isinstance(batch, np.ndarray)
-    assert batch.dtype == np.dtype(dtype)
-    assert batch.shape == (4, 3, 5)
-    assert batch.flags.c_contiguous
-    for i, s in enumerate(samples):
-        np.testing.assert_array_equal(batch[i], s)
-    if dtype in POOLED:
-        assert aligned(batch), f"pooled {dtype} batch not 64-byte aligned"
-    # scalars of the dtype too
-    scalars = default_collate([np.dtype(dtype).type(i % 2) for i in range(5)])
-    assert scalars.dtype == np.dtype(dtype)
-    assert scalars.tolist() == [np.dtype(dtype).type(i % 2).item() for i in range(5)]
-
-
-def test_collate_pooled_buffers_are_not_reused_while_alive() -> None:
-    first = default_collate([np.full((64,), 7, np.float32)] * 8)
-    ptr = first.ctypes.data
-    for k in range(50):
-        other = default_collate([np.full((64,), k, np.float32)] * 8)
-        assert other.ctypes.data != ptr
-        del other
-    assert (first == 7).all(), "a live batch was overwritten by a later one"
-
-
-# --------------------------------------------------------------------------------------
 # bad samples
 
 
@@ -1029,21 +916,6 @@ def test_batch_size_none_hands_out_samples() -> None:
     assert as_torch[1]["y"] == 1
     with pytest.raises(TypeError, match="no collate"):
         DataLoader(samples, None, collate=default_collate)
-
-
-def test_default_collate_sequences_and_unknown_types() -> None:
-    import collections as c
-
-    dq = default_collate([c.deque([1, "a"]), c.deque([2, "b"])])
-    assert isinstance(dq, c.deque)
-    assert dq[0].tolist() == [1, 2]
-    assert list(dq[1]) == ["a", "b"]
-    with pytest.raises(TypeError, match="default_collate"):
-        default_collate([object(), object()])
-    with pytest.raises(TypeError, match="NoneType"):
-        default_collate([None, None])
-    with pytest.raises(ValueError, match="same length"):
-        default_collate([(1, 2), (3,)])
 
 
 # --------------------------------------------------------------------------------------

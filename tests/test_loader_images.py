@@ -452,18 +452,11 @@ def test_flip_argument_errors_and_seeded_single_decode(data: Dataset) -> None:
     assert outcomes == {"mirrored", "plain"}
 
 
-def test_random_crop_with_op_seed_is_reproducible(data: Dataset) -> None:
-    def run() -> list[tuple[np.ndarray, list[int]]]:
-        return collect(
-            indexed_loader(
-                data, batch_size=9, transform=ops.decode_image(size=SIZE, crop="random", seed=3)
-            )
-        )
-
-    first = run()
-    assert same_batches(first, run())
-    for images, labels in first:
-        assert images.shape == (len(labels), SIZE, SIZE, 3)
+def test_op_seed_beside_the_loaders_is_refused(data: Dataset) -> None:
+    # The loader's seed= seeds every sample: an op's own would not be used.
+    op = ops.decode_image(size=SIZE, crop="random", seed=3)
+    with pytest.raises(ValueError, match=r"pass seed=3 to the DataLoader instead"):
+        indexed_loader(data, batch_size=9, transform=op)
 
 
 # --------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from ._native import load_core as _load_core
 _native_build = _load_core()
 
 from . import _core, io, ops
+from ._collate import default_collate
 from ._core import BufferPool, Tensor, default_pool, empty, zeros
 from ._errors import (
     ArenaBuilderError,
@@ -53,8 +54,9 @@ from ._errors import (
     WorkerTimeoutError,
 )
 from ._images import IMAGE_EXTENSIONS, ImageFiles, ImageFolder
-from ._loader import DataLoader, default_collate
+from ._loader import DataLoader
 from ._pipeline import Pipeline, PipelineBuilder
+from ._sample import sample_rng
 from ._shared_list import SharedList, default_arena_dir
 from ._workers import WorkerInfo, get_worker_info
 
@@ -108,6 +110,7 @@ __all__ = [
     "get_worker_info",
     "io",
     "ops",
+    "sample_rng",
     "to_jax",
     "to_numpy",
     "to_torch",

@@ -228,10 +228,15 @@ def _op_load_batch(
     threads: int,
     skip: bool,
     pool: BufferPool,
+    batch_size: int,
+    drop_last: bool,
 ) -> NativeOp:
-    """Return DataLoader's batch op: a list of image files becomes one batch.
+    """Return DataLoader's batch op: a group of the epoch plan becomes one batch.
 
-    Each item is ``(images, labels, skipped)``: ``skipped`` lists ``(position, reason)``.
+    Each item in is ``(batch_no, indices, files)``; each item out is ``(batch_no, indices,
+    images, labels, skipped)``, ``skipped`` listing ``(dataset index, reason)``. Refuses
+    (``ValueError``) a ``decode`` with a seed of its own, and a ``collate`` whose batch
+    size or ``drop_last`` disagrees with ``batch_size`` and ``drop_last``.
     """
 
 def _synthetic_jpeg(width: int, height: int, *, seed: int, quality: int = 85) -> bytes:
@@ -251,6 +256,67 @@ class Permutation:
     def __getitem__(self, i: int, /) -> int: ...
     def take(self, start: int, end: int, stride: int = 1) -> list[int]:
         """Return the elements at ``start, start + stride, ...`` below ``end``, modulo len."""
+
+@final
+class EpochPlan:
+    """One epoch's batches on one rank: numbered groups of dataset indices.
+
+    The loader's order in one place: pass ``p`` over the data reads it in the order of a
+    permutation keyed by ``(seed, p)`` (or in order without ``shuffle``); rank ``r`` takes
+    positions ``r, r + W, ...`` of it (wrapping round to pad, or cut with ``drop_last``);
+    a rank's share is cut into batches; with ``batches_per_epoch`` an epoch has that many
+    and continues where the last one stopped. Iterating yields ``(batch_no, indices)``
+    from batch ``start`` (the resume point) to the end.
+
+    Example:
+        >>> from ferrofeed import _core
+        >>> list(_core.EpochPlan(5, 2))
+        [(0, [0, 1]), (1, [2, 3]), (2, [4])]
+    """
+
+    def __new__(
+        cls,
+        len: int,
+        batch_size: int,
+        *,
+        shuffle: bool = False,
+        seed: int = 0,
+        epoch: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        drop_last: bool = False,
+        batches_per_epoch: int | None = None,
+        start: int = 0,
+    ) -> EpochPlan: ...
+    def __len__(self) -> int:
+        """Return the batches in the whole epoch (those before ``start`` included)."""
+    def __iter__(self) -> Iterator[tuple[int, list[int]]]: ...
+    @property
+    def epoch(self) -> int:
+        """The epoch."""
+    @property
+    def start(self) -> int:
+        """The first batch the plan yields (the resume point)."""
+    @property
+    def remaining(self) -> int:
+        """Batches from ``start`` to the end of the epoch."""
+    @property
+    def samples_per_rank(self) -> int:
+        """Samples each rank reads per pass over the data."""
+    @property
+    def batches_per_pass(self) -> int:
+        """Batches each rank yields per pass over the data."""
+    def batch(self, batch_no: int) -> list[int]:
+        """Return the dataset indices of batch ``batch_no`` of the epoch."""
+    def batch_len(self, batch_no: int) -> int:
+        """Return the number of samples in batch ``batch_no`` of the epoch."""
+
+@final
+class EpochPlanIterator:
+    """The iterator of an `EpochPlan`."""
+
+    def __iter__(self) -> Self: ...
+    def __next__(self) -> tuple[int, list[int]]: ...
 
 def sample_seed(seed: int, epoch: int, index: int) -> int:
     """Return the seed of one sample's random augmentations (fixed, pinned mixing)."""
@@ -529,7 +595,10 @@ def decode_image(
             from ``seed`` independently of the crop).
         scale: Area fraction bounds of the random crop.
         ratio: Aspect ratio bounds of the random crop.
-        seed: Seed of the random crop and flip (``None``: a fresh one).
+        seed: Seed of the random crop and flip. ``None``: inside a `DataLoader`'s
+            ``dataset[i]`` or ``transform``, the sample's own (from the loader's seed, the
+            epoch and the sample's index: the crop and flip the native image chain draws
+            for that sample); elsewhere a fresh one.
         dct_scaling: Let libjpeg-turbo decode a JPEG at a reduced n/8 scale that still
             covers the output (much faster for large photos, slightly different pixels).
         crop_decode: Decode only the part of a JPEG that the output reads (the rows and

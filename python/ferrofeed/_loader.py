@@ -1,40 +1,36 @@
-"""`DataLoader`: batches from a map-style dataset, shuffled, sharded and resumable."""
+"""`DataLoader`: batches from a map-style dataset, shuffled, sharded and resumable.
+
+One batch's way: `DataLoader.__iter__` makes the epoch's plan in the core
+(`_core.EpochPlan`: numbered groups of dataset indices for this rank, from the resume
+point); an executor (`ferrofeed._executors`: threads, worker processes or the native image
+chain) turns each group into a `Done` (the batch with its number, indices and skipped
+samples); the loader counts skips against the budget, converts the batch for the framework
+(`ferrofeed._output`) and yields it.
+"""
 
 from __future__ import annotations
 
-import collections
 import importlib
-import itertools
 import logging
-import math
 import operator
 import os
-import sys
 import threading
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal, Protocol
 
 from . import _core
-from ._errors import PipelineError, TooManyFailuresError, WorkerError
+from ._collate import default_collate
+from ._errors import TooManyFailuresError
+from ._executors import Executor, NativeExecutor, ThreadExecutor, WorkerExecutor
 from ._images import ImageFiles, ImageFolder
-from ._pipeline import PipelineBuilder
-from ._workers import WorkerPool, _Setup, seeded_modules, worker_batches
+from ._output import Output, Progress, check_device, convert, default_rank_and_world
+from ._workers import _Setup
 
-__all__ = ["DataLoader", "default_collate"]
+__all__ = ["DataLoader"]
 
-Output = Literal["numpy", "torch", "jax"]
 StartMethod = Literal["fork", "spawn", "forkserver"]
 
 _log = logging.getLogger("ferrofeed.loader")
-
-# dtypes a pooled, 64-byte aligned batch buffer can hold (what DLPack consumers take).
-_POOLED_DTYPES = {"uint8", "int32", "int64", "float16", "float32"}
-
-# In a worker process, while its collate runs: allocates an array of (shape, dtype) in the
-# shared slot the batch goes back in (see _workers), so stacking writes straight into it.
-_worker_alloc: Callable[[tuple[int, ...], Any], Any] | None = None
 
 
 class MapDataset(Protocol):
@@ -46,184 +42,6 @@ class MapDataset(Protocol):
 
 # Stands for a batch whose every sample was skipped.
 _EMPTY = object()
-_END = object()  # after an epoch's last sample, where the grouper must know the end
-
-
-@dataclass(frozen=True)
-class _Skipped:
-    """A sample that failed under ``on_error="skip"`` (dropped from its batch by collate)."""
-
-    index: int
-    reason: str
-
-
-def _stack(arrays: Sequence[Any]) -> Any:
-    import numpy as np
-
-    parts = [np.asarray(a) for a in arrays]
-    dtype = np.result_type(*parts)  # promotes as np.stack would: [1, 2.5] -> float64
-    shape = (len(parts), *parts[0].shape)
-    alloc = _worker_alloc
-    if alloc is not None and dtype.kind in "biufc" and parts[0].size > 0:
-        out = alloc(shape, dtype)
-        np.stack(parts, out=out)
-        return out
-    if dtype.name in _POOLED_DTYPES and parts[0].size > 0:
-        # Straight into a 64-byte aligned, pooled buffer: JAX and torch then take the
-        # batch by DLPack without a copy, and the buffer is reused once freed.
-        out = np.from_dlpack(_core.empty(shape, dtype.name))
-        np.stack(parts, out=out)
-        return out
-    return np.stack(parts).astype(dtype, copy=False)
-
-
-def default_collate(samples: Sequence[Any]) -> Any:
-    """Combine a list of samples into a batch, recursively, as NumPy arrays.
-
-    Arrays and numbers are stacked along a new first axis (into a pooled, 64-byte aligned
-    buffer for the common dtypes, or in a worker process straight into the shared slot the
-    batch goes back in); dicts, named tuples, tuples, lists and other sequences are collated
-    field by field (a list of numbers is stacked like an array); strings and bytes are
-    returned as a list.
-
-    Raises:
-        TypeError: a sample of another type (``None``, an arbitrary object), as PyTorch's
-            ``default_collate`` does; pass your own ``collate`` for those.
-        ValueError: sequences of different lengths in one batch.
-
-    Example:
-        >>> batch = default_collate([{"x": [1.0, 2.0], "y": 0}, {"x": [3.0, 4.0], "y": 1}])
-        >>> batch["x"].shape, batch["y"].tolist()
-        ((2, 2), [0, 1])
-    """
-    import numpy as np
-
-    first = samples[0]
-    if isinstance(first, Mapping):
-        return {key: default_collate([s[key] for s in samples]) for key in first}
-    if isinstance(first, str | bytes):
-        return list(samples)
-    if isinstance(first, np.ndarray | np.generic | int | float | bool) or hasattr(
-        first, "__array__"
-    ):
-        return _stack(samples)
-    if isinstance(first, Sequence):
-        if isinstance(first, list) and all(isinstance(v, int | float) for v in first):
-            return _stack(samples)
-        if any(len(s) != len(first) for s in samples):
-            raise ValueError(
-                "default_collate: the sequences of one batch must have the same length, "
-                f"not {sorted({len(s) for s in samples})}"
-            )
-        fields = [default_collate(list(f)) for f in zip(*samples, strict=True)]
-        if isinstance(first, tuple) and hasattr(type(first), "_fields"):  # a named tuple
-            return type(first)(*fields)
-        kind: Any = type(first)
-        if kind in (tuple, list):
-            return kind(fields)
-        try:
-            return kind(fields)  # e.g. a deque
-        except TypeError:  # a sequence type that cannot be built from a list
-            return fields
-    raise TypeError(
-        "default_collate: samples must be arrays, numbers, strings, dicts or sequences of "
-        f"these, not {type(first).__module__}.{type(first).__qualname__}; pass collate= "
-        "to batch them your own way"
-    )
-
-
-def _default_rank_and_world() -> tuple[int, int]:
-    """Find the rank and world size.
-
-    From torch.distributed or JAX when initialised, else ``RANK`` and ``WORLD_SIZE`` in the
-    environment, else a single process. Never imports a framework.
-    """
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        dist = getattr(torch, "distributed", None)
-        if dist is not None and dist.is_available() and dist.is_initialized():
-            return int(dist.get_rank()), int(dist.get_world_size())
-    jax = sys.modules.get("jax")
-    if jax is not None:
-        try:
-            count = int(jax.process_count())
-        except Exception:  # a JAX without a usable backend: fall through
-            count = 1
-        if count > 1:
-            return int(jax.process_index()), count
-    rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
-    if rank is not None and world is not None:
-        return int(rank), int(world)
-    return 0, 1
-
-
-def _convert(batch: Any, output: Output, device: str | None) -> Any:
-    if output == "numpy":
-        return batch
-    if isinstance(batch, dict):
-        return {k: _convert(v, output, device) for k, v in batch.items()}
-    if isinstance(batch, tuple) and hasattr(type(batch), "_fields"):  # a named tuple
-        return type(batch)(*(_convert(v, output, device) for v in batch))
-    if isinstance(batch, tuple | list) and not _is_array(batch):
-        return type(batch)(_convert(v, output, device) for v in batch)
-    if not _is_array(batch):
-        return batch
-    if output == "torch":
-        import torch
-
-        tensor = torch.from_numpy(batch)
-        if not device:
-            return tensor
-        from .torch import _to_device
-
-        # The batch's buffer stays out of its pool (or its worker slot) until the copy ends.
-        return _to_device(tensor, device, non_blocking=True)
-    import jax
-
-    array = jax.dlpack.from_dlpack(batch) if batch.flags.c_contiguous else jax.numpy.asarray(batch)
-    return jax.device_put(array, jax.devices(device)[0]) if device else array
-
-
-def _is_array(x: Any) -> bool:
-    np = sys.modules.get("numpy")
-    return np is not None and isinstance(x, np.ndarray)
-
-
-class _Progress:
-    """A progress bar: tqdm when installed, else a one-line bar on stderr."""
-
-    def __init__(self, total: int, desc: str) -> None:
-        self._n, self._total, self._desc = 0, total, desc
-        self._start = time.monotonic()
-        self._tqdm: Any = None
-        try:
-            from tqdm import tqdm  # type: ignore[import-untyped,unused-ignore]
-
-            self._tqdm = tqdm(total=total, desc=desc, unit="batch")
-        except ImportError:
-            pass
-
-    def update(self) -> None:
-        self._n += 1
-        if self._tqdm is not None:
-            self._tqdm.update(1)
-            return
-        rate = self._n / max(time.monotonic() - self._start, 1e-9)
-        width = 30
-        filled = width * self._n // max(self._total, 1)
-        bar = "#" * filled + "-" * (width - filled)
-        print(
-            f"\r{self._desc} [{bar}] {self._n}/{self._total} {rate:.1f} batch/s",
-            end="",
-            file=sys.stderr,
-            flush=True,
-        )
-
-    def close(self) -> None:
-        if self._tqdm is not None:
-            self._tqdm.close()
-        else:
-            print(file=sys.stderr, flush=True)
 
 
 class DataLoader:
@@ -397,13 +215,13 @@ class DataLoader:
             )
         if timeout is not None and not timeout > 0:
             raise ValueError(f"timeout must be a number of seconds > 0 or None, not {timeout!r}")
-        default_rank, default_world = _default_rank_and_world()
+        default_rank, default_world = default_rank_and_world()
         self.rank = default_rank if rank is None else rank
         self.world_size = default_world if world_size is None else world_size
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank {self.rank} is not in [0, world_size={self.world_size})")
         if device is not None:
-            _check_device(output, device)
+            check_device(output, device)
         self.dataset = source
         self.batch_size = batch_size
         # Samples per batch; 1 with batch_size=None (each sample handed out on its own).
@@ -425,17 +243,12 @@ class DataLoader:
         self.worker_init_fn = worker_init_fn
         self.prefetch_factor = prefetch_factor
         self.timeout = timeout
-        self._workers: WorkerPool | None = None
         self._epoch = 0
         self._resume_batches = 0
         self._batches_done = 0
         self._skipped: list[tuple[int, str]] = []
         self._skipped_lock = threading.Lock()
         self._failures = 0  # samples skipped in the current iteration
-        # Samples being loaded on threads, with when they started (to name the one a
-        # `timeout` caught).
-        self._loading: dict[int, float] = {}
-        self._pipeline: _core.Pipeline | None = None
         self._pool: _core.BufferPool | None = None
         # The native image chain: image files with a native (or the default) transform.
         self.native = isinstance(transform, _core.NativeOp) or (
@@ -459,17 +272,13 @@ class DataLoader:
             if batch_size is None and collate is not None:
                 raise TypeError("batch_size=None hands out samples as they are: no collate")
             self.collate = collate or (_single if batch_size is None else default_collate)
+        self._executor = self._make_executor()
 
     def _check_native(self, source: Any, batch_size: int) -> None:
         """Refuse, at construction, what the native image chain cannot run."""
         if isinstance(self.collate, _core.NativeOp):
             if self.collate.group_size is None:
                 raise TypeError("collate must be ops.collate(...) or None with image files")
-            if self.collate.group_size not in (0, batch_size):
-                raise ValueError(
-                    f"collate=ops.collate({self.collate.group_size}, ...) but "
-                    f"batch_size={batch_size}: give both the same batch size"
-                )
         elif self.collate is not None:
             raise TypeError(
                 "with the native image chain, collate is ops.collate(...) or None "
@@ -484,8 +293,10 @@ class DataLoader:
                     "with a native transform, the source's items are image paths or "
                     f"(path, label) pairs, not {type(first).__name__}"
                 )
-        # Builds the batch op once, so a transform that is not ops.decode_image(...), or
-        # one without a fixed output size, fails here rather than at the first batch.
+        # Builds the batch op once, so a transform that is not ops.decode_image(...), one
+        # without a fixed output size, or an option of the ops that the loader cannot
+        # honour (a seed of their own, another batch size or drop_last) fails here rather
+        # than at the first batch.
         self._batch_op(0)
 
     def _wants_pinned(self) -> bool:
@@ -511,6 +322,73 @@ class DataLoader:
             threads=min(self.num_threads, self._batch),
             skip=self.on_error == "skip",
             pool=self._pool,
+            batch_size=self._batch,
+            drop_last=self.drop_last,
+        )
+
+    def _make_executor(self) -> Executor:
+        """The executor that turns this loader's groups into batches."""
+        if self.native:
+            assert self._pool is not None  # made by _check_native's _batch_op
+            return NativeExecutor(
+                self.dataset,
+                self._batch_op,
+                concurrency=_batches_in_flight(
+                    self.num_threads, self._batch, _core._cpu_pool_size()
+                ),
+                prefetch=self.prefetch,
+                timeout=self.timeout,
+                pool=self._pool,
+            )
+        collate = self.collate
+        assert callable(collate)
+        assert not isinstance(collate, _core.NativeOp)
+        transform = self.transform
+        assert not isinstance(transform, _core.NativeOp)
+        if self.num_workers > 0:
+            setup = _Setup(
+                dataset=self.dataset,
+                transform=transform,
+                collate=collate,
+                skip=self.on_error == "skip",
+                seed=self.seed,
+                num_workers=self.num_workers,
+                worker_init_fn=self.worker_init_fn,
+                parent_pid=os.getpid(),
+                start_method=self.worker_start_method,
+            )
+            return WorkerExecutor(
+                setup,
+                num_workers=self.num_workers,
+                prefetch_factor=self.prefetch_factor,
+                persistent=self.persistent_workers,
+                timeout=self.timeout,
+                pin_memory=self._wants_pinned(),
+            )
+        return ThreadExecutor(
+            self.dataset,
+            transform,
+            collate,
+            seed=self.seed,
+            num_threads=self.num_threads,
+            prefetch=self.prefetch,
+            timeout=self.timeout,
+            skip=self.on_error == "skip",
+        )
+
+    def _plan(self, epoch: int, start: int = 0) -> _core.EpochPlan:
+        """The core's plan of ``epoch`` for this rank, from its batch ``start``."""
+        return _core.EpochPlan(
+            len(self.dataset),
+            self._batch,
+            shuffle=self.shuffle,
+            seed=self.seed,
+            epoch=epoch,
+            rank=self.rank,
+            world_size=self.world_size,
+            drop_last=self.drop_last,
+            batches_per_epoch=self.batches_per_epoch,
+            start=start,
         )
 
     # -- sizes ---------------------------------------------------------------------
@@ -518,22 +396,16 @@ class DataLoader:
     @property
     def samples_per_rank(self) -> int:
         """Samples each rank reads per pass over the data (after padding or dropping)."""
-        n = len(self.dataset)
-        return n // self.world_size if self.drop_last else math.ceil(n / self.world_size)
+        return self._plan(0).samples_per_rank
 
     @property
     def batches_per_pass(self) -> int:
         """Batches each rank yields per pass over the data."""
-        per_rank = self.samples_per_rank
-        if self.drop_last:
-            return per_rank // self._batch
-        return math.ceil(per_rank / self._batch)
+        return self._plan(0).batches_per_pass
 
     def __len__(self) -> int:
         """Batches per epoch for this rank (0 when its shard cannot fill one)."""
-        if self.batches_per_pass == 0:
-            return 0
-        return self.batches_per_epoch or self.batches_per_pass
+        return len(self._plan(0))
 
     # -- epochs and state -------------------------------------------------------------
 
@@ -623,107 +495,29 @@ class DataLoader:
         """
         with self._skipped_lock:
             skipped = list(self._skipped)
-        pipeline = self._pipeline.stats() if self._pipeline is not None else {}
-        buffers = self._pool.stats() if self._pool is not None else {}
-        workers = self._workers.stats() if self._workers is not None else {}
+        pipeline = self._executor.pipeline
         return {
-            "pipeline": pipeline,
+            "pipeline": pipeline.stats() if pipeline is not None else {},
             "skipped": skipped,
             "skipped_count": len(skipped),
-            "buffers": buffers,
-            "workers": workers,
+            "buffers": {},
+            "workers": {},
+            **self._executor.stats(),
         }
 
     def stats_table(self) -> str:
         """Return the current (or last) pass's per-stage figures as a text table."""
-        return self._pipeline.stats_table() if self._pipeline is not None else ""
+        pipeline = self._executor.pipeline
+        return pipeline.stats_table() if pipeline is not None else ""
 
     # -- iteration ----------------------------------------------------------------------
 
-    def _positions(self, epoch: int) -> Iterator[int]:
-        """Dataset indices this rank reads in ``epoch``, from the resume point on."""
-        per_pass = self.batches_per_pass
-        if per_pass == 0:
-            return
-        if self.batches_per_epoch is None:
-            first, count = epoch * per_pass, per_pass
-        else:
-            first, count = epoch * self.batches_per_epoch, self.batches_per_epoch
-        first += self._resume_batches
-        count -= self._resume_batches
-        for g in range(first, first + count):  # g: a global batch number of this rank
-            data_epoch, b = divmod(g, per_pass)
-            perm = _core.Permutation(
-                len(self.dataset), seed=self.seed, epoch=data_epoch, shuffle=self.shuffle
-            )
-            start = b * self._batch
-            stop = min(start + self._batch, self.samples_per_rank)
-            # Rank r takes positions r, r + W, r + 2W, ... of the epoch's order.
-            w, r = self.world_size, self.rank
-            yield from perm.take(r + start * w, r + stop * w, w)
-
-    def _batch_sizes(self, epoch: int) -> Iterator[int]:
-        per_pass = self.batches_per_pass
-        if per_pass == 0:
-            return
-        first = (epoch * (self.batches_per_epoch or per_pass)) + self._resume_batches
-        for g in range(first, first + len(self) - self._resume_batches):
-            b = g % per_pass
-            yield min(self._batch, self.samples_per_rank - b * self._batch)
-
-    def _load(self, index: int, *, enforce: bool = True) -> Any:
-        transform = self.transform
-        assert not isinstance(transform, _core.NativeOp)  # the native chain has no _load
-        loading = self._loading
-        loading[index] = time.monotonic()
-        try:
-            sample = self.dataset[index]
-            return transform(sample) if transform is not None else sample
-        except Exception as e:
-            if self.on_error == "raise":
-                e.add_note(f"while loading sample {index} of the dataset")
-                raise
-            reason = f"{type(e).__name__}: {e}"
-            self._record_skip(index, reason, enforce=enforce)
-            return _Skipped(index, reason)
-        finally:
-            loading.pop(index, None)
-
-    def _load_tagged(self, item: Any) -> Any:
-        """``(index, sample)`` for the grouper that notices samples lost to a timeout.
-
-        The end-of-epoch marker passes through; the failure budget is enforced by the
-        grouper, since this stage skips what fails in it.
-        """
-        if item is _END:
-            return item
-        return item, self._load(item, enforce=False)
-
-    def _timed_out(self, index: int) -> _Skipped:
-        """Record sample ``index``, whose load ran past ``timeout``, as skipped."""
-        reason = (
-            f"TimeoutError: loading it took longer than timeout={self.timeout} s (its "
-            "thread is left behind)"
-        )
-        self._record_skip(index, reason)
-        return _Skipped(index, reason)
-
-    def _record_skip(self, index: int, reason: str, *, enforce: bool = True) -> None:
-        """Note a sample skipped under ``on_error="skip"``; raise past ``max_failures``.
-
-        ``enforce=False`` only records it (where raising would be skipped too: a stage
-        under ``on_error="skip"``); `_enforce_budget` raises later, downstream.
-        """
+    def _record_skip(self, index: int, reason: str) -> None:
+        """Note a sample skipped under ``on_error="skip"``; raise past ``max_failures``."""
         _log.warning("skipped sample %d: %s", index, reason)
         with self._skipped_lock:
             self._skipped.append((index, reason))
             self._failures += 1
-        if enforce:
-            self._enforce_budget(index, reason)
-
-    def _enforce_budget(self, index: int, reason: str) -> None:
-        """Raise `TooManyFailuresError` when the epoch's skips are past ``max_failures``."""
-        with self._skipped_lock:
             failures = self._failures
         if self.max_failures is not None and failures > self.max_failures:
             raise TooManyFailuresError(
@@ -732,143 +526,24 @@ class DataLoader:
                 "loader.stats()['skipped'], or raise max_failures (None: no limit)"
             )
 
-    def _batches(self, epoch: int) -> Iterator[Any]:
-        """Yield the epoch's batches from the resume point.
+    def _batches(self, epoch: int, start: int) -> Iterator[Any]:
+        """Yield the batches of ``epoch`` from its batch ``start``, ready for the consumer.
 
         A batch whose every sample was skipped comes out as `_EMPTY`: it still counts as
         a position, so resuming stays exact.
         """
-        if self.native:
-            yield from self._native_batches(epoch)
-            return
-        if self.num_workers > 0:
-            yield from self._worker_batches(epoch)
-            return
-        collate, output, device = self.collate, self.output, self.device
-        assert callable(collate)
-        assert not isinstance(collate, _core.NativeOp)
-
-        def finish(samples: list[Any]) -> Any:
-            kept = [s for s in samples if not isinstance(s, _Skipped)]
-            return _convert(collate(kept), output, device) if kept else _EMPTY
-
-        # Grouping and collating in one stage: what waits between stages is samples, not
-        # batches, so the read-ahead stays a few samples plus `prefetch` batches.
-        source: Iterator[Any] = self._positions(epoch)
-        load: Callable[[Any], Any] = self._load
-        group: Callable[[Any], Any] = _Grouper(self._batch_sizes(epoch), finish)
-        skip_timeouts = self.timeout is not None and self.on_error == "skip"
-        if skip_timeouts:
-            # A sample whose load times out is skipped by the stage and never comes out:
-            # the grouper knows the order samples come in and counts the missing ones
-            # (those at the end of the epoch when the marker after them arrives).
-            gaps = _GapGrouper(
-                self._positions(epoch),
-                self._batch_sizes(epoch),
-                finish,
-                self._timed_out,
-                self._enforce_budget,
-            )
-            source = itertools.chain(source, [_END])
-            load, group = self._load_tagged, gaps.feed
-        pipeline = (
-            PipelineBuilder()
-            .add_source(source)
-            .pipe(
-                load,
-                concurrency=self.num_threads,
-                name="load",
-                timeout=self.timeout,
-                on_error="skip" if skip_timeouts else "raise",
-            )
-            .pipe(group, name="collate")
-            .add_sink(self.prefetch)
-            .build()
-        )
-        self._pipeline = pipeline
-        self._loading.clear()
-        with pipeline.auto_stop():
-            try:
-                yield from pipeline
-            except PipelineError as group:
-                error = _first_error(group)
-                if isinstance(error, TimeoutError) and self.timeout is not None:
-                    self._name_stuck_samples(error, self.timeout)
-                raise error from None
-
-    def _name_stuck_samples(self, error: TimeoutError, timeout: float) -> None:
-        """Add a note naming the samples whose load ran past ``timeout`` (threads)."""
-        now = time.monotonic()
-        stuck = sorted(i for i, t in list(self._loading.items()) if now - t >= timeout)
-        if stuck:
-            error.add_note(
-                f"while loading sample{'s' if len(stuck) > 1 else ''} "
-                f"{', '.join(map(str, stuck))} of the dataset (a stuck thread is left "
-                "behind: it cannot be interrupted; the loader does not wait for it)"
-            )
-
-    def _worker_pool(self) -> WorkerPool:
-        """The running worker processes (started now unless persistent ones are alive)."""
-        pool = self._workers
-        if pool is not None and pool.alive():
-            return pool
-        if pool is not None:
-            pool.shutdown(force=True)
-        collate = self.collate
-        assert callable(collate)
-        assert not isinstance(collate, _core.NativeOp)
-        assert not isinstance(self.transform, _core.NativeOp)
-        setup = _Setup(
-            dataset=self.dataset,
-            transform=self.transform,
-            collate=collate,
-            skip=self.on_error == "skip",
-            seed=self.seed,
-            num_workers=self.num_workers,
-            worker_init_fn=self.worker_init_fn,
-            parent_pid=os.getpid(),
-            start_method=self.worker_start_method,
-            seeded_modules=seeded_modules(),
-        )
-        self._workers = WorkerPool(
-            setup, self.num_workers, self.prefetch_factor, pin_memory=self._wants_pinned()
-        )
-        return self._workers
-
-    def _worker_batches(self, epoch: int) -> Iterator[Any]:
-        """`_batches` on worker processes (``num_workers > 0``)."""
-        pool = self._worker_pool()
-        positions = self._positions(epoch)
-        groups = (list(itertools.islice(positions, n)) for n in self._batch_sizes(epoch))
+        plan = self._plan(epoch, start)
+        expected = start
         output, device = self.output, self.device
-        keep = clean = False
-        try:
-            for loaded in worker_batches(pool, epoch, groups, self.timeout):
-                for index, reason in loaded.skipped:
-                    self._record_skip(index, reason)
-                if loaded.empty:
-                    yield _EMPTY
-                else:
-                    yield _convert(loaded.batch, output, device)
-            keep = self.persistent_workers
-            clean = True
-        except GeneratorExit:
-            # The consumer left early: persistent workers stay (what they still hold for
-            # this iteration is dropped when it comes back).
-            keep = self.persistent_workers
-            raise
-        except (WorkerError, KeyboardInterrupt):
-            # A worker died or stalled, or Ctrl-C: end them all, at once.
-            keep = False
-            raise
-        except Exception:
-            # The user's exception from a worker: the workers themselves are fine.
-            keep = self.persistent_workers
-            raise
-        finally:
-            if not keep:
-                self._workers = None
-                pool.shutdown(force=not clean)
+        for done in self._executor.run(epoch, iter(plan)):
+            if done.batch_no != expected:
+                raise RuntimeError(
+                    f"the executor gave batch {done.batch_no} where batch {expected} was due"
+                )
+            expected += 1
+            for index, reason in done.skipped:
+                self._record_skip(index, reason)
+            yield _EMPTY if done.batch is None else convert(done.batch, output, device)
 
     def shutdown_workers(self) -> None:
         """End the worker processes now, persistent ones included.
@@ -876,79 +551,18 @@ class DataLoader:
         The next epoch starts new ones. This also happens when the loader is garbage
         collected, and at interpreter exit.
         """
-        pool, self._workers = self._workers, None
-        if pool is not None:
-            pool.shutdown()
-
-    def _native_batches(self, epoch: int) -> Iterator[Any]:
-        """`_batches` for image files, through the native batch op.
-
-        Each batch's files go to it as one list; it decodes them in parallel into one
-        pooled buffer.
-        """
-        dataset = self.dataset
-        # The dataset indices of the batches sent and not yet received (source order is
-        # kept, so they come back in the order they went out).
-        pending: collections.deque[list[int]] = collections.deque()
-
-        def groups() -> Iterator[list[Any]]:
-            positions = self._positions(epoch)
-            for size in self._batch_sizes(epoch):
-                indices = list(itertools.islice(positions, size))
-                pending.append(indices)
-                # A [path, label] list (as JSON gives pairs) as the pair it stands for.
-                yield [_as_pair(dataset[i]) for i in indices]
-
-        at_once = _batches_in_flight(self.num_threads, self._batch, _core._cpu_pool_size())
-        pipeline = (
-            PipelineBuilder()
-            .add_source(groups())
-            .pipe(
-                self._batch_op(epoch),
-                concurrency=at_once,
-                name="decode_batch",
-                timeout=self.timeout,
-            )
-            .add_sink(self.prefetch)
-            # The batch op is a blocking native call: as many at once as the stage runs.
-            .build(num_threads=at_once)
-        )
-        self._pipeline = pipeline
-        output, device = self.output, self.device
-        with pipeline.auto_stop():
-            try:
-                yield from self._native_results(pipeline, pending, output, device)
-            except PipelineError as group:
-                raise _first_error(group) from None
-
-    def _native_results(
-        self,
-        pipeline: _core.Pipeline,
-        pending: collections.deque[list[int]],
-        output: Output,
-        device: str | None,
-    ) -> Iterator[Any]:
-        """The native op's results as batches (a method, so errors can be unwrapped)."""
-        for images, labels, skipped in pipeline:
-            indices = pending.popleft()
-            for position, reason in skipped:
-                self._record_skip(indices[position], reason)
-            if images is None:
-                yield _EMPTY
-                continue
-            batch = _from_tensor(images, output, device)
-            yield batch if labels is None else (batch, _from_tensor(labels, output, device))
+        self._executor.shutdown()
 
     def __iter__(self) -> Iterator[Any]:
         epoch = self._epoch
         self._batches_done = self._resume_batches
         todo = len(self) - self._resume_batches
-        bar = _Progress(todo, f"epoch {epoch}") if self.progress else None
+        bar = Progress(todo, f"epoch {epoch}") if self.progress else None
         finished = False
         self._failures = 0
         yielded = 0
         try:
-            for batch in self._batches(epoch):
+            for batch in self._batches(epoch, self._resume_batches):
                 self._batches_done += 1
                 if bar is not None:
                     bar.update()
@@ -975,83 +589,8 @@ class DataLoader:
 
     def epoch_batches(self, epoch: int) -> Iterator[Any]:
         """The batches of ``epoch`` (from its start), without changing the loader's state."""
-        saved = (self._epoch, self._resume_batches, self._batches_done)
-        self._resume_batches = 0
         self._failures = 0
-        try:
-            yield from (b for b in self._batches(epoch) if b is not _EMPTY)
-        finally:
-            self._epoch, self._resume_batches, self._batches_done = saved
-
-
-class _Grouper:
-    """Groups samples into batches of the sizes given and finishes each batch.
-
-    A stage of concurrency 1 in an ordered pipeline sees samples in order, so counting
-    them is enough; returning ``None`` until a batch is full drops nothing else.
-    """
-
-    def __init__(self, sizes: Iterator[int], finish: Callable[[list[Any]], Any]) -> None:
-        self._sizes = sizes
-        self._finish = finish
-        self._want = next(sizes, 0)
-        self._group: list[Any] = []
-
-    def __call__(self, sample: Any) -> Any:
-        self._group.append(sample)
-        if len(self._group) < self._want:
-            return None
-        group, self._group = self._group, []
-        self._want = next(self._sizes, 0)
-        return self._finish(group)
-
-
-class _GapGrouper:
-    """`_Grouper` for a load stage that skips what times out: it notices the lost samples.
-
-    Samples arrive as ``(index, sample)`` in the order of ``positions``; an index that is
-    passed over was lost to a timeout, and ``lost(index)`` stands in for it (it records the
-    skip, and raises past the failure budget). `_END` after the last sample makes the ones
-    still missing lost. `feed` is a generator (a flat map): one sample may finish several
-    batches when the samples before it were lost.
-    """
-
-    def __init__(
-        self,
-        positions: Iterator[int],
-        sizes: Iterator[int],
-        finish: Callable[[list[Any]], Any],
-        lost: Callable[[int], _Skipped],
-        budget: Callable[[int, str], None],
-    ) -> None:
-        self._positions = positions
-        self._sizes = sizes
-        self._finish = finish
-        self._lost = lost
-        self._budget = budget
-        self._want = next(sizes, 0)
-        self._group: list[Any] = []
-
-    def feed(self, item: Any) -> Iterator[Any]:
-        if item is _END:
-            for missing in self._positions:
-                yield from self._add(self._lost(missing))
-            return
-        index, sample = item
-        for expected in self._positions:
-            if expected == index:
-                break
-            yield from self._add(self._lost(expected))
-        if isinstance(sample, _Skipped):
-            self._budget(sample.index, sample.reason)
-        yield from self._add(sample)
-
-    def _add(self, sample: Any) -> Iterator[Any]:
-        self._group.append(sample)
-        if len(self._group) >= self._want:
-            group, self._group = self._group, []
-            self._want = next(self._sizes, 0)
-            yield self._finish(group)
+        yield from (b for b in self._batches(epoch, 0) if b is not _EMPTY)
 
 
 def _batches_in_flight(num_threads: int, batch: int, pool: int) -> int:
@@ -1077,21 +616,6 @@ def _single(samples: list[Any]) -> Any:
     return samples[0]
 
 
-def _first_error(group: PipelineError) -> BaseException:
-    """The user's own exception inside the pipeline's group (the first, when several)."""
-    exc: BaseException = group
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        others = len(exc.exceptions) - 1
-        exc = exc.exceptions[0]
-        if others:
-            exc.add_note(f"({others} more samples failed at the same time)")
-    return exc
-
-
-def _as_pair(sample: Any) -> Any:
-    return tuple(sample) if isinstance(sample, list) else sample
-
-
 def _default_image_transform() -> _core.NativeOp:
     """Return the native transform of image files when none is given.
 
@@ -1100,46 +624,3 @@ def _default_image_transform() -> _core.NativeOp:
     from . import ops
 
     return ops.decode_image(resize_shorter=256, crop=224)
-
-
-def _from_tensor(tensor: _core.Tensor, output: Output, device: str | None) -> Any:
-    """A batch tensor of the native chain as ``output`` wants it, without a copy."""
-    if output == "numpy":
-        return tensor.numpy()
-    if output == "torch":
-        from .torch import to_torch
-
-        return to_torch(tensor, device=device)
-    from .jax import to_jax
-
-    array = to_jax(tensor)
-    if device is None:
-        return array
-    import jax
-
-    return jax.device_put(array, jax.devices(device)[0])
-
-
-def _check_device(output: Output, device: str) -> None:
-    if output == "numpy":
-        raise ValueError("device= needs output='torch' or output='jax'")
-    if output == "torch":
-        import torch
-
-        dev = torch.device(device)
-        if dev.type == "cuda":
-            if not torch.cuda.is_available():
-                raise ValueError(f"device={device!r}: no CUDA device is available to PyTorch")
-            count = torch.cuda.device_count()
-            if dev.index is not None and dev.index >= count:
-                raise ValueError(
-                    f"device={device!r}: PyTorch sees {count} CUDA device(s), "
-                    f"cuda:0 to cuda:{count - 1}"
-                )
-        return
-    import jax
-
-    try:
-        jax.devices(device)
-    except RuntimeError as e:
-        raise ValueError(f"device={device!r}: JAX has no such backend ({e})") from None

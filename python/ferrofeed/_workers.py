@@ -37,12 +37,10 @@ import dataclasses
 import gc
 import importlib
 import logging
-import mmap
 import multiprocessing
 import multiprocessing.connection
 import os
 import pickle
-import random
 import select
 import signal
 import sys
@@ -55,14 +53,15 @@ from multiprocessing import reduction
 from typing import Any
 
 from . import _core
+from ._collate import collating_into, describe_entries
 from ._errors import WorkerDiedError, WorkerError, WorkerTimeoutError
+from ._sample import sample_scope, seed_generators
+from ._slot_writer import SlotWriter
 
 __all__ = ["WorkerInfo", "get_worker_info"]
 
 _log = logging.getLogger("ferrofeed.loader")
 
-_ALIGN = 64
-_PAGE = mmap.PAGESIZE
 # The worker seed of worker `id` is sample_seed(seed, _WORKER_EPOCH, id).
 _WORKER_EPOCH = 2**64 - 1
 # Seconds a worker may take to start (see `_time_left`) when `timeout=` is shorter.
@@ -102,97 +101,6 @@ def get_worker_info() -> WorkerInfo | None:
     return _WORKER_INFO
 
 
-# -- randomness ---------------------------------------------------------------------
-
-
-def _seed_generators(seed: int) -> None:
-    """Seed `random`, NumPy's global generator and torch's (when imported) with ``seed``."""
-    random.seed(seed)
-    np = sys.modules.get("numpy")
-    if np is not None:
-        # NumPy's legacy global generator takes 32-bit seeds (a longer one costs 6x more).
-        np.random.seed(seed >> 32)
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        # The CPU generator only: torch.manual_seed also reseeds every accelerator
-        # backend, 100x the cost (and a forked worker must not touch CUDA).
-        torch.default_generator.manual_seed(seed)
-
-
-# -- the worker side of a slot ------------------------------------------------------------
-
-
-def _address(buf: mmap.mmap) -> int:
-    import numpy as np
-
-    return int(np.frombuffer(buf, np.uint8, 1).__array_interface__["data"][0])
-
-
-class _SlotWriter:
-    """A worker's view of one shared slot: a bump allocator that grows the file."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self.size = os.fstat(fd).st_size
-        self.map: mmap.mmap | None = mmap.mmap(fd, self.size) if self.size else None
-        self.used = 0
-        # (address, size) of each mapping that arrays of the current batch may live in.
-        self.regions: list[tuple[int, int]] = []
-
-    def begin(self, size_hint: int) -> None:
-        self.used = 0
-        if size_hint > self.size:
-            self._grow(size_hint)
-        self.regions = [(_address(self.map), self.size)] if self.map is not None else []
-
-    def _grow(self, need: int) -> None:
-        new = max(need, 2 * self.size)
-        new = -(-new // _PAGE) * _PAGE
-        os.ftruncate(self.fd, new)
-        try:
-            # Reserve the memory now: a full tmpfs is a clean error here, not a SIGBUS
-            # when a page is first written.
-            os.posix_fallocate(self.fd, self.size, new - self.size)
-        except OSError as e:
-            raise MemoryError(
-                f"cannot grow a shared batch slot to {new} bytes: {e.strerror}"
-            ) from e
-        # Arrays already placed keep the old mapping alive (same file, same pages).
-        self.map = mmap.mmap(self.fd, new)
-        self.size = new
-        self.regions.append((_address(self.map), new))
-
-    def alloc(self, nbytes: int) -> int:
-        """Reserve ``nbytes`` (64-byte aligned) and return their offset."""
-        offset = -(-self.used // _ALIGN) * _ALIGN
-        if offset + nbytes > self.size:
-            self._grow(offset + nbytes)
-        self.used = offset + nbytes
-        return offset
-
-    def array(self, shape: tuple[int, ...], dtype: Any) -> Any:
-        """A new uninitialised array in the slot."""
-        import numpy as np
-
-        dtype = np.dtype(dtype)
-        count = 1
-        for n in shape:
-            count *= n
-        offset = self.alloc(count * dtype.itemsize)
-        assert self.map is not None
-        return np.frombuffer(self.map, dtype, count, offset).reshape(shape)
-
-    def offset_of(self, arr: Any) -> int | None:
-        """The offset of ``arr``'s data in the slot, if it is a contiguous array there."""
-        if not arr.flags.c_contiguous:
-            return None
-        addr = arr.__array_interface__["data"][0]
-        for base, size in self.regions:
-            if base <= addr and addr + arr.nbytes <= base + size:
-                return int(addr - base)
-        return None
-
-
 # -- batch headers ------------------------------------------------------------------------
 # A header is a tree of tuples:
 #   ("a", offset, shape, dtype)      a NumPy array in the slot
@@ -207,7 +115,7 @@ def _is_shareable(arr: Any) -> bool:
     return bool(arr.dtype.kind in "biufc" and arr.dtype.fields is None and arr.size > 0)
 
 
-def _encode(obj: Any, slot: _SlotWriter | None) -> tuple[Any, ...]:
+def _encode(obj: Any, slot: SlotWriter | None) -> tuple[Any, ...]:
     np = sys.modules.get("numpy")
     torch = sys.modules.get("torch")
     if np is not None and isinstance(obj, np.ndarray):
@@ -236,7 +144,7 @@ def _encode(obj: Any, slot: _SlotWriter | None) -> tuple[Any, ...]:
     return ("p", obj)
 
 
-def _encode_array(arr: Any, kind: str, slot: _SlotWriter | None) -> tuple[Any, ...]:
+def _encode_array(arr: Any, kind: str, slot: SlotWriter | None) -> tuple[Any, ...]:
     if slot is None or not _is_shareable(arr):
         return ("p", arr)
     offset = slot.offset_of(arr)
@@ -368,14 +276,14 @@ def _worker_main(setup: _Setup, conn: multiprocessing.connection.Connection, wid
     try:
         for name in setup.seeded_modules:
             importlib.import_module(name)
-        _seed_generators(worker_seed)
+        seed_generators(worker_seed)
         if setup.worker_init_fn is not None:
             setup.worker_init_fn(wid)
     except Exception as e:
         conn.send(("init_error", *_exception_payload(e)))
         return
     conn.send(("ready", os.getpid()))
-    slots: dict[int, _SlotWriter] = {}
+    slots: dict[int, SlotWriter] = {}
     size_hint = 0
     while True:
         try:
@@ -385,7 +293,7 @@ def _worker_main(setup: _Setup, conn: multiprocessing.connection.Connection, wid
         if msg[0] == "stop":
             return
         if msg[0] == "slot":
-            slots[msg[1]] = _SlotWriter(reduction.recv_handle(conn))
+            slots[msg[1]] = SlotWriter(reduction.recv_handle(conn))
             continue
         _, task_id, epoch, indices, slot_id = msg
         slot = slots.get(slot_id) if slot_id is not None else None
@@ -405,38 +313,38 @@ def _run_task(
     task_id: int,
     epoch: int,
     indices: Sequence[int],
-    slot: _SlotWriter | None,
+    slot: SlotWriter | None,
     size_hint: int,
 ) -> tuple[Any, ...]:
     samples = []
+    kept: list[int] = []  # the dataset index of each of samples
     skipped: list[tuple[int, str]] = []
     for i in indices:
-        _seed_generators(_core.sample_seed(setup.seed, epoch, i))
         try:
-            sample = setup.dataset[i]
-            if setup.transform is not None:
-                sample = setup.transform(sample)
+            # One thread loads at a time here: the global generators are the sample's too.
+            with sample_scope(setup.seed, epoch, i, seed_globals=True):
+                sample = setup.dataset[i]
+                if setup.transform is not None:
+                    sample = setup.transform(sample)
         except Exception as e:
             if not setup.skip:
                 return ("error", task_id, i, "load", *_exception_payload(e))
             skipped.append((i, f"{type(e).__name__}: {e}"))
             continue
         samples.append(sample)
+        kept.append(i)
     if not samples:
         return ("empty", task_id, skipped)
-    from . import _loader
-
     if slot is not None:
         slot.begin(size_hint)
-    _loader._worker_alloc = slot.array if slot is not None else None
     try:
-        batch = setup.collate(samples)
+        with collating_into(slot.array if slot is not None else None):
+            batch = setup.collate(samples)
         header = _encode(batch, slot)
         del batch
     except Exception as e:
+        describe_entries(e, kept)
         return ("error", task_id, None, "collate", *_exception_payload(e))
-    finally:
-        _loader._worker_alloc = None
     used = slot.used if slot is not None else 0
     # Pickled here, not by send(): a batch that cannot be pickled is the user's error.
     try:
@@ -785,31 +693,34 @@ def _time_left(pool: WorkerPool, head: int, waited_since: float, timeout: float)
 def worker_batches(
     pool: WorkerPool,
     epoch: int,
-    groups: Iterator[list[int]],
+    groups: Iterator[tuple[int, list[int]]],
     timeout: float | None,
-) -> Iterator[Loaded]:
-    """Yield the loaded batches of ``groups`` (lists of dataset indices) in order.
+) -> Iterator[tuple[int, list[int], Loaded]]:
+    """Yield ``(batch_no, indices, loaded)`` for the groups of an epoch plan, in order.
 
-    At most ``pool.capacity()`` batches are in flight; a batch that failed is raised when
-    its turn comes, after every batch before it.
+    ``groups`` are the plan's ``(batch_no, indices)``. At most ``pool.capacity()`` batches
+    are in flight; a batch that failed is raised when its turn comes, after every batch
+    before it.
     """
     pool.new_generation()
-    order: collections.deque[int] = collections.deque()  # task ids, in batch order
+    # (task id, batch number, dataset indices), in batch order.
+    order: collections.deque[tuple[int, int, list[int]]] = collections.deque()
     done: dict[int, Loaded | BaseException] = {}
     exhausted = False
 
     def fill() -> None:
         nonlocal exhausted
         while not exhausted and len(order) < pool.capacity():
-            indices = next(groups, None)
-            if indices is None:
+            group = next(groups, None)
+            if group is None:
                 exhausted = True
                 return
-            order.append(pool.submit(epoch, indices))
+            batch_no, indices = group
+            order.append((pool.submit(epoch, indices), batch_no, indices))
 
     fill()
     while order:
-        head = order[0]
+        head, batch_no, indices = order[0]
         waited_since = time.monotonic()
         while head not in done:
             remaining = None
@@ -826,4 +737,4 @@ def worker_batches(
         fill()
         if isinstance(result, BaseException):
             raise result
-        yield result
+        yield batch_no, indices, result

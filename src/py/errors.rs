@@ -9,6 +9,7 @@ use pyo3::types::PyType;
 use crate::arena::ArenaError;
 use crate::image::spec::SpecError;
 use crate::image::ImageError;
+use crate::plan::PlanError;
 use crate::staging::StagingError;
 
 /// Looks up (once) an exception class of `ferrofeed._errors`.
@@ -151,6 +152,14 @@ impl From<ImageError> for PyErr {
                 _ => make(image_decode(py), &msg, None, None),
             }
         })
+    }
+}
+
+impl From<PlanError> for PyErr {
+    /// Every [`PlanError`] is an argument out of range: `ValueError`.
+    #[cold]
+    fn from(err: PlanError) -> PyErr {
+        PyValueError::new_err(err.to_string())
     }
 }
 

@@ -64,6 +64,16 @@ fn call_seed(spec: &ImageSpec, seed: Option<u64>) -> u64 {
     seed.unwrap_or_else(|| if spec.is_random() { fresh_seed() } else { 0 })
 }
 
+/// The seed of the random crop and flip of the sample a `DataLoader` is
+/// loading on this thread (`ferrofeed._sample.image_seed()`), or `None`.
+fn sample_image_seed(py: Python<'_>) -> PyResult<Option<u64>> {
+    static IMAGE_SEED: pyo3::sync::PyOnceLock<Py<PyAny>> = pyo3::sync::PyOnceLock::new();
+    IMAGE_SEED
+        .import(py, "ferrofeed._sample", "image_seed")?
+        .call0()?
+        .extract()
+}
+
 /// Decodes one image into a new tensor of shape `(H, W, C)`.
 #[pyfunction]
 #[pyo3(signature = (
@@ -101,6 +111,12 @@ fn decode_image(
         crop_decode,
     }
     .parse()?;
+    // Without a seed, inside a DataLoader's dataset[i] or transform: the sample's own seed
+    // (the one sample-seed rule), so the crop and flip are the native chain's.
+    let seed = match seed {
+        None if spec.is_random() => sample_image_seed(py)?,
+        given => given,
+    };
     let transform = spec.transform(call_seed(&spec, seed));
     let source = parse_source(src)?;
     let pool = pool_or_default(py, pool)?;

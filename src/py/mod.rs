@@ -12,6 +12,7 @@ mod errors;
 mod image;
 mod ops;
 mod pipeline;
+mod plan;
 mod sampler;
 mod slots;
 mod spec;
@@ -36,6 +37,7 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     pipeline::register(m)?;
     ops::register(m)?;
     sampler::register(m)?;
+    plan::register(m)?;
     dlpack::register(m)?;
     staging::register(m)?;
     slots::register(m)?;

@@ -221,11 +221,61 @@ fn dtype_of(layout: Layout) -> DType {
     }
 }
 
+/// The seed of one sample's random crop and flip in a `DataLoader`: from
+/// the loader's `seed`, the `epoch` and the sample's dataset `index` (the
+/// one sample-seed rule: neither the file's path nor thread timing nor the
+/// batch it falls in changes it). `ferrofeed.io.decode_image` without a
+/// `seed=` inside a `DataLoader` transform draws from the same value.
+fn sample_crop_seed(seed: u64, epoch: u64, index: u64) -> u64 {
+    mix(seed, epoch, index, Stream::Crop)
+}
+
+/// One batch of an epoch plan, as the `DataLoader` hands it to its batch
+/// op: `(batch_no, indices, items)`, the items being paths or bytes (with
+/// labels) of the samples `indices` of the dataset.
+struct Group {
+    batch_no: u64,
+    indices: Vec<u64>,
+    items: Vec<Item>,
+}
+
+impl Group {
+    /// The group in a Python `(batch_no, indices, items)` tuple.
+    fn extract(obj: &Py<PyAny>) -> PyResult<Self> {
+        Python::attach(|py| {
+            let (batch_no, indices, items): (u64, Vec<u64>, Bound<'_, PyAny>) = obj
+                .extract(py)
+                .map_err(|_| {
+                    PyTypeError::new_err(
+                        "the batch op takes (batch_no, indices, items) groups of the epoch plan",
+                    )
+                })?;
+            let items: Vec<Item> = items
+                .try_iter()?
+                .map(|item| item.map(Item::from_source))
+                .collect::<PyResult<_>>()?;
+            if items.len() != indices.len() {
+                return Err(PyValueError::new_err(format!(
+                    "batch {batch_no}: {} items for {} indices",
+                    items.len(),
+                    indices.len()
+                )));
+            }
+            Ok(Self {
+                batch_no,
+                indices,
+                items,
+            })
+        })
+    }
+}
+
 /// `DataLoader`'s batch op: a group of files decodes, in parallel, straight
 /// into the slots of one pooled batch tensor ([`decode_batch`]).
 struct LoadBatch {
     transform: Transform,
-    /// Seed random crops, with each file's name.
+    /// The loader's seed: each sample's crop and flip draw from it, the
+    /// epoch and the sample's index ([`sample_crop_seed`]).
     seed: u64,
     epoch: u64,
     /// `(height, width, channels)` of every image.
@@ -235,10 +285,15 @@ struct LoadBatch {
 }
 
 impl LoadBatch {
-    fn run(&self, items: Vec<Item>) -> PyResult<Item> {
+    fn run(&self, group: Group) -> PyResult<Item> {
+        let Group {
+            batch_no,
+            indices,
+            items,
+        } = group;
         let mut batch = Vec::with_capacity(items.len());
         let mut labels = Vec::with_capacity(items.len());
-        for item in items {
+        for (item, &index) in items.into_iter().zip(&indices) {
             let (source, name, label) = match item {
                 Item::Path { path, label } => {
                     let name = path.display().to_string();
@@ -247,7 +302,7 @@ impl LoadBatch {
                 Item::Bytes { data, name, label } => (Source::Owned(data), name, label),
                 other => return Err(wrong_item("decode_batch", "paths or bytes", &other)),
             };
-            let seed = crop_seed(self.seed, self.epoch, &name);
+            let seed = sample_crop_seed(self.seed, self.epoch, index);
             batch.push(BatchItem::new(source, name).with_seed(seed));
             labels.push(label);
         }
@@ -257,13 +312,16 @@ impl LoadBatch {
                 "some items of the batch have a label and some do not",
             ));
         }
+        let loaded = |images, labels, skipped| Item::Loaded {
+            batch_no,
+            indices: indices.clone(),
+            images,
+            labels,
+            skipped,
+        };
         let n = batch.len();
         if n == 0 {
-            return Ok(Item::Loaded {
-                images: None,
-                labels: None,
-                skipped: Vec::new(),
-            });
+            return Ok(loaded(None, None, Vec::new()));
         }
         let layout = self.options.layout;
         let nbytes = n * layout.slot_len(self.shape);
@@ -286,14 +344,10 @@ impl LoadBatch {
         let skipped = report
             .failures
             .iter()
-            .map(|(i, e)| (*i, skip_reason(e)))
+            .map(|(i, e)| (indices[*i], skip_reason(e)))
             .collect();
         if report.kept == 0 {
-            return Ok(Item::Loaded {
-                images: None,
-                labels: None,
-                skipped,
-            });
+            return Ok(loaded(None, None, skipped));
         }
         let images = Tensor::from_buffer(
             buffer,
@@ -305,19 +359,22 @@ impl LoadBatch {
         } else {
             Some(label_tensor(&self.pool, &kept_labels)?)
         };
-        Ok(Item::Loaded {
-            images: Some(images),
-            labels,
-            skipped,
-        })
+        Ok(loaded(Some(images), labels, skipped))
     }
 }
 
 /// `DataLoader`'s batch op, made from its `decode_image` op and (optional)
-/// `collate` op: each item is a group of files (a list of paths, with
-/// labels) that becomes one batch, `(images, labels, skipped)`.
+/// `collate` op: each item is a group of the epoch plan, `(batch_no,
+/// indices, files)` (paths or bytes, with labels), that becomes one batch,
+/// `(batch_no, indices, images, labels, skipped)` with `skipped` as
+/// `(dataset index, reason)`.
+///
+/// The ops the user gave are the ops that run: what the loader cannot honour
+/// is refused here, at the loader's construction: a `decode_image` seed
+/// (the loader's `seed` seeds every sample), a `collate` batch size other
+/// than the loader's, or a `collate` `drop_last` that disagrees with it.
 #[pyfunction]
-#[pyo3(signature = (decode, collate=None, *, seed, epoch, threads, skip, pool))]
+#[pyo3(signature = (decode, collate=None, *, seed, epoch, threads, skip, pool, batch_size, drop_last))]
 #[allow(clippy::too_many_arguments)]
 fn _op_load_batch(
     decode: &PyNativeOp,
@@ -327,6 +384,8 @@ fn _op_load_batch(
     threads: usize,
     skip: bool,
     pool: &Bound<'_, PyBufferPool>,
+    batch_size: usize,
+    drop_last: bool,
 ) -> PyResult<PyNativeOp> {
     let Some(OpConfig::Decode {
         spec,
@@ -337,9 +396,34 @@ fn _op_load_batch(
             "the image transform is ops.decode_image(...)",
         ));
     };
-    let layout = match collate.map(PyNativeOp::config) {
+    if let Some(op_seed) = op_seed {
+        return Err(PyValueError::new_err(format!(
+            "ops.decode_image(seed={op_seed}) in a DataLoader: the DataLoader's seed= seeds \
+             every sample's random crop and flip (from the seed, the epoch and the sample's \
+             index), so an op's own seed would not be used; pass seed={op_seed} to the \
+             DataLoader instead"
+        )));
+    }
+    let layout = match collate.map(|c| (c.config(), c.grouping())) {
         None => Layout::default(),
-        Some(Some(OpConfig::Collate(layout))) => layout,
+        Some((Some(OpConfig::Collate(layout)), Some((size, op_drop_last)))) => {
+            if size != 0 && size != batch_size {
+                return Err(PyValueError::new_err(format!(
+                    "collate=ops.collate({size}, ...) but batch_size={batch_size}: give both \
+                     the same batch size (or none to ops.collate)"
+                )));
+            }
+            if size != 0 && op_drop_last != drop_last {
+                return Err(PyValueError::new_err(format!(
+                    "collate=ops.collate({size}, drop_last={}) but the DataLoader has \
+                     drop_last={}: give the DataLoader the drop_last you want (ops.collate's \
+                     is not used by a DataLoader)",
+                    py_bool(op_drop_last),
+                    py_bool(drop_last)
+                )));
+            }
+            layout
+        }
         Some(_) => {
             return Err(PyTypeError::new_err(
                 "the image collate is ops.collate(...)",
@@ -352,11 +436,9 @@ fn _op_load_batch(
             "images of a batch need one shape: give ops.decode_image() a size= or crop=",
         )
     })?;
-    // Random crops differ from epoch to epoch, and are the same for a given
-    // (seed, epoch) in every process and with any number of threads.
     let op = LoadBatch {
         transform,
-        seed: op_seed.unwrap_or(seed),
+        seed,
         epoch,
         shape,
         options: BatchOptions {
@@ -370,10 +452,22 @@ fn _op_load_batch(
         "decode_batch",
         true,
         Arc::new(move |item| match item {
-            Item::List(items) => op.run(items).map(Some),
-            other => Err(wrong_item("decode_batch", "lists of paths", &other)),
+            Item::Py(obj) => op.run(Group::extract(&obj)?).map(Some),
+            other => Err(wrong_item(
+                "decode_batch",
+                "(batch_no, indices, files) groups",
+                &other,
+            )),
         }),
     ))
+}
+
+fn py_bool(b: bool) -> &'static str {
+    if b {
+        "True"
+    } else {
+        "False"
+    }
 }
 
 /// The labels of a batch as an int64 tensor from `pool` (callers make sure

@@ -90,13 +90,16 @@ pub(crate) enum Item {
         images: crate::staging::Tensor,
         labels: Option<crate::staging::Tensor>,
     },
-    /// A batch made by `DataLoader`'s batch op: the images that decoded (none
-    /// when every one failed), their labels, and the items left out under
-    /// `on_error="skip"` as (position in the group, reason).
+    /// A batch made by `DataLoader`'s batch op: its number in the epoch and
+    /// the dataset indices of its items, the images that decoded (none when
+    /// every one failed), their labels, and the items left out under
+    /// `on_error="skip"` as (dataset index, reason).
     Loaded {
+        batch_no: u64,
+        indices: Vec<u64>,
         images: Option<crate::staging::Tensor>,
         labels: Option<crate::staging::Tensor>,
-        skipped: Vec<(usize, String)>,
+        skipped: Vec<(u64, String)>,
     },
 }
 
@@ -117,7 +120,7 @@ impl Item {
     /// A native item for a Python source object when there is one: a path
     /// (`str` or `os.PathLike`), encoded `bytes`, or either paired with an
     /// int label; else the object itself.
-    fn from_source(obj: Bound<'_, PyAny>) -> Item {
+    pub(crate) fn from_source(obj: Bound<'_, PyAny>) -> Item {
         fn plain(obj: &Bound<'_, PyAny>, label: Option<i64>) -> Option<Item> {
             if let Ok(b) = obj.cast::<pyo3::types::PyBytes>() {
                 return Some(Item::Bytes {
@@ -202,6 +205,8 @@ impl Item {
                 }
             }
             Item::Loaded {
+                batch_no,
+                indices,
                 images,
                 labels,
                 skipped,
@@ -213,7 +218,12 @@ impl Item {
                     })
                 };
                 let skipped = PyList::new(py, skipped)?.into_any();
-                PyTuple::new(py, [tensor(images)?, tensor(labels)?, skipped])?
+                let batch_no = batch_no.into_pyobject(py)?.into_any();
+                let indices = PyList::new(py, indices)?.into_any();
+                PyTuple::new(
+                    py,
+                    [batch_no, indices, tensor(images)?, tensor(labels)?, skipped],
+                )?
                     .into_any()
                     .unbind()
             }
@@ -348,6 +358,11 @@ impl PyNativeOp {
     /// What the op was made with (see [`PyNativeOp::with_config`]).
     pub(crate) fn config(&self) -> Option<OpConfig> {
         self.config
+    }
+
+    /// For a grouping op, its group size (0: none given) and `drop_last`.
+    pub(crate) fn grouping(&self) -> Option<(usize, bool)> {
+        self.group.as_ref().map(|g| (g.0, g.1))
     }
 
     /// A grouping op: `size` items (fewer at the end unless `drop_last`)

@@ -1,0 +1,432 @@
+"""The `DataLoader`'s executors: threads, worker processes and the native image chain.
+
+One contract for all three: `Executor.run` takes an epoch's groups, ``(batch_no,
+indices)`` from the epoch plan, and yields one `Done` per group, in the plan's order,
+carrying the group's number and indices with the batch and the samples skipped. The
+loader keeps the state (epoch, position), the failure budget, the progress and the
+framework handoff; an executor only turns groups into batches. A new data source only has
+to produce groups.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
+
+from . import _core
+from ._collate import describe_entries
+from ._errors import PipelineError, WorkerError
+from ._pipeline import PipelineBuilder
+from ._sample import sample_scope
+from ._workers import WorkerPool, _Setup, seeded_modules, worker_batches
+
+Group = tuple[int, list[int]]
+
+
+@dataclasses.dataclass
+class Done:
+    """One group of the plan, loaded.
+
+    Attributes:
+        batch_no: the group's number in the epoch.
+        indices: the dataset indices of its samples, in order.
+        batch: the collated batch of the samples that loaded (`_core.Tensor` leaves on the
+            native chain), or ``None`` when every sample was skipped.
+        skipped: the samples left out under ``on_error="skip"``: ``(index, reason)``.
+    """
+
+    batch_no: int
+    indices: list[int]
+    batch: Any
+    skipped: list[tuple[int, str]]
+
+
+class Executor(Protocol):
+    """What turns the groups of an epoch plan into batches."""
+
+    pipeline: _core.Pipeline | None
+
+    def run(self, epoch: int, groups: Iterator[Group]) -> Iterator[Done]:
+        """Yield a `Done` for each group, in order; errors are raised at their batch."""
+        ...
+
+    def stats(self) -> dict[str, Any]:
+        """Counters of the executor's own resources (buffers, workers), by name."""
+        ...
+
+    def shutdown(self) -> None:
+        """Release what outlives an epoch (worker processes); idempotent."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True)
+class _Skipped:
+    """A sample that failed under ``on_error="skip"`` (left out of its batch)."""
+
+    index: int
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class _Task:
+    """One sample of a group, on its way through the thread executor's load stage."""
+
+    batch_no: int
+    indices: list[int]
+    position: int
+
+    @property
+    def index(self) -> int:
+        return self.indices[self.position]
+
+
+@dataclasses.dataclass(frozen=True)
+class _GroupEnd:
+    """Follows a group's samples through the load stage, which passes it on at once.
+
+    It reaches the assembler after every sample of its group that loaded, so the group can
+    be closed even when its last samples (or all of them) were lost to a timeout.
+    """
+
+    batch_no: int
+    indices: list[int]
+
+
+def first_error(group: PipelineError) -> BaseException:
+    """The user's own exception inside the pipeline's group (the first, when several)."""
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        others = len(exc.exceptions) - 1
+        exc = exc.exceptions[0]
+        if others:
+            exc.add_note(f"({others} more samples failed at the same time)")
+    return exc
+
+
+def _collate_noting(
+    collate: Callable[[list[Any]], Any], samples: list[Any], batch_no: int, indices: list[int]
+) -> Any:
+    """``collate(samples)``; an error is noted with the batch and its samples' indices.
+
+    ``indices[k]`` is the dataset index of ``samples[k]``.
+    """
+    try:
+        return collate(samples)
+    except Exception as e:
+        if getattr(e, "entries", None):
+            describe_entries(e, indices)  # default_collate's: names the entries it saw
+        else:
+            e.add_note(f"samples {indices} of the dataset, in this order, were collated")
+        e.add_note(f"while collating batch {batch_no} of the epoch")
+        raise
+
+
+class ThreadExecutor:
+    """``dataset[i]`` and ``transform`` on ``num_threads`` threads, then ``collate``.
+
+    Samples, not batches, wait between the two stages, so the read-ahead stays a few
+    samples plus ``prefetch`` batches. Each sample is loaded inside its sample scope (see
+    `ferrofeed._sample`); with one thread the global generators are seeded per sample, as
+    in a worker process.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        transform: Callable[[Any], Any] | None,
+        collate: Callable[[list[Any]], Any],
+        *,
+        seed: int,
+        num_threads: int,
+        prefetch: int,
+        timeout: float | None,
+        skip: bool,
+    ) -> None:
+        self.dataset = dataset
+        self.transform = transform
+        self.collate = collate
+        self.seed = seed
+        self.num_threads = num_threads
+        self.prefetch = prefetch
+        self.timeout = timeout
+        self.skip = skip
+        self.pipeline: _core.Pipeline | None = None
+        # Samples being loaded, with when they started (to name the ones a timeout caught).
+        self._loading: dict[int, float] = {}
+
+    def _load(self, task: Any, epoch: int) -> Any:
+        if isinstance(task, _GroupEnd):
+            return task
+        index = task.index
+        loading = self._loading
+        loading[index] = time.monotonic()
+        try:
+            with sample_scope(self.seed, epoch, index, seed_globals=self.num_threads == 1):
+                sample = self.dataset[index]
+                if self.transform is not None:
+                    sample = self.transform(sample)
+        except Exception as e:
+            if not self.skip:
+                e.add_note(f"while loading sample {index} of the dataset")
+                raise
+            sample = _Skipped(index, f"{type(e).__name__}: {e}")
+        finally:
+            loading.pop(index, None)
+        return task, sample
+
+    def run(self, epoch: int, groups: Iterator[Group]) -> Iterator[Done]:
+        def tasks() -> Iterator[Any]:
+            for batch_no, indices in groups:
+                for position in range(len(indices)):
+                    yield _Task(batch_no, indices, position)
+                yield _GroupEnd(batch_no, indices)
+
+        assembler = _Assembler(self.collate, self._timed_out)
+        pipeline = (
+            PipelineBuilder()
+            .add_source(tasks())
+            .pipe(
+                lambda task: self._load(task, epoch),
+                concurrency=self.num_threads,
+                name="load",
+                timeout=self.timeout,
+                # A sample whose load times out is dropped by the stage under skip: the
+                # assembler notices the gap in the order and records it.
+                on_error="skip" if self.skip and self.timeout is not None else "raise",
+            )
+            .pipe(assembler.feed, name="collate")
+            .add_sink(self.prefetch)
+            .build()
+        )
+        self.pipeline = pipeline
+        self._loading.clear()
+        with pipeline.auto_stop():
+            try:
+                yield from pipeline
+            except PipelineError as group:
+                error = first_error(group)
+                if isinstance(error, TimeoutError) and self.timeout is not None:
+                    self._name_stuck_samples(error, self.timeout)
+                raise error from None
+
+    def _timed_out(self, index: int) -> _Skipped:
+        return _Skipped(
+            index,
+            f"TimeoutError: loading it took longer than timeout={self.timeout} s (its "
+            "thread is left behind)",
+        )
+
+    def _name_stuck_samples(self, error: TimeoutError, timeout: float) -> None:
+        """Add a note naming the samples whose load ran past ``timeout``."""
+        now = time.monotonic()
+        stuck = sorted(i for i, t in list(self._loading.items()) if now - t >= timeout)
+        if stuck:
+            error.add_note(
+                f"while loading sample{'s' if len(stuck) > 1 else ''} "
+                f"{', '.join(map(str, stuck))} of the dataset (a stuck thread is left "
+                "behind: it cannot be interrupted; the loader does not wait for it)"
+            )
+
+    def stats(self) -> dict[str, Any]:
+        return {}
+
+    def shutdown(self) -> None:
+        pass
+
+
+class _Assembler:
+    """Puts the loaded samples of each group back together, and collates the group.
+
+    A stage of concurrency 1 in an ordered pipeline: the samples of a group arrive in
+    order, then its `_GroupEnd`. A sample that does not arrive was dropped by the load
+    stage (a timeout under ``on_error="skip"``): the next sample of its group, or the
+    group's end, shows the gap, and ``lost(index)`` stands in for it.
+    """
+
+    def __init__(
+        self, collate: Callable[[list[Any]], Any], lost: Callable[[int], _Skipped]
+    ) -> None:
+        self._collate = collate
+        self._lost = lost
+        self._samples: list[Any] = []  # of the group being filled
+
+    def feed(self, item: Any) -> Done | None:
+        if isinstance(item, _GroupEnd):
+            return self._close(item.batch_no, item.indices)
+        task, sample = item
+        self._fill_lost(task.indices, task.position)
+        self._samples.append(sample)
+        return None
+
+    def _fill_lost(self, indices: list[int], upto: int) -> None:
+        samples = self._samples
+        while len(samples) < upto:
+            samples.append(self._lost(indices[len(samples)]))
+
+    def _close(self, batch_no: int, indices: list[int]) -> Done:
+        self._fill_lost(indices, len(indices))
+        samples, self._samples = self._samples, []
+        skipped = [(s.index, s.reason) for s in samples if isinstance(s, _Skipped)]
+        kept = [s for s in samples if not isinstance(s, _Skipped)]
+        batch = None
+        if kept:
+            kept_indices = [
+                i for i, s in zip(indices, samples, strict=True) if not isinstance(s, _Skipped)
+            ]
+            batch = _collate_noting(self._collate, kept, batch_no, kept_indices)
+        return Done(batch_no, indices, batch, skipped)
+
+
+class NativeExecutor:
+    """Image files through the native batch op: each group decodes into one pooled buffer.
+
+    The op takes ``(batch_no, indices, files)`` and gives back ``(batch_no, indices,
+    images, labels, skipped)``: a batch crosses from Python to Rust once (its files) and
+    back once (its tensors). Every sample's random crop and flip come from ``(seed,
+    epoch, index)``.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        make_op: Callable[[int], _core.NativeOp],
+        *,
+        concurrency: int,
+        prefetch: int,
+        timeout: float | None,
+        pool: _core.BufferPool,
+    ) -> None:
+        self.dataset = dataset
+        self.make_op = make_op
+        self.concurrency = concurrency
+        self.prefetch = prefetch
+        self.timeout = timeout
+        self.pool = pool
+        self.pipeline: _core.Pipeline | None = None
+
+    def run(self, epoch: int, groups: Iterator[Group]) -> Iterator[Done]:
+        dataset = self.dataset
+
+        def files() -> Iterator[tuple[int, list[int], list[Any]]]:
+            for batch_no, indices in groups:
+                # A [path, label] list (as JSON gives pairs) as the pair it stands for.
+                yield batch_no, indices, [_as_pair(dataset[i]) for i in indices]
+
+        pipeline = (
+            PipelineBuilder()
+            .add_source(files())
+            .pipe(
+                self.make_op(epoch),
+                concurrency=self.concurrency,
+                name="decode_batch",
+                timeout=self.timeout,
+            )
+            .add_sink(self.prefetch)
+            # The batch op is a blocking native call: as many at once as the stage runs.
+            .build(num_threads=self.concurrency)
+        )
+        self.pipeline = pipeline
+        with pipeline.auto_stop():
+            try:
+                yield from self._results(pipeline)
+            except PipelineError as group:
+                raise first_error(group) from None
+
+    @staticmethod
+    def _results(pipeline: _core.Pipeline) -> Iterator[Done]:
+        """The op's results as `Done` (a method of its own, so errors can be unwrapped)."""
+        for batch_no, indices, images, labels, skipped in pipeline:
+            batch = None if images is None else images if labels is None else (images, labels)
+            yield Done(batch_no, indices, batch, skipped)
+
+    def stats(self) -> dict[str, Any]:
+        return {"buffers": self.pool.stats()}
+
+    def shutdown(self) -> None:
+        pass
+
+
+class WorkerExecutor:
+    """``dataset[i]``, ``transform`` and ``collate`` in worker processes, a batch each.
+
+    The workers are started at the first epoch (again after `shutdown`) and, with
+    ``persistent``, kept from one epoch to the next.
+    """
+
+    def __init__(
+        self,
+        setup: _Setup,
+        *,
+        num_workers: int,
+        prefetch_factor: int,
+        persistent: bool,
+        timeout: float | None,
+        pin_memory: bool,
+    ) -> None:
+        self.setup = setup
+        self.num_workers = num_workers
+        self.prefetch_factor = prefetch_factor
+        self.persistent = persistent
+        self.timeout = timeout
+        self.pin_memory = pin_memory
+        self.workers: WorkerPool | None = None
+        self.pipeline: _core.Pipeline | None = None
+
+    def _pool(self) -> WorkerPool:
+        """The running worker processes (started now unless persistent ones are alive)."""
+        pool = self.workers
+        if pool is not None and pool.alive():
+            return pool
+        if pool is not None:
+            pool.shutdown(force=True)
+        # A copy per pool: the pool settles its start method in it (the default can change
+        # between pools: forkserver once JAX is imported).
+        setup = dataclasses.replace(
+            self.setup, parent_pid=os.getpid(), seeded_modules=seeded_modules()
+        )
+        self.workers = WorkerPool(
+            setup, self.num_workers, self.prefetch_factor, pin_memory=self.pin_memory
+        )
+        return self.workers
+
+    def run(self, epoch: int, groups: Iterator[Group]) -> Iterator[Done]:
+        pool = self._pool()
+        keep = clean = False
+        try:
+            for batch_no, indices, loaded in worker_batches(pool, epoch, groups, self.timeout):
+                batch = None if loaded.empty else loaded.batch
+                yield Done(batch_no, indices, batch, loaded.skipped)
+            keep = self.persistent
+            clean = True
+        except GeneratorExit:
+            # The consumer left early: persistent workers stay (what they still hold for
+            # this iteration is dropped when it comes back).
+            keep = self.persistent
+            raise
+        except (WorkerError, KeyboardInterrupt):
+            # A worker died or stalled, or Ctrl-C: end them all, at once.
+            keep = False
+            raise
+        except Exception:
+            # The user's exception from a worker: the workers themselves are fine.
+            keep = self.persistent
+            raise
+        finally:
+            if not keep:
+                self.workers = None
+                pool.shutdown(force=not clean)
+
+    def stats(self) -> dict[str, Any]:
+        return {"workers": self.workers.stats()} if self.workers is not None else {}
+
+    def shutdown(self) -> None:
+        pool, self.workers = self.workers, None
+        if pool is not None:
+            pool.shutdown()
+
+
+def _as_pair(sample: Any) -> Any:
+    return tuple(sample) if isinstance(sample, list) else sample

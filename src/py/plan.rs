@@ -1,0 +1,179 @@
+//! `ferrofeed._core.EpochPlan`: the Python face of [`crate::plan`].
+//!
+//! The `DataLoader` makes one per epoch and iterates it: each step is one
+//! batch's `(batch_no, indices)`, computed in Rust.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use pyo3::exceptions::PyIndexError;
+use pyo3::prelude::*;
+
+use crate::plan::{EpochPlan, PlanConfig};
+
+/// One epoch's batches on one rank: numbered groups of dataset indices.
+#[pyclass(name = "EpochPlan", module = "ferrofeed._core", frozen)]
+struct PyEpochPlan {
+    inner: EpochPlan,
+}
+
+#[pymethods]
+impl PyEpochPlan {
+    #[new]
+    #[pyo3(signature = (
+        len, batch_size, *, shuffle=false, seed=0, epoch=0, rank=0, world_size=1,
+        drop_last=false, batches_per_epoch=None, start=0
+    ))]
+    #[allow(clippy::too_many_arguments)] // the loader's keywords
+    fn new(
+        len: u64,
+        batch_size: u64,
+        shuffle: bool,
+        seed: u64,
+        epoch: u64,
+        rank: u64,
+        world_size: u64,
+        drop_last: bool,
+        batches_per_epoch: Option<u64>,
+        start: u64,
+    ) -> PyResult<Self> {
+        let config = PlanConfig {
+            len,
+            batch_size,
+            shuffle,
+            seed,
+            rank,
+            world_size,
+            drop_last,
+            batches_per_epoch,
+        };
+        Ok(Self {
+            inner: EpochPlan::new(config, epoch, start)?,
+        })
+    }
+
+    /// Batches in the whole epoch (those before `start` included).
+    fn __len__(&self) -> usize {
+        usize::try_from(self.inner.len()).unwrap_or(usize::MAX)
+    }
+
+    /// The epoch.
+    #[getter]
+    fn epoch(&self) -> u64 {
+        self.inner.epoch()
+    }
+
+    /// The first batch the plan yields (the resume point).
+    #[getter]
+    fn start(&self) -> u64 {
+        self.inner.start()
+    }
+
+    /// Batches from `start` to the end of the epoch.
+    #[getter]
+    fn remaining(&self) -> u64 {
+        self.inner.remaining()
+    }
+
+    /// Samples each rank reads per pass over the data.
+    #[getter]
+    fn samples_per_rank(&self) -> u64 {
+        self.inner.config().samples_per_rank()
+    }
+
+    /// Batches each rank yields per pass over the data.
+    #[getter]
+    fn batches_per_pass(&self) -> u64 {
+        self.inner.config().batches_per_pass()
+    }
+
+    /// The dataset indices of batch `batch_no` of the epoch.
+    fn batch(&self, batch_no: u64) -> PyResult<Vec<u64>> {
+        self.check(batch_no)?;
+        Ok(self.inner.batch(batch_no))
+    }
+
+    /// The number of samples in batch `batch_no` of the epoch.
+    fn batch_len(&self, batch_no: u64) -> PyResult<u64> {
+        self.check(batch_no)?;
+        Ok(self.inner.batch_len(batch_no))
+    }
+
+    /// `(batch_no, indices)` for every batch from `start` on.
+    fn __iter__(slf: Bound<'_, Self>) -> PyEpochPlanIter {
+        let next = slf.get().inner.start();
+        PyEpochPlanIter {
+            plan: slf.unbind(),
+            next: AtomicU64::new(next),
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        let c = self.inner.config();
+        format!(
+            "EpochPlan(len={}, batch_size={}, shuffle={}, seed={}, epoch={}, rank={}, \
+             world_size={}, drop_last={}, batches_per_epoch={}, start={})",
+            c.len,
+            c.batch_size,
+            py_bool(c.shuffle),
+            c.seed,
+            self.inner.epoch(),
+            c.rank,
+            c.world_size,
+            py_bool(c.drop_last),
+            c.batches_per_epoch
+                .map_or_else(|| "None".to_owned(), |b| b.to_string()),
+            self.inner.start(),
+        )
+    }
+}
+
+impl PyEpochPlan {
+    fn check(&self, batch_no: u64) -> PyResult<()> {
+        if batch_no < self.inner.len() {
+            Ok(())
+        } else {
+            Err(PyIndexError::new_err(format!(
+                "batch {batch_no} is not in an epoch of {} batches",
+                self.inner.len()
+            )))
+        }
+    }
+}
+
+fn py_bool(b: bool) -> &'static str {
+    if b {
+        "True"
+    } else {
+        "False"
+    }
+}
+
+/// The iterator of an [`PyEpochPlan`].
+#[pyclass(name = "EpochPlanIterator", module = "ferrofeed._core", frozen)]
+struct PyEpochPlanIter {
+    plan: Py<PyEpochPlan>,
+    next: AtomicU64,
+}
+
+#[pymethods]
+impl PyEpochPlanIter {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__(&self) -> Option<(u64, Vec<u64>)> {
+        let plan = &self.plan.get().inner;
+        let batch_no = self
+            .next
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
+                (b < plan.len()).then_some(b + 1)
+            })
+            .ok()?;
+        Some((batch_no, plan.batch(batch_no)))
+    }
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyEpochPlan>()?;
+    m.add_class::<PyEpochPlanIter>()
+}
