@@ -75,6 +75,15 @@ class NativeOp:
     @property
     def drop_last(self) -> bool | None:
         """For a grouping op, whether a last, short group is dropped."""
+    @property
+    def spec(self) -> ImageSpec | None:
+        """`ferrofeed.ops.decode_image`'s image spec (``None`` for other ops)."""
+    @property
+    def seed(self) -> int | None:
+        """`ferrofeed.ops.decode_image`'s ``seed=`` (``None`` when not given, or another op)."""
+    @property
+    def layout(self) -> BatchLayout | None:
+        """`ferrofeed.ops.collate`'s batch layout (``None`` for other ops)."""
 
 @final
 class MapSpec:
@@ -159,6 +168,114 @@ class DisaggregateSpec:
     @property
     def name(self) -> str: ...
 
+@final
+class ImageSpec:
+    """What is done to every decoded image: one description, checked once.
+
+    The keywords are those of `ferrofeed.io.decode_image` (without ``seed``, which is not
+    part of the spec); every image entry point (`ferrofeed.io.decode_image`,
+    `ferrofeed.io.load_images`, `ferrofeed.ops.decode_image`, the `DataLoader`'s image
+    chain) turns its keywords into one, with the same errors. Specs compare and hash by
+    value; the repr lists the keywords that differ from the defaults.
+
+    Example:
+        >>> from ferrofeed.ops import ImageSpec, decode_image
+        >>> spec = ImageSpec(size=224, crop="random", flip="random")
+        >>> spec
+        ImageSpec(size=(224, 224), crop='random', flip='random')
+        >>> spec.size, spec.crop, spec.scale
+        ((224, 224), 'random', (0.08, 1.0))
+        >>> decode_image(size=224, crop="random", flip="random").spec == spec
+        True
+    """
+
+    def __new__(
+        cls,
+        *,
+        size: int | tuple[int, int] | None = None,
+        resize_shorter: int | None = None,
+        crop: int | tuple[int, int] | str | None = None,
+        flip: bool | Literal["random"] = False,
+        scale: tuple[float, float] = (0.08, 1.0),
+        ratio: tuple[float, float] = (0.75, 1.3333333333333333),
+        mode: str = "RGB",
+        dct_scaling: bool = True,
+        crop_decode: bool = True,
+    ) -> Self:
+        """Check the options (``ValueError``; ``TypeError`` for a ``size`` of another type)."""
+    @property
+    def size(self) -> tuple[int, int] | None:
+        """The output ``(height, width)``, or ``None``."""
+    @property
+    def resize_shorter(self) -> int | None:
+        """The shorter side's length after the first resize, or ``None``."""
+    @property
+    def crop(self) -> tuple[int, int] | Literal["random"] | None:
+        """A center crop's ``(height, width)``, ``"random"``, or ``None``."""
+    @property
+    def flip(self) -> bool | Literal["random"]:
+        """``False``, ``True`` or ``"random"``."""
+    @property
+    def scale(self) -> tuple[float, float]:
+        """Area fraction bounds of a random crop."""
+    @property
+    def ratio(self) -> tuple[float, float]:
+        """Aspect ratio bounds of a random crop."""
+    @property
+    def mode(self) -> Literal["RGB", "L"]:
+        """``"RGB"`` or ``"L"`` (``"gray"`` is read as ``"L"``)."""
+    @property
+    def dct_scaling(self) -> bool:
+        """Whether a JPEG may be decoded at a reduced n/8 scale."""
+    @property
+    def crop_decode(self) -> bool:
+        """Whether only the part of an image that the output reads is decoded."""
+    def __getnewargs_ex__(self) -> tuple[tuple[()], dict[str, Any]]:
+        """The keywords that rebuild the spec (for `pickle` and `copy`)."""
+    def __eq__(self, value: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+
+@final
+class BatchLayout:
+    """How a batch of images is laid out: `ferrofeed.ops.collate`'s keywords, checked once.
+
+    ``layout`` is ``"NHWC"`` or ``"NCHW"``; ``dtype`` ``"uint8"`` or ``"float32"`` (values in
+    [0, 1], then ``(x - mean) / std`` per channel with ``normalize=(mean, std)``, 1 or 3
+    values each). Layouts compare and hash by value.
+
+    Example:
+        >>> from ferrofeed.ops import BatchLayout, collate
+        >>> layout = BatchLayout(layout="NCHW", dtype="float32", normalize=([0.5], [0.25]))
+        >>> layout
+        BatchLayout(layout='NCHW', dtype='float32', normalize=((0.5, 0.5, 0.5), (0.25, 0.25, 0.25)))
+        >>> collate(layout="NCHW", dtype="float32", normalize=([0.5], [0.25])).layout == layout
+        True
+    """
+
+    def __new__(
+        cls,
+        *,
+        layout: str = "NHWC",
+        dtype: str = "uint8",
+        normalize: tuple[Sequence[float], Sequence[float]] | None = None,
+    ) -> Self:
+        """Check the options (``ValueError``)."""
+    @property
+    def layout(self) -> Literal["NHWC", "NCHW"]:
+        """``"NHWC"`` or ``"NCHW"``."""
+    @property
+    def dtype(self) -> Literal["uint8", "float32"]:
+        """``"uint8"`` or ``"float32"``."""
+    @property
+    def normalize(
+        self,
+    ) -> tuple[tuple[float, float, float], tuple[float, float, float]] | None:
+        """``(mean, std)``, three values each, or ``None``."""
+    def __getnewargs_ex__(self) -> tuple[tuple[()], dict[str, Any]]:
+        """The keywords that rebuild the layout (for `pickle` and `copy`)."""
+    def __eq__(self, value: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+
 def _after_fork_in_child() -> None:
     """Mark pipelines built before a fork as the parent's (internal)."""
 
@@ -171,33 +288,19 @@ def _cpu_pool_size() -> int:
 def _op_read_file() -> NativeOp:
     """Return a native op that reads each path's bytes."""
 
-def _op_decode_image(
-    *,
-    size: Any = None,
-    mode: str = "RGB",
-    resize_shorter: int | None = None,
-    crop: Any = None,
-    flip: bool | str | None = None,
-    scale: tuple[float, float] = ...,
-    ratio: tuple[float, float] = ...,
-    seed: int | None = None,
-    dct_scaling: bool = True,
-    crop_decode: bool = True,
-) -> NativeOp:
-    """Return a native op that decodes images."""
+def _op_decode_image(spec: ImageSpec, /, *, seed: int | None = None) -> NativeOp:
+    """Return a native op that decodes images as ``spec`` says."""
 
 def _op_collate(
     batch_size: int | None = None,
     /,
     *,
+    layout: BatchLayout | None = None,
     drop_last: bool = False,
-    layout: str = "NHWC",
-    dtype: str = "uint8",
-    normalize: tuple[list[float], list[float]] | None = None,
     max_batches: int = 16,
     timeout: float | None = 60.0,
 ) -> NativeOp:
-    """Return a native op that collates images into batch tensors."""
+    """Return a native op that collates images into batch tensors laid out as ``layout``."""
 
 def _op_load_batch(
     decode: NativeOp,

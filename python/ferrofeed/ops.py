@@ -19,9 +19,19 @@ from typing import Literal
 
 from . import _core
 
-__all__ = ["NativeOp", "collate", "decode_image", "identity", "read_file"]
+__all__ = [
+    "BatchLayout",
+    "ImageSpec",
+    "NativeOp",
+    "collate",
+    "decode_image",
+    "identity",
+    "read_file",
+]
 
 NativeOp = _core.NativeOp
+ImageSpec = _core.ImageSpec
+BatchLayout = _core.BatchLayout
 
 
 def identity() -> NativeOp:
@@ -77,22 +87,27 @@ def decode_image(
     ``decode_image(size=224, crop="random", flip="random")``. A corrupt image raises
     `ferrofeed.ImageDecodeError` naming the file (or is skipped with ``on_error="skip"``).
 
+    The keywords become one `ImageSpec` (the same checks and errors as
+    `ferrofeed.io.decode_image`); the op shows it as ``.spec``, and ``seed`` as ``.seed``
+    (``None`` when not given).
+
     Example:
-        >>> decode_image(resize_shorter=256, crop=224).name
-        'decode_image'
+        >>> op = decode_image(resize_shorter=256, crop=224)
+        >>> op.name, op.spec, op.seed
+        ('decode_image', ImageSpec(resize_shorter=256, crop=(224, 224)), None)
     """
-    return _core._op_decode_image(
+    spec = ImageSpec(
         size=size,
-        mode=mode,
         resize_shorter=resize_shorter,
         crop=crop,
         flip=flip,
         scale=scale,
         ratio=ratio,
-        seed=seed,
+        mode=mode,
         dct_scaling=dct_scaling,
         crop_decode=crop_decode,
     )
+    return _core._op_decode_image(spec, seed=seed)
 
 
 def collate(
@@ -119,18 +134,17 @@ def collate(
     In a `DataLoader`, leave ``batch_size`` out: the loader's own is used (give it, and it
     must match). A pipeline needs it.
 
+    ``layout``, ``dtype`` and ``normalize`` become one `BatchLayout`, shown as ``.layout``;
+    the group size is ``.group_size`` and ``drop_last`` is ``.drop_last``.
+
     Example:
-        >>> collate(32).group_size
-        32
+        >>> op = collate(32, drop_last=True)
+        >>> op.group_size, op.drop_last, op.layout
+        (32, True, BatchLayout())
         >>> collate(layout="NCHW").group_size  # the DataLoader's batch size, when used there
         0
     """
+    spec = BatchLayout(layout=layout, dtype=dtype, normalize=normalize)
     return _core._op_collate(
-        batch_size,
-        drop_last=drop_last,
-        layout=layout,
-        dtype=dtype,
-        normalize=normalize,
-        max_batches=max_batches,
-        timeout=timeout,
+        batch_size, layout=spec, drop_last=drop_last, max_batches=max_batches, timeout=timeout
     )

@@ -63,6 +63,7 @@ mod buffer;
 mod codecs;
 mod ops;
 mod plan;
+pub mod spec;
 pub mod synth;
 #[cfg(test)]
 mod tests;

@@ -7,6 +7,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
 
 use crate::arena::ArenaError;
+use crate::image::spec::SpecError;
 use crate::image::ImageError;
 use crate::plan::PlanError;
 use crate::staging::StagingError;
@@ -158,6 +159,14 @@ impl From<PlanError> for PyErr {
     /// Every [`PlanError`] is an argument out of range: `ValueError`.
     #[cold]
     fn from(err: PlanError) -> PyErr {
+        PyValueError::new_err(err.to_string())
+    }
+}
+
+impl From<SpecError> for PyErr {
+    /// An invalid image spec or batch layout: a `ValueError`.
+    #[cold]
+    fn from(err: SpecError) -> PyErr {
         PyValueError::new_err(err.to_string())
     }
 }

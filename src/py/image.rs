@@ -12,13 +12,15 @@ use std::path::PathBuf;
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyInt, PyString};
+use pyo3::types::{PyBytes, PyString};
 
 use super::dlpack::PyTensor;
+use super::spec::ImageArgs;
 use super::staging::{acquire, pool_or_default, PyBufferPool};
 use crate::dlpack::DType;
 use crate::image::batch::{decode_batch, BatchItem, BatchOptions, Layout, OnError, Source};
-use crate::image::{self, ColorMode, Crop, Flip, ImageError, Transform};
+use crate::image::spec::ImageSpec;
+use crate::image::{self, ImageError};
 use crate::seed::{fresh_seed, mix, Stream};
 use crate::staging::Tensor;
 
@@ -51,118 +53,15 @@ fn parse_source<'py>(obj: &'py Bound<'py, PyAny>) -> PyResult<Source<'py>> {
     }
 }
 
-/// `size`: an int (square) or `(height, width)`.
-fn parse_size(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Option<(usize, usize)>> {
-    let Some(obj) = obj.filter(|o| !o.is_none()) else {
-        return Ok(None);
-    };
-    let pair = if obj.is_instance_of::<PyInt>() {
-        let n: usize = obj.extract()?;
-        (n, n)
-    } else {
-        obj.extract::<(usize, usize)>().map_err(|_| {
-            PyTypeError::new_err(format!(
-                "{what} is an int or a (height, width) pair of ints"
-            ))
-        })?
-    };
-    if pair.0 == 0 || pair.1 == 0 {
-        return Err(PyValueError::new_err(format!("{what} must be positive")));
-    }
-    Ok(Some(pair))
-}
-
 /// The seed of item `index`'s random crop in a batch seeded with `seed`.
 fn item_seed(seed: u64, index: usize) -> u64 {
     mix(seed, 0, index as u64, Stream::Crop)
 }
 
-/// `flip=`: `False`/`None` (never), `True` (always) or `"random"`
-/// (torchvision's `RandomHorizontalFlip()`, drawn from `seed()`).
-fn parse_flip(flip: Option<&Bound<'_, PyAny>>, seed: impl FnOnce() -> u64) -> PyResult<Flip> {
-    let Some(flip) = flip.filter(|f| !f.is_none()) else {
-        return Ok(Flip::Never);
-    };
-    // `bool` also takes NumPy's `bool_`, as the argument did when it was a bool.
-    if let Ok(b) = flip.extract::<bool>() {
-        return Ok(b.into());
-    }
-    if flip.extract::<&str>().is_ok_and(|s| s == "random") {
-        return Ok(Flip::Random { seed: seed() });
-    }
-    Err(PyValueError::new_err(format!(
-        "flip is True, False or \"random\" (a random horizontal flip), not {}",
-        flip.repr()?
-    )))
-}
-
-/// The keyword arguments shared by `decode_image` and `load_images`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn parse_transform(
-    size: Option<&Bound<'_, PyAny>>,
-    mode: &str,
-    resize_shorter: Option<usize>,
-    crop: Option<&Bound<'_, PyAny>>,
-    flip: Option<&Bound<'_, PyAny>>,
-    scale: (f64, f64),
-    ratio: (f64, f64),
-    seed: Option<u64>,
-    dct_scaling: bool,
-    crop_decode: bool,
-) -> PyResult<Transform> {
-    let mode = match mode {
-        "RGB" => ColorMode::Rgb,
-        "L" | "gray" => ColorMode::Gray,
-        other => {
-            return Err(PyValueError::new_err(format!(
-                "mode is \"RGB\" or \"L\" (grayscale), not {other:?}"
-            )))
-        }
-    };
-    if resize_shorter == Some(0) {
-        return Err(PyValueError::new_err("resize_shorter must be positive"));
-    }
-    let size = parse_size(size, "size")?;
-    // One seed for the random crop and the random flip (each draws from it
-    // through its own stream); a fresh one, made only if something is
-    // random, when none is given.
-    let mut seed = seed;
-    let mut draw_seed = || *seed.get_or_insert_with(fresh_seed);
-    let flip = parse_flip(flip, &mut draw_seed)?;
-    let crop = match crop.filter(|c| !c.is_none()) {
-        None => None,
-        Some(c) if c.extract::<&str>().is_ok_and(|s| s == "random") => {
-            if size.is_none() {
-                return Err(PyValueError::new_err(
-                    "crop=\"random\" (a random resized crop) needs an output size=",
-                ));
-            }
-            Some(Crop::RandomResized {
-                scale,
-                ratio,
-                seed: draw_seed(),
-            })
-        }
-        Some(c) => {
-            let (height, width) = parse_size(Some(c), "crop")
-                .map_err(|_| {
-                    PyValueError::new_err(
-                        "crop is an int or (height, width) for a center crop, or \"random\"",
-                    )
-                })?
-                .unwrap_or((1, 1));
-            Some(Crop::Center { height, width })
-        }
-    };
-    Ok(Transform {
-        mode,
-        resize_shorter,
-        crop,
-        size,
-        flip,
-        dct_scaling,
-        crop_decode,
-    })
+/// The seed of a call's random draws: `seed=`, or a fresh one when the
+/// spec draws anything at random and none was given.
+fn call_seed(spec: &ImageSpec, seed: Option<u64>) -> u64 {
+    seed.unwrap_or_else(|| if spec.is_random() { fresh_seed() } else { 0 })
 }
 
 /// The seed of the random crop and flip of the sample a `DataLoader` is
@@ -200,24 +99,25 @@ fn decode_image(
     crop_decode: bool,
     pool: Option<&Bound<'_, PyBufferPool>>,
 ) -> PyResult<PyTensor> {
-    // Without a seed, inside a DataLoader's dataset[i] or transform: the sample's own seed
-    // (the one sample-seed rule), so the crop and flip are the native chain's.
-    let seed = match seed {
-        Some(s) => Some(s),
-        None => sample_image_seed(py)?,
-    };
-    let transform = parse_transform(
+    let spec = ImageArgs {
         size,
-        mode,
         resize_shorter,
         crop,
         flip,
         scale,
         ratio,
-        seed,
+        mode,
         dct_scaling,
         crop_decode,
-    )?;
+    }
+    .parse()?;
+    // Without a seed, inside a DataLoader's dataset[i] or transform: the sample's own seed
+    // (the one sample-seed rule), so the crop and flip are the native chain's.
+    let seed = match seed {
+        None if spec.is_random() => sample_image_seed(py)?,
+        given => given,
+    };
+    let transform = spec.transform(call_seed(&spec, seed));
     let source = parse_source(src)?;
     let pool = pool_or_default(py, pool)?;
     let name = source_name(&source, None);
@@ -262,22 +162,22 @@ fn load_images(
     threads: Option<usize>,
     pool: Option<&Bound<'_, PyBufferPool>>,
 ) -> PyResult<PyTensor> {
-    let transform = parse_transform(
-        Some(size),
-        mode,
+    let spec = ImageArgs {
+        size: Some(size),
         resize_shorter,
         crop,
         flip,
         scale,
         ratio,
-        seed,
+        mode,
         dct_scaling,
         crop_decode,
-    )?;
-    let (height, width) = transform
+    }
+    .parse()?;
+    let (height, width) = spec
         .size
         .ok_or_else(|| PyValueError::new_err("load_images needs size="))?;
-    let channels = transform.mode.channels();
+    let channels = spec.mode.channels();
     if threads == Some(0) {
         return Err(PyValueError::new_err("threads must be positive"));
     }
@@ -287,7 +187,7 @@ fn load_images(
         .collect::<PyResult<_>>()?;
     let parsed: Vec<Source<'_>> = items.iter().map(parse_source).collect::<PyResult<_>>()?;
     let n = parsed.len();
-    let batch_seed = transform.seed().unwrap_or(0);
+    let batch_seed = call_seed(&spec, seed);
     let batch: Vec<BatchItem<'_>> = parsed
         .into_iter()
         .enumerate()
@@ -305,6 +205,7 @@ fn load_images(
     let nbytes = options.layout.slot_len((height, width, channels)) * n;
     let pool = pool_or_default(py, pool)?;
     let mut buffer = acquire(py, &pool, nbytes)?;
+    let transform = spec.transform(batch_seed);
     py.detach(|| decode_batch(&batch, &transform, &options, &mut buffer[..nbytes]))?;
     Ok(PyTensor::new(Tensor::from_buffer(
         buffer,

@@ -15,6 +15,7 @@ mod pipeline;
 mod plan;
 mod sampler;
 mod slots;
+mod spec;
 mod staging;
 
 use pyo3::prelude::*;
@@ -41,6 +42,7 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     staging::register(m)?;
     slots::register(m)?;
     image::register(m)?;
+    spec::register(m)?;
     m.add("cuda_feature", cfg!(feature = "cuda"))?;
     Ok(())
 }

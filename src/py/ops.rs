@@ -10,8 +10,8 @@ use std::sync::Arc;
 use pyo3::exceptions::{PyOSError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
-use super::image::parse_transform;
 use super::pipeline::{Item, OpConfig, PerEpochFn, PyNativeOp};
+use super::spec::{PyBatchLayout, PyImageSpec};
 use super::staging::PyBufferPool;
 use crate::dlpack::DType;
 use crate::image::batch::{
@@ -78,40 +78,14 @@ fn crop_seed(seed: u64, epoch: u64, name: &str) -> u64 {
     mix(seed, epoch, hash_bytes(name.as_bytes()), Stream::Crop)
 }
 
-/// `ops.decode_image(...)`: encoded bytes (or a path) become an image.
+/// `ops.decode_image(...)`: encoded bytes (or a path) become an image, as
+/// `spec` says.
 #[pyfunction]
-#[pyo3(signature = (
-    *, size=None, mode="RGB", resize_shorter=None, crop=None, flip=None,
-    scale=(0.08, 1.0), ratio=(0.75, 1.333_333_333_333_333_3), seed=None, dct_scaling=true,
-    crop_decode=true
-))]
-#[allow(clippy::too_many_arguments)]
-fn _op_decode_image(
-    size: Option<&Bound<'_, PyAny>>,
-    mode: &str,
-    resize_shorter: Option<usize>,
-    crop: Option<&Bound<'_, PyAny>>,
-    flip: Option<&Bound<'_, PyAny>>,
-    scale: (f64, f64),
-    ratio: (f64, f64),
-    seed: Option<u64>,
-    dct_scaling: bool,
-    crop_decode: bool,
-) -> PyResult<PyNativeOp> {
+#[pyo3(signature = (spec, /, *, seed=None))]
+fn _op_decode_image(spec: &PyImageSpec, seed: Option<u64>) -> PyNativeOp {
+    let spec = spec.0;
     let base_seed = seed.unwrap_or_else(crate::seed::fresh_seed);
-    let transform = parse_transform(
-        size,
-        mode,
-        resize_shorter,
-        crop,
-        flip,
-        scale,
-        ratio,
-        Some(base_seed),
-        dct_scaling,
-        crop_decode,
-    )?;
-    let config = OpConfig::Decode { transform, seed };
+    let config = OpConfig::Decode { spec, seed };
     // In a pipeline of epoch `e`, an item's random crop and flip draw from
     // (seed, e, its position in the source): new ones every epoch, the same
     // ones for the same epoch, whatever the file's folder or the threads'
@@ -136,11 +110,11 @@ fn _op_decode_image(
                 Some(pos) => mix(base_seed, epoch, pos, Stream::Crop),
                 None => crop_seed(base_seed, epoch, &name),
             };
-            let image = decode(&data, &name, &transform.with_seed(seed))?;
+            let image = decode(&data, &name, &spec.transform(seed))?;
             Ok(Some(Item::Image { image, name, label }))
         })
     });
-    Ok(PyNativeOp::per_epoch("decode_image", true, make).with_config(config))
+    PyNativeOp::per_epoch("decode_image", true, make).with_config(config)
 }
 
 /// `ops.collate(batch_size, ...)`: groups images into one batch tensor
@@ -149,17 +123,13 @@ fn _op_decode_image(
 /// for a `DataLoader`, which brings its own batch size; a pipeline refuses it.
 #[pyfunction]
 #[pyo3(signature = (
-    batch_size=None, /, *, drop_last=false, layout="NHWC", dtype="uint8", normalize=None,
-    max_batches=16, timeout=Some(60.0)
-), text_signature = "(batch_size=None, /, *, drop_last=False, layout='NHWC', dtype='uint8', \
-    normalize=None, max_batches=16, timeout=60.0)")]
-#[allow(clippy::too_many_arguments)] // the keywords of ops.collate
+    batch_size=None, /, *, layout=None, drop_last=false, max_batches=16, timeout=Some(60.0)
+), text_signature = "(batch_size=None, /, *, layout=None, drop_last=False, max_batches=16, \
+    timeout=60.0)")]
 fn _op_collate(
     batch_size: Option<usize>,
+    layout: Option<&PyBatchLayout>,
     drop_last: bool,
-    layout: &str,
-    dtype: &str,
-    normalize: Option<(Vec<f32>, Vec<f32>)>,
     max_batches: usize,
     timeout: Option<f64>,
 ) -> PyResult<PyNativeOp> {
@@ -176,46 +146,7 @@ fn _op_collate(
             )))
         }
     };
-    let chw = match layout {
-        "NHWC" => false,
-        "NCHW" => true,
-        other => {
-            return Err(PyValueError::new_err(format!(
-                "layout is \"NHWC\" or \"NCHW\", not {other:?}"
-            )))
-        }
-    };
-    let float = match dtype {
-        "uint8" => false,
-        "float32" => true,
-        other => {
-            return Err(PyValueError::new_err(format!(
-                "dtype is \"uint8\" or \"float32\", not {other:?}"
-            )))
-        }
-    };
-    let normalize = match normalize {
-        None => None,
-        Some(_) if !float => {
-            return Err(PyValueError::new_err("normalize= needs dtype=\"float32\""));
-        }
-        Some((mean, std)) => {
-            let three = |v: &[f32], what: &str| -> PyResult<[f32; 3]> {
-                match *v {
-                    [a] => Ok([a, a, a]),
-                    [a, b, c] => Ok([a, b, c]),
-                    _ => Err(PyValueError::new_err(format!(
-                        "normalize {what} has 1 or 3 values"
-                    ))),
-                }
-            };
-            let (mean, std) = (three(&mean, "mean")?, three(&std, "std")?);
-            if std.contains(&0.0) {
-                return Err(PyValueError::new_err("normalize std must not be 0"));
-            }
-            Some((mean, std))
-        }
-    };
+    let layout = layout.map_or_else(Layout::default, |l| l.0);
     let pool = BufferPool::new(PoolConfig {
         max_buffers: Some(max_batches.max(2) * 2),
         max_idle: None,
@@ -224,11 +155,6 @@ fn _op_collate(
         pinning: Pinning::Off,
     })
     .map_err(PyErr::from)?;
-    let layout = Layout {
-        chw,
-        float,
-        normalize,
-    };
     let combine: CombineFn<Item, PyErr> =
         Arc::new(move |items: Vec<Item>| collate(&pool, layout, items));
     Ok(
@@ -479,7 +405,7 @@ fn _op_load_batch(
     drop_last: bool,
 ) -> PyResult<PyNativeOp> {
     let Some(OpConfig::Decode {
-        transform,
+        spec,
         seed: op_seed,
     }) = decode.config()
     else {
@@ -521,6 +447,7 @@ fn _op_load_batch(
             ))
         }
     };
+    let transform = spec.transform(0);
     let shape = batch_shape(&transform).ok_or_else(|| {
         PyValueError::new_err(
             "images of a batch need one shape: give ops.decode_image() a size= or crop=",

@@ -12,9 +12,9 @@ use crate::pipeline::{CombineFn, ItemFn};
 /// with the ops that carry it, so that this module never names `ops`.
 #[derive(Clone, Copy)]
 pub(crate) enum OpConfig {
-    /// `decode_image`: the transform, and the seed the user gave (if any).
+    /// `decode_image`: the image spec, and the seed the user gave (if any).
     Decode {
-        transform: crate::image::Transform,
+        spec: crate::image::spec::ImageSpec,
         seed: Option<u64>,
     },
     /// `collate`: the layout and dtype of the batch.
@@ -63,6 +63,34 @@ impl PyNativeOp {
     #[getter]
     fn drop_last(&self) -> Option<bool> {
         self.group.as_ref().map(|g| g.1)
+    }
+
+    /// `ops.decode_image`'s image spec (`None` for other ops).
+    #[getter]
+    fn spec(&self) -> Option<crate::py::spec::PyImageSpec> {
+        match self.config {
+            Some(OpConfig::Decode { spec, .. }) => Some(crate::py::spec::PyImageSpec(spec)),
+            _ => None,
+        }
+    }
+
+    /// `ops.decode_image`'s `seed=` (`None` when none was given, and for
+    /// other ops).
+    #[getter]
+    fn seed(&self) -> Option<u64> {
+        match self.config {
+            Some(OpConfig::Decode { seed, .. }) => seed,
+            _ => None,
+        }
+    }
+
+    /// `ops.collate`'s batch layout (`None` for other ops).
+    #[getter]
+    fn layout(&self) -> Option<crate::py::spec::PyBatchLayout> {
+        match self.config {
+            Some(OpConfig::Collate(layout)) => Some(crate::py::spec::PyBatchLayout(layout)),
+            _ => None,
+        }
     }
 
     fn __repr__(&self) -> String {
