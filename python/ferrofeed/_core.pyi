@@ -316,8 +316,9 @@ def _op_load_batch(
 ) -> NativeOp:
     """Return DataLoader's batch op: a group of the epoch plan becomes one batch.
 
-    Each item in is ``(batch_no, indices, files)``; each item out is ``(batch_no, indices,
-    images, labels, skipped)``, ``skipped`` listing ``(dataset index, reason)``. Refuses
+    Each item in is a `_PlanGroup` ``(batch_no, indices, files)``; each item out is
+    ``(batch_no, indices, images, labels, skipped)``, ``skipped`` listing ``(dataset index,
+    reason)``. Refuses
     (``ValueError``) a ``decode`` with a seed of its own, and a ``collate`` whose batch
     size or ``drop_last`` disagrees with ``batch_size`` and ``drop_last``.
     """
@@ -393,6 +394,16 @@ class EpochPlan:
         """Return the dataset indices of batch ``batch_no`` of the epoch."""
     def batch_len(self, batch_no: int) -> int:
         """Return the number of samples in batch ``batch_no`` of the epoch."""
+
+@final
+class _PlanGroup:
+    """A group of an epoch plan for the DataLoader's batch op (internal).
+
+    ``items`` (paths or bytes, with labels) are made native when it is made; a pipeline's
+    source hands the group to the op without the GIL.
+    """
+
+    def __new__(cls, batch_no: int, indices: Sequence[int], items: Iterable[Any]) -> Self: ...
 
 @final
 class EpochPlanIterator:

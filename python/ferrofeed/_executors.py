@@ -283,7 +283,7 @@ class _Assembler:
 class NativeExecutor:
     """Image files through the native batch op: each group decodes into one pooled buffer.
 
-    The op takes ``(batch_no, indices, files)`` and gives back ``(batch_no, indices,
+    The op takes ``_PlanGroup(batch_no, indices, files)`` and gives back ``(batch_no, indices,
     images, labels, skipped)``: a batch crosses from Python to Rust once (its files) and
     back once (its tensors). Every sample's random crop and flip come from ``(seed,
     epoch, index)``. The op the user passed is the op that runs: the batch op is built
@@ -346,10 +346,12 @@ class NativeExecutor:
     def run(self, epoch: int, groups: Iterator[Group]) -> Iterator[Done]:
         dataset = self.dataset
 
-        def files() -> Iterator[tuple[int, list[int], list[Any]]]:
+        def files() -> Iterator[_core._PlanGroup]:
             for batch_no, indices in groups:
                 # A [path, label] list (as JSON gives pairs) as the pair it stands for.
-                yield batch_no, indices, [_as_pair(dataset[i]) for i in indices]
+                # _PlanGroup makes the files native here, on the source's thread, so the
+                # op never waits for the GIL.
+                yield _core._PlanGroup(batch_no, indices, [_as_pair(dataset[i]) for i in indices])
 
         pipeline = (
             PipelineBuilder()

@@ -246,45 +246,6 @@ fn sample_crop_seed(seed: u64, epoch: u64, index: u64) -> u64 {
     mix(seed, epoch, index, Stream::Crop)
 }
 
-/// One batch of an epoch plan, as the `DataLoader` hands it to its batch
-/// op: `(batch_no, indices, items)`, the items being paths or bytes (with
-/// labels) of the samples `indices` of the dataset.
-struct Group {
-    batch_no: u64,
-    indices: Vec<u64>,
-    items: Vec<Item>,
-}
-
-impl Group {
-    /// The group in a Python `(batch_no, indices, items)` tuple.
-    fn extract(obj: &Py<PyAny>) -> PyResult<Self> {
-        Python::attach(|py| {
-            let (batch_no, indices, items): (u64, Vec<u64>, Bound<'_, PyAny>) =
-                obj.extract(py).map_err(|_| {
-                    PyTypeError::new_err(
-                        "the batch op takes (batch_no, indices, items) groups of the epoch plan",
-                    )
-                })?;
-            let items: Vec<Item> = items
-                .try_iter()?
-                .map(|item| item.map(|item| Item::from_source(item, None)))
-                .collect::<PyResult<_>>()?;
-            if items.len() != indices.len() {
-                return Err(PyValueError::new_err(format!(
-                    "batch {batch_no}: {} items for {} indices",
-                    items.len(),
-                    indices.len()
-                )));
-            }
-            Ok(Self {
-                batch_no,
-                indices,
-                items,
-            })
-        })
-    }
-}
-
 /// `DataLoader`'s batch op: a group of files decodes, in parallel, straight
 /// into the slots of one pooled batch tensor ([`decode_batch`]).
 struct LoadBatch {
@@ -300,15 +261,11 @@ struct LoadBatch {
 }
 
 impl LoadBatch {
-    fn run(&self, group: Group) -> PyResult<Item> {
-        let Group {
-            batch_no,
-            indices,
-            items,
-        } = group;
+    /// Decodes the group `(batch_no, indices, items)` of the epoch plan.
+    fn run(&self, batch_no: u64, indices: &[u64], items: Vec<Item>) -> PyResult<Item> {
         let mut batch = Vec::with_capacity(items.len());
         let mut labels = Vec::with_capacity(items.len());
-        for (item, &index) in items.into_iter().zip(&indices) {
+        for (item, &index) in items.into_iter().zip(indices) {
             let (source, name, label) = match item {
                 Item::Path { path, label, .. } => {
                     let name = path.display().to_string();
@@ -331,7 +288,7 @@ impl LoadBatch {
         }
         let loaded = |images, labels, skipped| Item::Loaded {
             batch_no,
-            indices: indices.clone(),
+            indices: indices.to_vec(),
             images,
             labels,
             skipped,
@@ -381,8 +338,9 @@ impl LoadBatch {
 }
 
 /// `DataLoader`'s batch op, made from its `decode_image` op and (optional)
-/// `collate` op: each item is a group of the epoch plan, `(batch_no,
-/// indices, files)` (paths or bytes, with labels), that becomes one batch,
+/// `collate` op: each item is a group of the epoch plan, a
+/// `_core._PlanGroup(batch_no, indices, files)` (paths or bytes, with
+/// labels, made native on the source's thread), that becomes one batch,
 /// `(batch_no, indices, images, labels, skipped)` with `skipped` as
 /// `(dataset index, reason)`.
 ///
@@ -469,10 +427,14 @@ fn _op_load_batch(
         "decode_batch",
         true,
         Arc::new(move |item| match item {
-            Item::Py(obj) => op.run(Group::extract(&obj)?).map(Some),
+            Item::Group {
+                batch_no,
+                indices,
+                items,
+            } => op.run(batch_no, &indices, items).map(Some),
             other => Err(wrong_item(
                 "decode_batch",
-                "(batch_no, indices, files) groups",
+                "_PlanGroup(batch_no, indices, files) groups",
                 &other,
             )),
         }),

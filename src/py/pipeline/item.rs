@@ -39,6 +39,14 @@ pub(crate) enum Item {
         images: crate::staging::Tensor,
         labels: Option<crate::staging::Tensor>,
     },
+    /// A group of an epoch plan, for `DataLoader`'s batch op: its number in
+    /// the epoch, the dataset indices of its items, and the items (paths or
+    /// bytes, with labels), made native on the source's thread.
+    Group {
+        batch_no: u64,
+        indices: Vec<u64>,
+        items: Vec<Item>,
+    },
     /// A batch made by `DataLoader`'s batch op: its number in the epoch and
     /// the dataset indices of its items, the images that decoded (none when
     /// every one failed), their labels, and the items left out under
@@ -63,6 +71,7 @@ impl Item {
             Item::Bytes { .. } => "bytes",
             Item::Image { .. } => "a decoded image",
             Item::Batch { .. } | Item::Loaded { .. } => "a batch",
+            Item::Group { .. } => "a group of the epoch plan",
         }
     }
 
@@ -71,6 +80,11 @@ impl Item {
     /// int label; else the object itself. `pos` is its position in the
     /// source (the items of a list have none).
     pub(crate) fn from_source(obj: Bound<'_, PyAny>, pos: Option<u64>) -> Item {
+        if let Ok(group) = obj.cast::<PyPlanGroup>() {
+            if let Some(item) = group.get().take() {
+                return item;
+            }
+        }
         let plain = |obj: &Bound<'_, PyAny>, label: Option<i64>| -> Option<Item> {
             if let Ok(b) = obj.cast::<pyo3::types::PyBytes>() {
                 return Some(Item::Bytes {
@@ -178,6 +192,21 @@ impl Item {
                 .into_any()
                 .unbind()
             }
+            Item::Group {
+                batch_no,
+                indices,
+                items,
+            } => {
+                let list = PyList::empty(py);
+                for it in items {
+                    list.append(it.into_py(py)?)?;
+                }
+                let batch_no = batch_no.into_pyobject(py)?.into_any();
+                let indices = PyList::new(py, indices)?.into_any();
+                PyTuple::new(py, [batch_no, indices, list.into_any()])?
+                    .into_any()
+                    .unbind()
+            }
             Item::List(items) => {
                 let list = PyList::empty(py);
                 for it in items {
@@ -204,4 +233,51 @@ fn image_tensor(
         .expect("a new tensor has no other owner")
         .copy_from_slice(&image.data);
     Ok(crate::py::dlpack::PyTensor::new(t))
+}
+
+/// `_core._PlanGroup(batch_no, indices, items)`: a group of an epoch plan
+/// as the `DataLoader`'s native executor yields it from its source. Its items
+/// (paths or bytes, with labels) are made native here, on the source's
+/// thread, which holds the GIL anyway; the batch op then takes the group
+/// without the GIL. (Taking the GIL in the op instead waited on the source's
+/// thread, up to Python's switch interval, before every batch.)
+#[pyclass(name = "_PlanGroup", module = "ferrofeed._core", frozen)]
+pub(crate) struct PyPlanGroup {
+    item: std::sync::Mutex<Option<Item>>,
+}
+
+#[pymethods]
+impl PyPlanGroup {
+    #[new]
+    fn new(batch_no: u64, indices: Vec<u64>, items: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let items: Vec<Item> = items
+            .try_iter()?
+            .map(|item| item.map(|item| Item::from_source(item, None)))
+            .collect::<PyResult<_>>()?;
+        if items.len() != indices.len() {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "batch {batch_no}: {} items for {} indices",
+                items.len(),
+                indices.len()
+            )));
+        }
+        let item = Item::Group {
+            batch_no,
+            indices,
+            items,
+        };
+        Ok(Self {
+            item: std::sync::Mutex::new(Some(item)),
+        })
+    }
+}
+
+impl PyPlanGroup {
+    /// The group, the first time; `None` after (a source yields it once).
+    fn take(&self) -> Option<Item> {
+        self.item
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+    }
 }

@@ -80,6 +80,7 @@ pub(super) fn logger(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<run::PyPipeline>()?;
     m.add_class::<PyNativeOp>()?;
+    m.add_class::<item::PyPlanGroup>()?;
     spec::register(m)?;
     m.add_function(wrap_pyfunction!(native::_op_identity, m)?)?;
     m.add_function(wrap_pyfunction!(_after_fork_in_child, m)?)?;
