@@ -42,6 +42,7 @@ pub mod pipeline;
 pub mod plan;
 pub mod sampler;
 pub mod seed;
+pub mod shard_plan;
 pub mod shards;
 pub mod staging;
 

@@ -94,6 +94,12 @@ pub enum Stream {
     /// Whether one image is mirrored by a random horizontal flip (drawn
     /// from the image's seed, the one its crop draws from).
     Flip,
+    /// The order of a sharded source's shards in an epoch
+    /// ([`crate::shard_plan`]).
+    Shards,
+    /// The shuffle of one window of a sharded source's samples
+    /// ([`crate::shard_plan`]).
+    Window,
 }
 
 impl Stream {
@@ -103,6 +109,8 @@ impl Stream {
             Stream::Sample => 0x5EED_5A3D_1E5E_ED00,
             Stream::Crop => 0xC409_5EED_0000_0001,
             Stream::Flip => 0xF11B_5EED_0000_0002,
+            Stream::Shards => 0x5AA2_D5EE_D000_0003,
+            Stream::Window => 0x3140_D0E5_EED0_0004,
         }
     }
 
@@ -112,6 +120,8 @@ impl Stream {
             "sample" => Some(Stream::Sample),
             "crop" => Some(Stream::Crop),
             "flip" => Some(Stream::Flip),
+            "shards" => Some(Stream::Shards),
+            "window" => Some(Stream::Window),
             _ => None,
         }
     }

@@ -1,6 +1,6 @@
 //! Sharded sources: samples stored many to a file, read in order, whole.
 //!
-//! Most public datasets come in shards: WebDataset tar files ([`tar`]),
+//! Most public datasets come in shards: `WebDataset` tar files ([`tar`]),
 //! Parquet files ([`parquet`]) and JSON lines ([`jsonl`]). A shard is read
 //! front to back (a random read per sample is slow on disk and ruinous on
 //! object storage), so a reader here does two things only:
