@@ -54,10 +54,13 @@
 //! # Cost
 //!
 //! The record API has no row-level skip: in the first row group read, the
-//! rows before `lo` are decoded and dropped (not converted). Memory is
-//! bounded by a row group's column chunks being read page by page, plus one
-//! row at a time; the decoder itself may panic on some malformed input, which
-//! is caught and reported as corruption of the row group (or footer).
+//! rows before `lo` are decoded and dropped (not converted). Pages are read
+//! one by one as the rows need them, and each leaf column decodes at most
+//! [`READ_AHEAD`] values ahead of the row being assembled, so memory is
+//! bounded by that many values per column (a few pages), not by the size of
+//! a row group (pyarrow's default row group is a million rows). The decoder
+//! itself may panic on some malformed input: that is caught and reported as
+//! corruption of the row group (or footer).
 
 use std::any::Any;
 use std::fs::File;
@@ -74,6 +77,12 @@ use ::parquet::record::{Field, Row};
 use ::parquet::schema::types::{SchemaDescriptor, Type};
 
 use super::{Sample, ShardError, ShardFormat, ShardInfo, Value};
+
+/// Values each leaf column decodes ahead of the row being assembled (the
+/// record API's batch size, 1024 by default): 64 images of a Hugging Face
+/// image column are a few megabytes, while a batch of scalars this size
+/// costs little more per row than a larger one.
+pub const READ_AHEAD: usize = 64;
 
 /// The Parquet shard format: rows of a projection of the top-level columns.
 #[derive(Debug, Clone, Default)]
@@ -180,7 +189,7 @@ impl ShardFormat for ParquetFormat {
         for (g, &rows) in groups.iter().enumerate() {
             let (g_lo, g_hi) = (first, first + rows);
             first = g_hi;
-            if g_lo >= end {
+            if g_lo >= end || lo >= end {
                 break;
             }
             if g_hi <= lo || rows == 0 {
@@ -190,6 +199,7 @@ impl ShardFormat for ParquetFormat {
             let group = guarded(path, &at, || reader.get_row_group(g))?;
             let mut rows_of = guarded(path, &at, || {
                 RowIter::from_row_group(projection.clone(), &*group)
+                    .map(|rows| rows.with_batch_size(READ_AHEAD))
             })?;
             for n in g_lo..g_hi.min(end) {
                 let row = guarded(path, &at, || rows_of.next().transpose())?.ok_or_else(|| {
@@ -930,6 +940,86 @@ mod tests {
             let (rows, result) = read(&ids, &path, 0, ROWS);
             result.unwrap();
             assert_eq!(rows.len(), ROWS as usize);
+        }
+    }
+
+    #[test]
+    fn rows_span_read_ahead_batches() {
+        // Row groups longer than READ_AHEAD, with a list column whose values
+        // outnumber its rows: batch boundaries fall inside rows.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("long.parquet");
+        let schema = "
+            message schema {
+              required int64 id;
+              optional group tags (LIST) {
+                repeated group list {
+                  required int32 element;
+                }
+              }
+            }";
+        let tags = |i: u64| -> Option<Vec<i32>> {
+            let i = i32::try_from(i).unwrap();
+            (i % 5 != 4).then(|| (0..i % 4).map(|k| i * 10 + k).collect())
+        };
+        let sizes = [150u64, 3 * READ_AHEAD as u64 + 1];
+        let mut first = 0;
+        let mut groups = Vec::new();
+        for size in sizes {
+            let rows = first..first + size;
+            first += size;
+            let (mut values, mut defs, mut reps) = (Vec::new(), Vec::new(), Vec::new());
+            for i in rows.clone() {
+                match tags(i) {
+                    None => {
+                        defs.push(0);
+                        reps.push(0);
+                    }
+                    Some(t) if t.is_empty() => {
+                        defs.push(1);
+                        reps.push(0);
+                    }
+                    Some(t) => {
+                        for (k, v) in t.into_iter().enumerate() {
+                            values.push(v);
+                            defs.push(2);
+                            reps.push(i16::from(k > 0));
+                        }
+                    }
+                }
+            }
+            groups.push(vec![
+                Col::I64(rows.map(id_of).collect(), None),
+                Col::I32(values, Some(defs), Some(reps)),
+            ]);
+        }
+        write(
+            &path,
+            parse_message_type(schema).unwrap(),
+            Compression::SNAPPY,
+            groups,
+        );
+        let total = sizes.iter().sum::<u64>();
+        let want: Vec<Sample> = (0..total)
+            .map(|i| Sample {
+                key: format!("row {i}"),
+                fields: vec![
+                    ("id".into(), Value::Int(id_of(i))),
+                    (
+                        "tags".into(),
+                        tags(i).map_or(Value::Null, |t| {
+                            Value::List(t.into_iter().map(|v| Value::Int(v.into())).collect())
+                        }),
+                    ),
+                ],
+            })
+            .collect();
+        let format = ParquetFormat::new(None);
+        assert_eq!(format.count(&path).unwrap().samples, total);
+        for (lo, hi) in [(0, total), (63, 65), (100, 250), (149, 151), (200, total)] {
+            let (rows, result) = read(&format, &path, lo, hi);
+            result.unwrap();
+            assert_eq!(rows, want[lo as usize..hi as usize], "{lo}..{hi}");
         }
     }
 
