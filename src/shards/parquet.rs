@@ -20,10 +20,10 @@
 //! | `STRING`/`UTF8`, `ENUM`, `JSON` | [`Value::Str`] (JSON text is not parsed) |
 //! | `BINARY`, `BSON`, `FIXED_LEN_BYTE_ARRAY` (`UUID` included) | [`Value::Bytes`] |
 //! | `DATE` | [`Value::Int`]: days since 1970-01-01 |
-//! | `TIME`, `TIMESTAMP` | [`Value::Int`]: the count of the column's unit (milli-, micro- or nanoseconds) since midnight or since 1970-01-01 UTC; a legacy `INT96` timestamp is milliseconds since 1970-01-01 |
+//! | `TIME`, `TIMESTAMP` | [`Value::Int`]: the count of the column's unit (milli-, micro- or nanoseconds) since midnight or since the epoch, 1970-01-01 (UTC or local, as the column says); a legacy `INT96` timestamp is milliseconds since the epoch |
 //! | `LIST` | [`Value::List`] |
 //! | `MAP` with string keys | [`Value::Map`], entries in stored order |
-//! | `MAP` with other keys | [`Value::List`] of two-element [`Value::List`]s `[key, value]` |
+//! | `MAP` with other keys | [`Value::List`] of two-element [`Value::List`]s `[key, value]` (an empty map is an empty [`Value::Map`] whatever its keys: the row API does not say) |
 //! | struct (group) | [`Value::Map`], fields in schema order |
 //! | Hugging Face image (or audio) struct: exactly the fields `bytes` and `path` | [`Value::Bytes`] of `bytes`; see below |
 //!
@@ -80,7 +80,7 @@ use super::{Sample, ShardError, ShardFormat, ShardInfo, Value};
 
 /// Values each leaf column decodes ahead of the row being assembled (the
 /// record API's batch size, 1024 by default): 64 images of a Hugging Face
-/// image column are a few megabytes, while a batch of scalars this size
+/// image column are megabytes, not the gigabytes of 1024 large ones, while a batch of scalars this size
 /// costs little more per row than a larger one.
 pub const READ_AHEAD: usize = 64;
 
@@ -237,7 +237,8 @@ fn open(path: &Path) -> Result<SerializedFileReader<File>, ShardError> {
     guarded(path, "footer", || SerializedFileReader::new(file))
 }
 
-/// The rows of each row group, checked against the file's row count.
+/// The rows of each row group, checked against the file's row count (so
+/// that their sum, and every partial sum, fits a `u64`).
 fn group_rows(path: &Path, meta: &ParquetMetaData) -> Result<Vec<u64>, ShardError> {
     let groups = meta
         .row_groups()
@@ -253,13 +254,21 @@ fn group_rows(path: &Path, meta: &ParquetMetaData) -> Result<Vec<u64>, ShardErro
             })
         })
         .collect::<Result<Vec<u64>, _>>()?;
-    let sum: u64 = groups.iter().sum();
+    let sum = groups
+        .iter()
+        .try_fold(0u64, |sum, &rows| sum.checked_add(rows));
     let stated = meta.file_metadata().num_rows();
-    if u64::try_from(stated).ok() != Some(sum) {
+    if sum.is_none() || u64::try_from(stated).ok() != sum {
         return Err(ShardError::corrupt(
             path,
             "footer",
-            format!("the file says {stated} rows, its row groups {sum}"),
+            match sum {
+                Some(sum) => format!(
+                    "the file says {stated} rows, its {} row groups {sum}",
+                    groups.len()
+                ),
+                None => format!("the file says {stated} rows, its row groups more than 2^64"),
+            },
         ));
     }
     Ok(groups)
