@@ -121,10 +121,10 @@ fn stream_error(shard: &Path, codec: Codec, line: u64, e: io::Error) -> ShardErr
     if e.raw_os_error().is_some() {
         ShardError::io(shard, e)
     } else {
-        let what = if e.kind() == io::ErrorKind::UnexpectedEof {
-            "ends early (truncated?)".to_owned()
-        } else {
-            format!("cannot be decompressed: {e}")
+        let what = match (e.kind(), codec) {
+            (io::ErrorKind::UnexpectedEof, _) => "ends early (truncated?)".to_owned(),
+            (_, Codec::Plain) => format!("cannot be read: {e}"),
+            _ => format!("cannot be decompressed: {e}"),
         };
         ShardError::corrupt(
             shard,
@@ -173,6 +173,8 @@ fn skip_line(text: &mut dyn BufRead) -> io::Result<Option<bool>> {
 /// sample.
 fn parse_line(shard: &Path, line: u64, bytes: &[u8]) -> Result<Sample, ShardError> {
     let key = format!("line {line}");
+    // Without its LF, so that an error's column is on this line.
+    let bytes = bytes.strip_suffix(b"\n").unwrap_or(bytes);
     let text = match std::str::from_utf8(bytes) {
         Ok(text) => text,
         Err(e) => {
@@ -593,7 +595,10 @@ mod tests {
                     assert_eq!(shard, file.path());
                     assert_eq!(*at, format!("line {line}"));
                     match i {
-                        0 => assert!(message.contains("EOF while parsing"), "{message}"),
+                        0 => assert!(
+                            message.contains("EOF while parsing a value at column 6"),
+                            "{message}"
+                        ),
                         1 => assert!(message.contains("trailing characters"), "{message}"),
                         _ => assert!(message.contains("UTF-8"), "{message}"),
                     }

@@ -4,7 +4,7 @@
 //! `28 b5 2f fd`), not from its name, so `.tar.gz`, `.tgz` and a misnamed
 //! `.tar` all read. A shard is streamed, never held in memory whole. A plain
 //! shard is read with seeks over member data that is not wanted: counting
-//! reads its headers only, and [`ShardFormat::read`] of `lo..hi` reads the
+//! reads its headers only (with the few KiB of buffer after each), and [`ShardFormat::read`] of `lo..hi` reads the
 //! headers before `lo`, the members of `lo..hi` and one header after them. A
 //! compressed shard has to be decompressed from its start up to `hi`.
 //!
