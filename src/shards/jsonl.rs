@@ -619,6 +619,25 @@ mod tests {
     }
 
     #[test]
+    fn deep_nesting_is_a_sample_error_not_a_crash() {
+        let mut text = "[".repeat(100_000);
+        text.push_str("\n{\"ok\": true}\n");
+        let file = shard(text.as_bytes());
+        let (got, end) = read(file.path(), 0, 2);
+        end.unwrap();
+        assert!(
+            matches!(&got[0].1, Err(ShardError::Corrupt { at, message, .. })
+                if at == "line 1" && message.contains("recursion limit")),
+            "{:?}",
+            got[0].1
+        );
+        assert_eq!(
+            got[1].1.as_ref().unwrap().get("ok"),
+            Some(&Value::Bool(true))
+        );
+    }
+
+    #[test]
     fn gzip_and_zstd_read_as_plain() {
         let plain = shard(TEXT);
         let (want, end) = read(plain.path(), 0, 5);
