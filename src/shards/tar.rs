@@ -1,1 +1,1081 @@
-//! (being written)
+//! `WebDataset` tar shards, plain or gzip (or zstd) compressed.
+//!
+//! The compression is told from the file's first bytes (gzip `1f 8b`, zstd
+//! `28 b5 2f fd`), not from its name, so `.tar.gz`, `.tgz` and a misnamed
+//! `.tar` all read. A shard is streamed, never held in memory whole. A plain
+//! shard is read with seeks over member data that is not wanted: counting
+//! reads its headers only (with the few KiB of buffer after each), and [`ShardFormat::read`] of `lo..hi` reads the
+//! headers before `lo`, the members of `lo..hi` and one header after them. A
+//! compressed shard has to be decompressed from its start up to `hi`.
+//!
+//! # Layout
+//!
+//! As the `webdataset` package reads a shard (its `base_plus_ext` and
+//! `group_by_keys`):
+//!
+//! - Only regular files are members of samples; directories, links, devices
+//!   and pax global headers are passed over. Long names (GNU long names, pax
+//!   `path` records) are read by the `tar` crate.
+//! - A member's name splits at the first dot of its base name into the
+//!   sample's key (the directories and the base name up to that dot:
+//!   `dir/000123.seg.png` has key `dir/000123`) and the field name (the rest,
+//!   lowercased: `seg.png`; `A.JPG` is field `jpg`).
+//! - A member whose base name has no dot (`README`), or starts with one
+//!   (`.hidden`, `dir/.x.jpg`), has no key and is passed over, as is a member
+//!   under a top-level `__name__` entry (`__index__`, `__meta__/x.json`:
+//!   webdataset's metadata).
+//! - Consecutive members with the same key form one sample, whose fields are
+//!   the members' contents ([`Value::Bytes`]) in member order. Members passed
+//!   over do not end a sample.
+//! - Member names that are not UTF-8 are read with U+FFFD in place of the bad
+//!   bytes.
+//!
+//! # Errors
+//!
+//! - A key that comes back after another key's members (a sample split
+//!   within the shard, as `tar cf shard.tar *.jpg *.cls` writes) is
+//!   [`ShardError::Corrupt`] at `"member NAME"`: [`ShardFormat::count`] fails
+//!   with it (the shard's samples are not what its writer meant); a read gives
+//!   it as the `Err` of the sample that starts there and goes on.
+//! - Two members of one sample with the same field (`a.jpg`, `a.JPG`) are
+//!   that sample's [`ShardError::Corrupt`] at the second member, and reading
+//!   goes on ([`ShardFormat::count`] does not look).
+//! - A file that ends before the tar end-of-archive marker (a zero block) is
+//!   truncated: [`ShardError::Corrupt`] at `"member NAME"` when the file ends
+//!   inside that member's data, at `"end of file after member NAME"` when it
+//!   ends after it (a cut at a header, where a tar reader would see a clean
+//!   end, is caught too). A header that does not check out is corrupt at
+//!   `"header after member NAME"`; a compressed stream that breaks, at the
+//!   member being read (or the header after it). Any of these ends a read:
+//!   the samples before it were delivered, the one it falls in is lost.
+
+use std::cell::Cell;
+use std::collections::HashSet;
+use std::fs::File;
+use std::io::{self, BufReader, Read, Seek, SeekFrom};
+use std::ops::Range;
+use std::path::Path;
+use std::rc::Rc;
+
+use super::jsonl::{sniff, Codec};
+use super::{Sample, ShardError, ShardFormat, ShardInfo, Value};
+
+/// Buffer for reading a shard file: small, as counting a plain shard reads a
+/// header and seeks; a member read goes around it when larger.
+const FILE_BUFFER: usize = 8 * 1024;
+
+/// The most memory reserved up front for a member of a compressed shard
+/// (its size in the header is not checked against anything until read).
+const STREAM_RESERVE: u64 = 1 << 20;
+
+/// The `WebDataset` tar shard reader (`.tar`, `.tar.gz`, `.tgz`); see the
+/// [module docs](self) for the layout and the errors.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TarFormat;
+
+impl ShardFormat for TarFormat {
+    fn count(&self, path: &Path) -> Result<ShardInfo, ShardError> {
+        let mut info = ShardInfo::default();
+        walk(path, &mut Job::Count(&mut info))?;
+        Ok(info)
+    }
+
+    fn read(
+        &self,
+        path: &Path,
+        lo: u64,
+        hi: u64,
+        each: &mut dyn FnMut(u64, Result<Sample, ShardError>),
+    ) -> Result<(), ShardError> {
+        if lo >= hi {
+            return Ok(());
+        }
+        let found = walk(
+            path,
+            &mut Job::Read {
+                range: lo..hi,
+                each,
+            },
+        )?;
+        if found < hi {
+            return Err(ShardError::Changed {
+                shard: path.to_path_buf(),
+                expected: hi,
+                found,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// What a walk over a shard's members is for.
+enum Job<'a> {
+    /// Counting: fills in the samples and the keys at the ends.
+    Count(&'a mut ShardInfo),
+    /// Reading the samples `range`, delivered to `each`; the walk stops
+    /// once the last of them is complete.
+    Read {
+        range: Range<u64>,
+        each: &'a mut dyn FnMut(u64, Result<Sample, ShardError>),
+    },
+}
+
+/// Opens `shard` and walks its members for `job`, returning the number of
+/// samples walked over (all of them, or up to the end of a read's range).
+fn walk(shard: &Path, job: &mut Job<'_>) -> Result<u64, ShardError> {
+    let file = File::open(shard).map_err(|e| ShardError::io(shard, e))?;
+    let len = file.metadata().map_err(|e| ShardError::io(shard, e))?.len();
+    let mut reader = BufReader::with_capacity(FILE_BUFFER, file);
+    let codec = sniff(&mut reader).map_err(|e| ShardError::io(shard, e))?;
+    match codec {
+        Codec::Plain => walk_seekable(shard, reader, len, job),
+        Codec::Gzip => walk_stream(
+            shard,
+            codec,
+            flate2::bufread::MultiGzDecoder::new(reader),
+            job,
+        ),
+        Codec::Zstd => {
+            let decoder = zstd::stream::read::Decoder::with_buffer(reader)
+                .map_err(|e| ShardError::io(shard, e))?;
+            walk_stream(shard, codec, decoder, job)
+        }
+    }
+}
+
+/// Walks an uncompressed tar of `len` bytes, seeking over unwanted data.
+fn walk_seekable<R: Read + Seek>(
+    shard: &Path,
+    reader: R,
+    len: u64,
+    job: &mut Job<'_>,
+) -> Result<u64, ShardError> {
+    let state = Rc::new(StreamState::default());
+    let mut archive = tar::Archive::new(Tracked {
+        inner: reader,
+        state: Rc::clone(&state),
+    });
+    let walker = Walker::new(shard, Codec::Plain, Some(len), state);
+    let entries = archive
+        .entries_with_seek()
+        .map_err(|e| walker.corrupt_header(&e))?;
+    walker.run(entries, job)
+}
+
+/// Walks a decompressed tar stream.
+fn walk_stream<R: Read>(
+    shard: &Path,
+    codec: Codec,
+    reader: R,
+    job: &mut Job<'_>,
+) -> Result<u64, ShardError> {
+    let state = Rc::new(StreamState::default());
+    let mut archive = tar::Archive::new(Tracked {
+        inner: reader,
+        state: Rc::clone(&state),
+    });
+    let walker = Walker::new(shard, codec, None, state);
+    let entries = archive.entries().map_err(|e| walker.corrupt_header(&e))?;
+    walker.run(entries, job)
+}
+
+/// Where the tar reader is in the stream it reads, shared between the
+/// reader ([`Tracked`]) and the [`Walker`] that explains errors.
+#[derive(Debug, Default)]
+struct StreamState {
+    /// Bytes from the start of the (decompressed) tar: read or sought over.
+    pos: Cell<u64>,
+    /// Whether a read found the end of the stream.
+    eof: Cell<bool>,
+}
+
+/// A reader that keeps [`StreamState`] up to date; its seeks are relative
+/// seeks that keep a buffered reader's buffer when they land in it.
+struct Tracked<R> {
+    inner: R,
+    state: Rc<StreamState>,
+}
+
+impl<R: Read> Read for Tracked<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        if n == 0 && !buf.is_empty() {
+            self.state.eof.set(true);
+        }
+        self.state.pos.set(self.state.pos.get() + n as u64);
+        Ok(n)
+    }
+}
+
+impl<R: Seek> Seek for Tracked<R> {
+    fn seek(&mut self, to: SeekFrom) -> io::Result<u64> {
+        let pos = match to {
+            SeekFrom::Current(by) => {
+                let pos = self.state.pos.get().checked_add_signed(by).ok_or_else(|| {
+                    io::Error::new(io::ErrorKind::InvalidInput, "seek out of range")
+                })?;
+                self.inner.seek_relative(by)?;
+                pos
+            }
+            to => self.inner.seek(to)?,
+        };
+        self.state.pos.set(pos);
+        Ok(pos)
+    }
+}
+
+/// The last member the tar reader gave, for errors after it.
+struct Member {
+    name: String,
+    /// Where its data starts and ends in the tar stream.
+    data: Range<u64>,
+}
+
+/// A sample whose members are being walked.
+struct Group {
+    key: String,
+    /// Its number in the shard.
+    n: u64,
+    /// Its fields, when its content is read.
+    fields: Vec<(String, Value)>,
+    /// What is wrong with it, if anything (its content is then not read).
+    error: Option<ShardError>,
+}
+
+/// Walks a shard's members, groups them into samples and explains errors.
+struct Walker<'p> {
+    shard: &'p Path,
+    codec: Codec,
+    /// The length of an uncompressed shard (for the bytes reserved for a
+    /// member, and where a truncated file ends).
+    len: Option<u64>,
+    state: Rc<StreamState>,
+    last: Option<Member>,
+}
+
+impl<'p> Walker<'p> {
+    fn new(shard: &'p Path, codec: Codec, len: Option<u64>, state: Rc<StreamState>) -> Self {
+        Self {
+            shard,
+            codec,
+            len,
+            state,
+            last: None,
+        }
+    }
+
+    /// Walks the members of `entries` for `job`; see [`walk`].
+    fn run<R: Read>(
+        mut self,
+        mut entries: tar::Entries<'_, R>,
+        job: &mut Job<'_>,
+    ) -> Result<u64, ShardError> {
+        // Every key met so far: one met again after another key is a split.
+        let mut seen: HashSet<String> = HashSet::new();
+        let mut group: Option<Group> = None;
+        // Samples completed.
+        let mut done = 0u64;
+        loop {
+            let mut entry = match entries.next() {
+                Some(Ok(entry)) => entry,
+                Some(Err(e)) => return Err(self.broken(e)),
+                None if self.state.eof.get() => return Err(self.truncated(None)),
+                None => break,
+            };
+            let size = entry.size();
+            let name = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
+            let start = entry.raw_file_position();
+            self.last = Some(Member {
+                name,
+                data: start..start.saturating_add(size),
+            });
+            let name: &str = self.last.as_ref().map_or("", |m| m.name.as_str());
+            if !is_member_file(entry.header().entry_type()) || is_meta(name) {
+                continue;
+            }
+            let Some((key, ext)) = split_name(name) else {
+                continue;
+            };
+            if group.as_ref().is_none_or(|g| g.key != key) {
+                if let Some(g) = group.take() {
+                    done += 1;
+                    if finish(g, job) {
+                        return Ok(done);
+                    }
+                }
+                let mut error = None;
+                if !seen.insert(key.to_owned()) {
+                    let e = ShardError::corrupt(
+                        self.shard,
+                        format!("member {name}"),
+                        format!(
+                            "key {key:?} comes back after other keys: the members of a \
+                             sample must be consecutive (was the tar written in name order?)"
+                        ),
+                    );
+                    match job {
+                        Job::Count(_) => return Err(e),
+                        Job::Read { .. } => error = Some(e),
+                    }
+                }
+                group = Some(Group {
+                    key: key.to_owned(),
+                    n: done,
+                    fields: Vec::new(),
+                    error,
+                });
+            }
+            let Some(g) = group.as_mut() else {
+                unreachable!("a group was just started")
+            };
+            let wanted = matches!(job, Job::Read { range, .. } if range.contains(&g.n));
+            if !wanted || g.error.is_some() {
+                continue;
+            }
+            let ext = ext.to_lowercase();
+            if g.fields.iter().any(|(e, _)| *e == ext) {
+                g.error = Some(ShardError::corrupt(
+                    self.shard,
+                    format!("member {name}"),
+                    format!("a second {ext:?} member in sample {:?}", g.key),
+                ));
+                g.fields.clear();
+                continue;
+            }
+            let data = self.read_data(&mut entry, name, start, size)?;
+            g.fields.push((ext, Value::Bytes(data)));
+        }
+        if let Some(g) = group.take() {
+            done += 1;
+            finish(g, job);
+        }
+        Ok(done)
+    }
+
+    /// Reads the `size` bytes of data of the member `name` (at `start` in the
+    /// tar stream).
+    fn read_data<R: Read>(
+        &self,
+        entry: &mut tar::Entry<'_, R>,
+        name: &str,
+        start: u64,
+        size: u64,
+    ) -> Result<Vec<u8>, ShardError> {
+        // The header's size is not trusted for the memory reserved: no more
+        // than the file holds (or, compressed, than a bound).
+        let reserve = match self.len {
+            Some(len) => size.min(len.saturating_sub(start)),
+            None => size.min(STREAM_RESERVE),
+        };
+        let mut data = Vec::with_capacity(usize::try_from(reserve).unwrap_or(0));
+        match entry.read_to_end(&mut data) {
+            Ok(_) if data.len() as u64 == size => Ok(data),
+            Ok(_) => Err(ShardError::corrupt(
+                self.shard,
+                format!("member {name}"),
+                format!(
+                    "truncated: the {} ends after {} of its {size} bytes",
+                    self.codec.name(),
+                    data.len()
+                ),
+            )),
+            Err(e) if e.raw_os_error().is_some() => Err(ShardError::io(self.shard, e)),
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Err(self.truncated(Some(&e))),
+            Err(e) => Err(ShardError::corrupt(
+                self.shard,
+                format!("member {name}"),
+                format!("{} cannot be read: {e}", self.codec.name()),
+            )),
+        }
+    }
+
+    /// The error for `e`, met by the tar reader between members (skipping
+    /// the last one's data or reading the next header).
+    fn broken(&self, e: io::Error) -> ShardError {
+        if e.raw_os_error().is_some() {
+            return ShardError::io(self.shard, e);
+        }
+        if self.state.eof.get() || e.kind() == io::ErrorKind::UnexpectedEof {
+            return self.truncated(Some(&e));
+        }
+        match &self.last {
+            Some(m) if self.state.pos.get() < m.data.end => ShardError::corrupt(
+                self.shard,
+                format!("member {}", m.name),
+                format!("{} cannot be read: {e}", self.codec.name()),
+            ),
+            _ => self.corrupt_header(&e),
+        }
+    }
+
+    /// A header (or what should be one) that does not check out.
+    fn corrupt_header(&self, e: &io::Error) -> ShardError {
+        let at = match &self.last {
+            Some(m) => format!("header after member {}", m.name),
+            None => "first header".to_owned(),
+        };
+        ShardError::corrupt(self.shard, at, format!("not a tar header: {e}"))
+    }
+
+    /// The error for a tar stream that ended before its end-of-archive
+    /// marker (`e`: what the tar reader said of it, if anything).
+    fn truncated(&self, e: Option<&io::Error>) -> ShardError {
+        // Where the stream ended: an uncompressed file is its length (the
+        // reader may have sought past it), a stream where reading stopped.
+        let end = self.len.unwrap_or_else(|| self.state.pos.get());
+        let what = self.codec.name();
+        let said = e.map(|e| format!(" ({e})")).unwrap_or_default();
+        match &self.last {
+            Some(m) if end < m.data.end => ShardError::corrupt(
+                self.shard,
+                format!("member {}", m.name),
+                format!(
+                    "truncated: the {what} ends after {} of its {} bytes{said}",
+                    end.saturating_sub(m.data.start),
+                    m.data.end - m.data.start
+                ),
+            ),
+            Some(m) => ShardError::corrupt(
+                self.shard,
+                format!("end of file after member {}", m.name),
+                format!("truncated: the {what} ends without the tar end-of-archive marker{said}"),
+            ),
+            None if end == 0 => ShardError::corrupt(
+                self.shard,
+                "end of file",
+                format!("the {what} is empty: not a tar archive"),
+            ),
+            None => ShardError::corrupt(
+                self.shard,
+                "end of file",
+                format!("truncated: the {what} ends inside the first header{said}"),
+            ),
+        }
+    }
+}
+
+/// Completes sample `g` for `job`; true when the job needs no more samples.
+fn finish(g: Group, job: &mut Job<'_>) -> bool {
+    match job {
+        Job::Count(info) => {
+            info.samples += 1;
+            if info.first_key.is_none() {
+                info.first_key = Some(g.key.clone());
+            }
+            info.last_key = Some(g.key);
+            false
+        }
+        Job::Read { range, each } => {
+            if range.contains(&g.n) {
+                let sample = match g.error {
+                    Some(e) => Err(e),
+                    None => Ok(Sample {
+                        key: g.key,
+                        fields: g.fields,
+                    }),
+                };
+                each(g.n, sample);
+            }
+            g.n + 1 >= range.end
+        }
+    }
+}
+
+/// Whether an entry of this type is a file (webdataset's `isreg`).
+fn is_member_file(kind: tar::EntryType) -> bool {
+    matches!(
+        kind,
+        tar::EntryType::Regular | tar::EntryType::Continuous | tar::EntryType::GNUSparse
+    )
+}
+
+/// Whether `name` is webdataset's metadata (a top-level `__name__` entry, or
+/// one under it), which samples do not include.
+fn is_meta(name: &str) -> bool {
+    let top = name.split('/').next().unwrap_or("");
+    top.len() >= 4 && top.starts_with("__") && top.ends_with("__")
+}
+
+/// Splits a member's name into its sample's key and its field name (not yet
+/// lowercased): `dir/000123.seg.png` -> (`dir/000123`, `seg.png`). `None`
+/// when its base name has no dot or starts with one.
+fn split_name(name: &str) -> Option<(&str, &str)> {
+    let base = name.rfind('/').map_or(0, |slash| slash + 1);
+    let dot = name[base..].find('.')?;
+    if dot == 0 {
+        return None;
+    }
+    Some((&name[..base + dot], &name[base + dot + 1..]))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Cursor, Write};
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// A member to write: its name and content (`None`: a directory).
+    type Entry = (String, Option<Vec<u8>>);
+
+    fn file(name: &str, data: &[u8]) -> Entry {
+        (name.to_owned(), Some(data.to_vec()))
+    }
+
+    fn dir(name: &str) -> Entry {
+        (name.to_owned(), None)
+    }
+
+    /// A tar of `entries` (GNU headers: long names as GNU long-name entries).
+    fn tar_bytes(entries: &[Entry]) -> Vec<u8> {
+        let mut builder = tar::Builder::new(Vec::new());
+        for (name, data) in entries {
+            let mut header = tar::Header::new_gnu();
+            header.set_mode(0o644);
+            if let Some(data) = data {
+                header.set_entry_type(tar::EntryType::Regular);
+                header.set_size(data.len() as u64);
+                builder.append_data(&mut header, name, &data[..]).unwrap();
+            } else {
+                header.set_entry_type(tar::EntryType::Directory);
+                header.set_size(0);
+                builder.append_data(&mut header, name, io::empty()).unwrap();
+            }
+        }
+        builder.into_inner().unwrap()
+    }
+
+    fn gzip(bytes: &[u8]) -> Vec<u8> {
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        enc.write_all(bytes).unwrap();
+        enc.finish().unwrap()
+    }
+
+    fn shard(bytes: &[u8]) -> tempfile::NamedTempFile {
+        let mut file = tempfile::NamedTempFile::new().unwrap();
+        file.write_all(bytes).unwrap();
+        file.flush().unwrap();
+        file
+    }
+
+    type Got = Vec<(u64, Result<Sample, ShardError>)>;
+
+    fn read(path: &Path, lo: u64, hi: u64) -> (Got, Result<(), ShardError>) {
+        let mut got = Vec::new();
+        let end = TarFormat.read(path, lo, hi, &mut |n, s| got.push((n, s)));
+        (got, end)
+    }
+
+    /// All samples of a good shard, numbered.
+    fn read_all(path: &Path) -> Vec<(u64, Sample)> {
+        let n = TarFormat.count(path).unwrap().samples;
+        let (got, end) = read(path, 0, n);
+        end.unwrap();
+        got.into_iter().map(|(n, s)| (n, s.unwrap())).collect()
+    }
+
+    fn sample(key: &str, fields: &[(&str, &[u8])]) -> Sample {
+        Sample {
+            key: key.to_owned(),
+            fields: fields
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), Value::Bytes(v.to_vec())))
+                .collect(),
+        }
+    }
+
+    fn corrupt_at(result: &Result<(), ShardError>) -> (&str, &str) {
+        match result {
+            Err(ShardError::Corrupt { at, message, .. }) => (at, message),
+            other => panic!("not corrupt: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn groups_members_by_key() {
+        let bytes = tar_bytes(&[
+            dir("train/"),
+            file("train/000001.jpg", b"jpeg one"),
+            file("train/000001.cls", b"3"),
+            file("train/000001.seg.png", b"png"),
+            file("README", b"no extension: passed over"),
+            file("train/000001.JSON", b"{}"),
+            file("train/.hidden.jpg", b"dot file: passed over"),
+            file("__index__", b"metadata"),
+            file("__meta__/x.json", b"metadata"),
+            file("train/000002.jpg", b""),
+            file("train/a.b/000002.jpg", b"a dir with a dot"),
+            file("000002.jpg", b"no dir"),
+            file("000002.", b"empty ext"),
+        ]);
+        let path = shard(&bytes);
+        let info = TarFormat.count(path.path()).unwrap();
+        assert_eq!(
+            info,
+            ShardInfo {
+                samples: 4,
+                first_key: Some("train/000001".into()),
+                last_key: Some("000002".into()),
+            }
+        );
+        let all = read_all(path.path());
+        assert_eq!(
+            all,
+            [
+                (
+                    0,
+                    sample(
+                        "train/000001",
+                        &[
+                            ("jpg", b"jpeg one"),
+                            ("cls", b"3"),
+                            ("seg.png", b"png"),
+                            ("json", b"{}")
+                        ]
+                    )
+                ),
+                (1, sample("train/000002", &[("jpg", b"")])),
+                (
+                    2,
+                    sample("train/a.b/000002", &[("jpg", b"a dir with a dot")])
+                ),
+                (
+                    3,
+                    sample("000002", &[("jpg", b"no dir"), ("", b"empty ext")])
+                ),
+            ]
+        );
+        assert_eq!(all[0].1.get("cls"), Some(&Value::Bytes(b"3".to_vec())));
+    }
+
+    #[test]
+    fn empty_archive_has_no_samples() {
+        let path = shard(&tar_bytes(&[]));
+        assert_eq!(TarFormat.count(path.path()).unwrap(), ShardInfo::default());
+        let path = shard(&tar_bytes(&[dir("d/"), file("README", b"x")]));
+        assert_eq!(TarFormat.count(path.path()).unwrap().samples, 0);
+        let (got, end) = read(path.path(), 0, 1);
+        assert!(got.is_empty());
+        assert!(matches!(
+            end,
+            Err(ShardError::Changed {
+                expected: 1,
+                found: 0,
+                ..
+            })
+        ));
+        // An empty file is not a tar.
+        let path = shard(b"");
+        let err = TarFormat.count(path.path()).unwrap_err();
+        assert!(
+            matches!(&err, ShardError::Corrupt { at, .. } if at == "end of file"),
+            "{err:?}"
+        );
+    }
+
+    /// `samples` samples of `members` members each, member `m` of sample `s`
+    /// holding `size(s, m)` bytes.
+    fn layout(samples: usize, members: usize, size: impl Fn(usize, usize) -> usize) -> Vec<Entry> {
+        let exts = ["jpg", "cls", "json", "txt", "seg.png"];
+        let mut entries = Vec::new();
+        for s in 0..samples {
+            for (m, ext) in exts.iter().enumerate().take(members) {
+                let data: Vec<u8> = (0..size(s, m))
+                    .map(|i| (i * 31 + s * 7 + m) as u8)
+                    .collect();
+                entries.push(file(&format!("part/{s:06}.{ext}"), &data));
+            }
+        }
+        entries
+    }
+
+    #[test]
+    fn ranges_are_slices_of_the_whole_plain_and_gzip() {
+        let entries = layout(7, 3, |s, m| (s * 700 + m * 300) % 1500);
+        let bytes = tar_bytes(&entries);
+        let plain = shard(&bytes);
+        let gz = shard(&gzip(&bytes));
+        let all = read_all(plain.path());
+        assert_eq!(all.len(), 7);
+        assert_eq!(read_all(gz.path()), all);
+        for path in [plain.path(), gz.path()] {
+            let info = TarFormat.count(path).unwrap();
+            assert_eq!(info.samples, 7);
+            assert_eq!(info.first_key.as_deref(), Some("part/000000"));
+            assert_eq!(info.last_key.as_deref(), Some("part/000006"));
+            for lo in 0..=7 {
+                for hi in lo..=7 {
+                    let (got, end) = read(path, lo, hi);
+                    end.unwrap();
+                    let got: Vec<_> = got.into_iter().map(|(n, s)| (n, s.unwrap())).collect();
+                    assert_eq!(got, all[lo as usize..hi as usize], "{lo}..{hi}");
+                }
+            }
+            let (got, end) = read(path, 5, 9);
+            assert_eq!(got.len(), 2);
+            assert!(matches!(
+                end,
+                Err(ShardError::Changed { expected: 9, found: 7, ref shard }) if shard == path
+            ));
+        }
+    }
+
+    #[test]
+    fn zstd_compressed_tar_reads_too() {
+        let bytes = tar_bytes(&layout(3, 2, |_, _| 100));
+        let plain = shard(&bytes);
+        let zst = shard(&zstd::encode_all(&bytes[..], 3).unwrap());
+        assert_eq!(read_all(zst.path()), read_all(plain.path()));
+    }
+
+    #[test]
+    fn long_names_gnu_and_pax() {
+        let long_dir = "d".repeat(150);
+        let gnu_name = format!("{long_dir}/000001.jpg");
+        let bytes = tar_bytes(&[
+            file(&gnu_name, b"gnu"),
+            file(&format!("{long_dir}/000001.cls"), b"1"),
+        ]);
+        let path = shard(&bytes);
+        assert_eq!(
+            read_all(path.path()),
+            [(
+                0,
+                sample(
+                    &format!("{long_dir}/000001"),
+                    &[("jpg", b"gnu"), ("cls", b"1")]
+                )
+            )]
+        );
+
+        // A pax header with a `path` record before a ustar header holding a
+        // cut name.
+        let pax_name = format!("{}/000002.seg.png", "p".repeat(120));
+        let mut builder = tar::Builder::new(Vec::new());
+        let record_body = format!(" path={pax_name}\n");
+        let mut record_len = record_body.len() + 1;
+        while format!("{record_len}{record_body}").len() != record_len {
+            record_len += 1;
+        }
+        let record = format!("{record_len}{record_body}");
+        let mut pax = tar::Header::new_ustar();
+        pax.set_path("PaxHeaders/x").unwrap();
+        pax.set_entry_type(tar::EntryType::XHeader);
+        pax.set_size(record.len() as u64);
+        pax.set_cksum();
+        builder.append(&pax, record.as_bytes()).unwrap();
+        let mut header = tar::Header::new_ustar();
+        header.set_path("cut-name").unwrap();
+        header.set_entry_type(tar::EntryType::Regular);
+        header.set_size(3);
+        header.set_cksum();
+        builder.append(&header, &b"pax"[..]).unwrap();
+        let bytes = builder.into_inner().unwrap();
+        let path = shard(&bytes);
+        assert_eq!(
+            read_all(path.path()),
+            [(
+                0,
+                sample(
+                    &format!("{}/000002", "p".repeat(120)),
+                    &[("seg.png", b"pax")]
+                )
+            )]
+        );
+    }
+
+    #[test]
+    fn split_key_fails_count_and_is_a_sample_error_in_read() {
+        let bytes = tar_bytes(&[
+            file("a.jpg", b"a"),
+            file("b.jpg", b"b"),
+            file("a.cls", b"1"),
+            file("c.jpg", b"c"),
+        ]);
+        let path = shard(&bytes);
+        let err = TarFormat.count(path.path()).unwrap_err();
+        match &err {
+            ShardError::Corrupt { shard, at, message } => {
+                assert_eq!(shard, path.path());
+                assert_eq!(at, "member a.cls");
+                assert!(message.contains("consecutive"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+        let (got, end) = read(path.path(), 0, 4);
+        end.unwrap();
+        assert_eq!(got.len(), 4);
+        assert_eq!(got[0].1.as_ref().unwrap(), &sample("a", &[("jpg", b"a")]));
+        assert!(matches!(&got[2].1, Err(ShardError::Corrupt { at, .. }) if at == "member a.cls"));
+        assert_eq!(got[3].0, 3);
+        assert_eq!(got[3].1.as_ref().unwrap(), &sample("c", &[("jpg", b"c")]));
+    }
+
+    #[test]
+    fn duplicate_field_is_a_sample_error() {
+        let bytes = tar_bytes(&[
+            file("a.jpg", b"a"),
+            file("b.jpg", b"b1"),
+            file("b.cls", b"1"),
+            file("b.JPG", b"b2"),
+            file("b.txt", b"t"),
+            file("c.jpg", b"c"),
+        ]);
+        let path = shard(&bytes);
+        assert_eq!(TarFormat.count(path.path()).unwrap().samples, 3);
+        let (got, end) = read(path.path(), 0, 3);
+        end.unwrap();
+        assert_eq!(got[0].0, 0);
+        assert_eq!(got[0].1.as_ref().unwrap(), &sample("a", &[("jpg", b"a")]));
+        match &got[1] {
+            (1, Err(ShardError::Corrupt { at, message, .. })) => {
+                assert_eq!(at, "member b.JPG");
+                assert!(message.contains("\"jpg\""), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(got[2].0, 2);
+        assert_eq!(got[2].1.as_ref().unwrap(), &sample("c", &[("jpg", b"c")]));
+    }
+
+    /// Where each member's header and data lie in an uncompressed tar.
+    struct Placed {
+        name: String,
+        header: u64,
+        data: Range<u64>,
+        /// Where the next header starts.
+        next: u64,
+    }
+
+    fn placed(entries: &[Entry]) -> Vec<Placed> {
+        let mut at = 0;
+        entries
+            .iter()
+            .map(|(name, data)| {
+                let size = data.as_ref().map_or(0, Vec::len) as u64;
+                let p = Placed {
+                    name: name.clone(),
+                    header: at,
+                    data: at + 512..at + 512 + size,
+                    next: at + 512 + size.div_ceil(512) * 512,
+                };
+                at = p.next;
+                p
+            })
+            .collect()
+    }
+
+    /// Every cut of a shard: the samples wholly before it are delivered, then
+    /// an error naming the member the file ends in, or after.
+    #[test]
+    fn truncated_shards_name_the_member() {
+        // Short names (no long-name entries), data sizes around the block.
+        let entries = layout(4, 2, |s, m| [0, 1, 511, 512, 513, 700, 3, 1030][s * 2 + m]);
+        let bytes = tar_bytes(&entries);
+        let places = placed(&entries);
+        let marker = places.last().unwrap().next;
+        let full = read_all(shard(&bytes).path());
+        assert_eq!(full.len(), 4);
+        let mut checked = 0;
+        for cut in 0..marker + 512 {
+            let cut_bytes = &bytes[..cut as usize];
+            // The error expected at this cut.
+            let want_at = match places.iter().rposition(|p| p.header <= cut) {
+                None => "end of file".to_owned(),
+                Some(i) if cut < places[i].data.start => match i {
+                    0 => "end of file".to_owned(),
+                    _ => format!("end of file after member {}", places[i - 1].name),
+                },
+                Some(i) if cut < places[i].data.end => format!("member {}", places[i].name),
+                Some(i) => format!("end of file after member {}", places[i].name),
+            };
+            // Samples delivered: those the first member of the next one of
+            // which has its header whole before the cut.
+            let delivered = (1..4).filter(|s| places[s * 2].data.start <= cut).count();
+            for (kind, data) in [("plain", cut_bytes.to_vec()), ("gzip", gzip(cut_bytes))] {
+                let path = shard(&data);
+                let count = TarFormat.count(path.path()).map(|_| ());
+                assert_eq!(corrupt_at(&count).0, want_at, "count {kind} cut {cut}");
+                for lo in [0, 1] {
+                    let (got, end) = read(path.path(), lo, 4);
+                    let (at, message) = corrupt_at(&end);
+                    assert_eq!(at, want_at, "read {kind} {lo}..4 cut {cut}: {message}");
+                    assert!(cut == 0 || message.contains("truncated"), "{message}");
+                    let got: Vec<_> = got.into_iter().map(|(n, s)| (n, s.unwrap())).collect();
+                    let lo = (lo as usize).min(delivered);
+                    assert_eq!(got, full[lo..delivered], "read {kind} cut {cut}");
+                }
+                checked += 1;
+            }
+        }
+        assert_eq!(checked, 2 * (marker + 512));
+        // One zero block is enough of a marker (tar writes two).
+        let path = shard(&bytes[..(marker + 512) as usize]);
+        assert_eq!(read_all(path.path()), full);
+    }
+
+    #[test]
+    fn truncated_gzip_stream_is_corrupt() {
+        let entries = layout(20, 2, |_, _| 5000);
+        let bytes = tar_bytes(&entries);
+        let gz = gzip(&bytes);
+        let full = read_all(shard(&bytes).path());
+        // (A cut in the gzip trailer, after the tar's end-of-archive marker,
+        // loses nothing and is not looked for.)
+        for cut in [10, gz.len() / 3, gz.len() / 2, gz.len() * 2 / 3] {
+            let path = shard(&gz[..cut]);
+            let count = TarFormat.count(path.path());
+            assert!(
+                matches!(count, Err(ShardError::Corrupt { .. })),
+                "cut {cut}: {count:?}"
+            );
+            let (got, end) = read(path.path(), 0, 20);
+            let (at, message) = corrupt_at(&end);
+            assert!(
+                at.starts_with("member part/") || at.starts_with("end of file"),
+                "{at}"
+            );
+            assert!(message.contains("gzip stream"), "{message}");
+            let got: Vec<_> = got.into_iter().map(|(n, s)| (n, s.unwrap())).collect();
+            assert_eq!(got, full[..got.len()]);
+        }
+    }
+
+    #[test]
+    fn garbage_header_is_corrupt() {
+        let entries = layout(3, 1, |_, _| 10);
+        let mut bytes = tar_bytes(&entries);
+        let places = placed(&entries);
+        bytes[places[1].header as usize + 20] ^= 0x55;
+        let path = shard(&bytes);
+        let count = TarFormat.count(path.path()).map(|_| ());
+        assert_eq!(corrupt_at(&count).0, "header after member part/000000.jpg");
+        let (got, end) = read(path.path(), 0, 3);
+        assert_eq!(corrupt_at(&end).0, "header after member part/000000.jpg");
+        assert!(got.is_empty());
+    }
+
+    /// A reader that counts the bytes read from it.
+    struct Counting<R> {
+        inner: R,
+        read: Rc<Cell<u64>>,
+    }
+
+    impl<R: Read> Read for Counting<R> {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            let n = self.inner.read(buf)?;
+            self.read.set(self.read.get() + n as u64);
+            Ok(n)
+        }
+    }
+
+    impl<R: Seek> Seek for Counting<R> {
+        fn seek(&mut self, to: SeekFrom) -> io::Result<u64> {
+            self.inner.seek(to)
+        }
+    }
+
+    #[test]
+    fn plain_shards_seek_over_unwanted_data() {
+        let big = 1 << 20;
+        let entries = layout(16, 2, |_, m| if m == 0 { big } else { 4 });
+        let bytes = tar_bytes(&entries);
+        let len = bytes.len() as u64;
+        let run = |job: &mut Job<'_>| {
+            let read = Rc::new(Cell::new(0));
+            let reader = BufReader::with_capacity(
+                FILE_BUFFER,
+                Counting {
+                    inner: Cursor::new(&bytes),
+                    read: Rc::clone(&read),
+                },
+            );
+            let found = walk_seekable(Path::new("mem.tar"), reader, len, job).unwrap();
+            (found, read.get())
+        };
+        let mut info = ShardInfo::default();
+        let (found, read) = run(&mut Job::Count(&mut info));
+        assert_eq!((found, info.samples), (16, 16));
+        // Headers (and the buffer around each) only.
+        assert!(read < 64 * FILE_BUFFER as u64, "count read {read} bytes");
+        let mut got = Vec::new();
+        let (found, read) = run(&mut Job::Read {
+            range: 10..12,
+            each: &mut |n, s| got.push((n, s.unwrap())),
+        });
+        assert_eq!(found, 12);
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[0].1.key, "part/000010");
+        let wanted = 2 * big as u64;
+        assert!(
+            read >= wanted && read < wanted + 64 * FILE_BUFFER as u64,
+            "read {read} bytes"
+        );
+    }
+
+    #[test]
+    fn names_split_as_webdataset_does() {
+        assert_eq!(split_name("a/b/000.x.y"), Some(("a/b/000", "x.y")));
+        assert_eq!(split_name("a.b/c"), None);
+        assert_eq!(split_name("a.b/c.d"), Some(("a.b/c", "d")));
+        assert_eq!(split_name("a/.c.d"), None);
+        assert_eq!(split_name("x."), Some(("x", "")));
+        assert_eq!(split_name("dir/"), None);
+        assert_eq!(split_name("./000.jpg"), Some(("./000", "jpg")));
+        assert!(is_meta("__key__"));
+        assert!(is_meta("__meta__/a.json"));
+        assert!(is_meta("____"));
+        assert!(!is_meta("__key__.json"));
+        assert!(!is_meta("a/__key__"));
+        assert!(!is_meta("__x"));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+
+        /// Any layout: a range read is the slice of the whole read, plain
+        /// and compressed alike.
+        #[test]
+        fn range_reads_are_slices(
+            samples in proptest::collection::vec(
+                (1usize..4, proptest::collection::vec(0usize..1100, 4), any::<bool>()),
+                0..12,
+            ),
+            lo in 0u64..14,
+            len in 0u64..14,
+        ) {
+            let exts = ["jpg", "cls", "json", "seg.png"];
+            let mut entries = Vec::new();
+            for (s, (members, sizes, with_dir)) in samples.iter().enumerate() {
+                if *with_dir {
+                    entries.push(dir(&format!("d{s}/")));
+                }
+                for m in 0..*members {
+                    let data: Vec<u8> = (0..sizes[m]).map(|i| (i + s + m) as u8).collect();
+                    entries.push(file(&format!("d{s}/{s:04}.{}", exts[m]), &data));
+                }
+            }
+            let bytes = tar_bytes(&entries);
+            let n = samples.len() as u64;
+            let plain = shard(&bytes);
+            let gz = shard(&gzip(&bytes));
+            let all = read_all(plain.path());
+            prop_assert_eq!(all.len() as u64, n);
+            prop_assert_eq!(&read_all(gz.path()), &all);
+            let hi = lo + len;
+            for path in [plain.path(), gz.path()] {
+                let (got, end) = read(path, lo, hi);
+                let got: Vec<_> = got.into_iter().map(|(n, s)| (n, s.unwrap())).collect();
+                if hi <= n {
+                    prop_assert!(end.is_ok());
+                    prop_assert_eq!(&got[..], &all[lo as usize..hi as usize]);
+                } else if lo < hi {
+                    let is_changed = matches!(end, Err(ShardError::Changed { .. }));
+                    prop_assert!(is_changed);
+                    prop_assert_eq!(&got[..], &all[(lo.min(n)) as usize..]);
+                }
+            }
+        }
+    }
+}
