@@ -47,6 +47,10 @@ from ._errors import (
     PinnedMemoryError,
     PipelineError,
     PoolExhaustedError,
+    ShardCorruptError,
+    ShardError,
+    ShardFieldError,
+    ShardReadError,
     StagingError,
     TooManyFailuresError,
     WorkerDiedError,
@@ -57,6 +61,7 @@ from ._images import IMAGE_EXTENSIONS, ImageFiles, ImageFolder
 from ._loader import DataLoader
 from ._pipeline import Aggregator, Pipeline, PipelineBuilder, TaskHook
 from ._sample import sample_rng
+from ._shards import JsonLines, ParquetShards, ShardedSource, TarShards
 from ._shared_list import SharedList, default_arena_dir
 from ._workers import WorkerInfo, get_worker_info
 
@@ -89,13 +94,21 @@ __all__ = [
     "ImageFiles",
     "ImageFolder",
     "ImageReadError",
+    "JsonLines",
+    "ParquetShards",
     "PinnedMemoryError",
     "Pipeline",
     "PipelineBuilder",
     "PipelineError",
     "PoolExhaustedError",
+    "ShardCorruptError",
+    "ShardError",
+    "ShardFieldError",
+    "ShardReadError",
+    "ShardedSource",
     "SharedList",
     "StagingError",
+    "TarShards",
     "TaskHook",
     "Tensor",
     "TooManyFailuresError",

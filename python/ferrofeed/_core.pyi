@@ -412,10 +412,119 @@ class EpochPlanIterator:
     def __iter__(self) -> Self: ...
     def __next__(self) -> tuple[int, list[int]]: ...
 
+@final
+class ShardPlan:
+    """One epoch's batches of a sharded source on one rank (see ``src/shard_plan.rs``).
+
+    The shards, permuted by ``(seed, epoch)`` (stored order without ``shuffle``), laid
+    end to end; rank ``r`` takes a contiguous range of that stream; every rank yields the
+    same number of batches without repeating a sample (full batches, then batches short
+    by one at the end of a rank with fewer samples; ``drop_last``: ``N // W`` samples per
+    rank in full batches); a rank's range is cut into windows of ``window`` samples (a
+    multiple of the batch size), each permuted by ``(seed, epoch, window)``. ``history``
+    lists the ``(world_size, batches_done)`` of the worlds the epoch ran on before (an
+    elastic resume). Iterating yields ``(batch_no, window, ids)`` from ``start``; ids are
+    positions in the shards' stored order, counted across shards.
+
+    Example:
+        >>> from ferrofeed import _core
+        >>> [ids for _, _, ids in _core.ShardPlan([2, 3], 2)]
+        [[0, 1], [2, 3], [4]]
+    """
+
+    def __new__(
+        cls,
+        counts: Sequence[int],
+        batch_size: int,
+        *,
+        shuffle: bool = False,
+        seed: int = 0,
+        epoch: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        drop_last: bool = False,
+        window: int = 1024,
+        history: Sequence[tuple[int, int]] = ...,
+        start: int = 0,
+    ) -> ShardPlan: ...
+    def __len__(self) -> int:
+        """Return the batches of this rank's share (those before ``start`` included)."""
+    def __iter__(self) -> ShardPlanIterator: ...
+    @property
+    def start(self) -> int:
+        """The first batch the plan yields (the resume point)."""
+    @property
+    def samples(self) -> int:
+        """Samples this rank yields in the current world."""
+    @property
+    def remaining(self) -> int:
+        """Samples left to all ranks of the current world."""
+    @property
+    def window(self) -> int:
+        """Samples per window (a multiple of the batch size)."""
+    @property
+    def windows(self) -> int:
+        """Windows in this rank's share."""
+    def window_of(self, batch_no: int) -> int:
+        """Return the window batch ``batch_no`` lies in."""
+    def window_pieces(self, window: int) -> list[tuple[int, int, int]]:
+        """Return ``(shard, lo, hi)`` of each piece of shards window ``window`` holds."""
+    def batch(self, batch_no: int) -> list[int]:
+        """Return the global ids of batch ``batch_no``'s samples."""
+
+@final
+class ShardPlanIterator:
+    """The iterator of a `ShardPlan`."""
+
+    def __iter__(self) -> Self: ...
+    def __next__(self) -> tuple[int, int, list[int]]: ...
+
+@final
+class _ShardReader:
+    """Counts a sharded source's shards and reads windows of them, in Rust (internal)."""
+
+    def __new__(
+        cls,
+        kind: Literal["tar", "jsonl", "parquet"],
+        paths: Sequence[str],
+        columns: Sequence[str] | None = None,
+    ) -> Self: ...
+    def count(self, threads: int) -> list[tuple[int, str | None, str | None]]:
+        """Return ``(samples, first_key, last_key)`` of every shard (on ``threads`` threads)."""
+    def read(
+        self, pieces: Sequence[tuple[int, int, int]], first_ids: Sequence[int]
+    ) -> _ShardWindow:
+        """Return the samples of ``pieces`` (``(shard, lo, hi)``) as a window."""
+    @property
+    def paths(self) -> list[str]:
+        """The shards' paths."""
+
+@final
+class _ShardWindow:
+    """The samples of one window of a sharded source, held in Rust (internal)."""
+
+    def __len__(self) -> int: ...
+    def sample(self, id: int) -> Any:
+        """Return sample ``id`` as Python objects; raise its error if it could not be read."""
+    def plan_group(
+        self,
+        batch_no: int,
+        ids: Sequence[int],
+        image: Sequence[str],
+        label: str | None = None,
+        skip: bool = False,
+    ) -> tuple[_PlanGroup, list[tuple[int, str]]]:
+        """Return the native group of a batch, and the samples left out under ``skip``."""
+
 def sample_seed(seed: int, epoch: int, index: int) -> int:
     """Return the seed of one sample's random augmentations (fixed, pinned mixing)."""
 
-def mix_seed(seed: int, epoch: int, index: int, stream: Literal["sample", "crop", "flip"]) -> int:
+def mix_seed(
+    seed: int,
+    epoch: int,
+    index: int,
+    stream: Literal["sample", "crop", "flip", "shards", "window"],
+) -> int:
     """Return the seed of item ``index``'s draws of kind ``stream`` (ferrofeed's one mixer).
 
     ``mix_seed(s, e, i, "sample") == sample_seed(s, e, i)``; the values are pinned forever.

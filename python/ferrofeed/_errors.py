@@ -8,6 +8,7 @@ which already catches ``FileNotFoundError`` or ``ValueError`` keeps working.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 __all__ = [
     "ArenaBuilderError",
@@ -28,6 +29,10 @@ __all__ = [
     "PinnedMemoryError",
     "PipelineError",
     "PoolExhaustedError",
+    "ShardCorruptError",
+    "ShardError",
+    "ShardFieldError",
+    "ShardReadError",
     "StagingError",
 ]
 
@@ -188,4 +193,45 @@ class TooManyFailuresError(FerrofeedError, RuntimeError):
 
     Also raised by a `DataLoader` epoch in which every sample failed (it would otherwise
     yield no batch at all). The failures are listed in ``loader.stats()["skipped"]``.
+    """
+
+
+class ShardError(FerrofeedError):
+    """Base class of the errors of sharded sources (`TarShards`, `ParquetShards`, `JsonLines`).
+
+    The message starts with the shard's path, then where in it (``member NAME``, ``row group
+    G``, ``line N``). ``shard`` and ``at`` carry the same as attributes (``at`` is None when
+    the whole shard is concerned).
+    """
+
+    def __init__(self, message: str, shard: str | None = None, at: str | None = None) -> None:
+        super().__init__(message)
+        self.shard = shard
+        self.at = at
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Through a worker's pipe with its shard and place (args holds the message alone).
+        return (type(self), (str(self), self.shard, self.at))
+
+
+class ShardReadError(ShardError, OSError):
+    """A shard cannot be opened or read (missing, unreadable)."""
+
+
+class ShardCorruptError(ShardError, ValueError):
+    """A shard's content is not what its format says.
+
+    A truncated tar, a corrupt Parquet page or footer, a malformed JSON line, a sample split
+    across two shards, a shard that changed since it was counted, or a field that does not
+    decode (``cls`` not an integer).
+    """
+
+
+class ShardFieldError(ShardError, LookupError):
+    """A sample lacks the field that ``image=`` or ``label=`` names.
+
+    The message lists the fields it has.
     """

@@ -165,7 +165,9 @@ class ThreadExecutor:
         loading[index] = time.monotonic()
         try:
             with sample_scope(self.seed, epoch, index, seed_globals=self.num_threads == 1):
-                sample = self.dataset[index]
+                # A sharded source's groups carry their samples (`ShardIds.fetch`).
+                fetch = getattr(task.indices, "fetch", None)
+                sample = fetch(index) if fetch is not None else self.dataset[index]
                 if self.transform is not None:
                     sample = self.transform(sample)
         except Exception as e:
@@ -304,9 +306,15 @@ class NativeExecutor:
         prefetch: int,
         timeout: float | None,
         pinned: bool,
+        fields: tuple[list[str], str | None] = ([], None),
     ) -> None:
         self.dataset = dataset
         self.decode = decode
+        # A sharded source's image fields (alternatives) and label field.
+        self.image_fields, self.label_field = fields
+        # Samples of a sharded source left out before the op (unreadable, or without the
+        # image or label field), by batch number.
+        self._pre_skipped: dict[int, list[tuple[int, str]]] = {}
         self.collate = collate
         self.seed = seed
         self.batch_size = batch_size
@@ -348,6 +356,17 @@ class NativeExecutor:
 
         def files() -> Iterator[_core._PlanGroup]:
             for batch_no, indices in groups:
+                window = getattr(indices, "window", None)
+                if window is not None:
+                    # A sharded source: image bytes and labels go from its window to the
+                    # op without becoming Python objects.
+                    group, skipped = window.plan_group(
+                        batch_no, indices, self.image_fields, self.label_field, self.skip
+                    )
+                    if skipped:
+                        self._pre_skipped[batch_no] = skipped
+                    yield group
+                    continue
                 # A [path, label] list (as JSON gives pairs) as the pair it stands for.
                 # _PlanGroup makes the files native here, on the source's thread, so the
                 # op never waits for the GIL.
@@ -367,17 +386,20 @@ class NativeExecutor:
             .build(num_threads=self.concurrency)
         )
         self.pipeline = pipeline
+        self._pre_skipped.clear()
         with pipeline.auto_stop():
             try:
                 yield from self._results(pipeline)
             except PipelineError as group:
                 raise first_error(group) from None
 
-    @staticmethod
-    def _results(pipeline: _core.Pipeline) -> Iterator[Done]:
+    def _results(self, pipeline: _core.Pipeline) -> Iterator[Done]:
         """The op's results as `Done` (a method of its own, so errors can be unwrapped)."""
         for batch_no, indices, images, labels, skipped in pipeline:
             batch = None if images is None else images if labels is None else (images, labels)
+            before = self._pre_skipped.pop(batch_no, None)
+            if before:
+                skipped = before + list(skipped)
             yield Done(batch_no, indices, batch, skipped)
 
     def stats(self) -> dict[str, Any]:

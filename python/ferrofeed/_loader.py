@@ -15,7 +15,7 @@ import logging
 import operator
 import os
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal, Protocol
 
 from . import _core
@@ -24,6 +24,7 @@ from ._errors import TooManyFailuresError
 from ._executors import Executor, NativeExecutor, ThreadExecutor, WorkerExecutor
 from ._images import ImageFiles, ImageFolder
 from ._output import Output, Progress, check_device, convert, default_rank_and_world
+from ._shards import ShardedSource
 from ._workers import _Setup
 
 __all__ = ["DataLoader"]
@@ -42,6 +43,11 @@ class MapDataset(Protocol):
 
 # Stands for a batch whose every sample was skipped.
 _EMPTY = object()
+
+# Samples held for shuffling a sharded source when shuffle_window is not given.
+DEFAULT_SHUFFLE_WINDOW = 2048
+# The fields a sharded source's image comes from on the native chain by default.
+DEFAULT_IMAGE_FIELDS = ("jpg", "jpeg", "png", "webp")
 
 
 class DataLoader:
@@ -158,7 +164,7 @@ class DataLoader:
 
     def __init__(
         self,
-        source: MapDataset | str | os.PathLike[str],
+        source: MapDataset | ShardedSource | str | os.PathLike[str],
         batch_size: int | None = 1,
         *,
         shuffle: bool = False,
@@ -182,13 +188,39 @@ class DataLoader:
         worker_init_fn: Callable[[int], None] | None = None,
         prefetch_factor: int = 2,
         timeout: float | None = None,
+        shuffle_window: int | None = None,
+        image: str | Sequence[str] | None = None,
+        label: str | None = None,
     ) -> None:
         if isinstance(source, str | os.PathLike):
             source = ImageFolder(source)
-        if not (hasattr(source, "__len__") and hasattr(source, "__getitem__")):
+        self.sharded = isinstance(source, ShardedSource)
+        if not self.sharded and not (hasattr(source, "__len__") and hasattr(source, "__getitem__")):
             raise TypeError(
-                "source must be a map-style dataset (len(ds) and ds[i]), a sequence of "
-                f"image paths, or a folder of class subfolders, not {type(source).__name__}"
+                "source must be a map-style dataset (len(ds) and ds[i]), a sharded source "
+                "(TarShards, ParquetShards, JsonLines), a sequence of image paths, or a "
+                f"folder of class subfolders, not {type(source).__name__}"
+            )
+        if shuffle_window is not None and (
+            isinstance(shuffle_window, bool)
+            or not isinstance(shuffle_window, int)
+            or shuffle_window < 1
+        ):
+            raise ValueError(f"shuffle_window must be an int >= 1, not {shuffle_window!r}")
+        if not self.sharded:
+            for name, value in (
+                ("shuffle_window", shuffle_window),
+                ("image", image),
+                ("label", label),
+            ):
+                if value is not None:
+                    raise TypeError(
+                        f"{name}= is for sharded sources (TarShards, ParquetShards, JsonLines)"
+                    )
+        elif batches_per_epoch is not None:
+            raise TypeError(
+                "batches_per_epoch does not apply to a sharded source: an epoch is one pass "
+                "over its shards"
             )
         if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
             raise ValueError(f"batch_size must be an int >= 1 or None, not {batch_size!r}")
@@ -254,8 +286,12 @@ class DataLoader:
         self.worker_init_fn = worker_init_fn
         self.prefetch_factor = prefetch_factor
         self.timeout = timeout
+        self.shuffle_window = shuffle_window or DEFAULT_SHUFFLE_WINDOW
         self._epoch = 0
         self._resume_batches = 0
+        # A sharded source's epoch so far on other worlds: (world_size, batches_done) each
+        # (an elastic resume; see load_state_dict).
+        self._history: list[tuple[int, int]] = []
         self._batches_done = 0
         self._skipped: list[tuple[int, str]] = []
         self._skipped_lock = threading.Lock()
@@ -264,6 +300,21 @@ class DataLoader:
         self.native = isinstance(transform, _core.NativeOp) or (
             transform is None and isinstance(source, ImageFiles)
         )
+        self.image_fields: list[str] = []
+        self.label_field = label
+        if self.sharded:
+            if image is not None and not self.native:
+                raise TypeError("image= names the field for transform=ops.decode_image(...)")
+            if label is not None and not self.native:
+                raise TypeError("label= names the field for transform=ops.decode_image(...)")
+            if image is None:
+                self.image_fields = list(DEFAULT_IMAGE_FIELDS)
+            elif isinstance(image, str):
+                self.image_fields = [f for f in image.split(";") if f]
+            else:
+                self.image_fields = list(image)
+            if self.native and not self.image_fields:
+                raise ValueError(f"image= names no field: {image!r}")
         self.transform: Callable[[Any], Any] | _core.NativeOp | None
         self.collate: Callable[[list[Any]], Any] | _core.NativeOp | None
         if self.native:
@@ -294,7 +345,7 @@ class DataLoader:
                 "with the native image chain, collate is ops.collate(...) or None "
                 "(a Python collate needs a Python transform)"
             )
-        if len(source) > 0:
+        if not self.sharded and len(source) > 0:
             first = source[0]
             pair = isinstance(first, tuple | list) and len(first) == 2
             path = first[0] if pair else first
@@ -325,6 +376,7 @@ class DataLoader:
                 prefetch=self.prefetch,
                 timeout=self.timeout,
                 pinned=self._wants_pinned(),
+                fields=(self.image_fields, self.label_field),
             )
         collate = self.collate
         assert callable(collate)
@@ -362,8 +414,23 @@ class DataLoader:
             skip=self.on_error == "skip",
         )
 
-    def _plan(self, epoch: int, start: int = 0) -> _core.EpochPlan:
+    def _plan(self, epoch: int, start: int = 0) -> _core.EpochPlan | _core.ShardPlan:
         """The core's plan of ``epoch`` for this rank, from its batch ``start``."""
+        if isinstance(self.dataset, ShardedSource):
+            return _core.ShardPlan(
+                self.dataset._counts,
+                self._batch,
+                shuffle=self.shuffle,
+                seed=self.seed,
+                epoch=epoch,
+                rank=self.rank,
+                world_size=self.world_size,
+                drop_last=self.drop_last,
+                window=self.shuffle_window,
+                # The elastic history is the current epoch's alone.
+                history=self._history if epoch == self._epoch else [],
+                start=start,
+            )
         return _core.EpochPlan(
             len(self.dataset),
             self._batch,
@@ -382,16 +449,22 @@ class DataLoader:
     @property
     def samples_per_rank(self) -> int:
         """Samples each rank reads per pass over the data (after padding or dropping)."""
-        return self._plan(0).samples_per_rank
+        plan = self._plan(self._epoch)
+        return plan.samples if isinstance(plan, _core.ShardPlan) else plan.samples_per_rank
 
     @property
     def batches_per_pass(self) -> int:
         """Batches each rank yields per pass over the data."""
-        return self._plan(0).batches_per_pass
+        plan = self._plan(self._epoch)
+        return len(plan) if isinstance(plan, _core.ShardPlan) else plan.batches_per_pass
 
     def __len__(self) -> int:
-        """Batches per epoch for this rank (0 when its shard cannot fill one)."""
-        return len(self._plan(0))
+        """Batches per epoch for this rank (0 when its shard cannot fill one).
+
+        For a sharded source resumed on another world size (see `load_state_dict`), the
+        batches of this world's part of the epoch.
+        """
+        return len(self._plan(self._epoch))
 
     # -- epochs and state -------------------------------------------------------------
 
@@ -399,6 +472,7 @@ class DataLoader:
         """Start the next iteration at the beginning of ``epoch``."""
         self._epoch = epoch
         self._resume_batches = 0
+        self._history = []
 
     @property
     def epoch(self) -> int:
@@ -417,7 +491,7 @@ class DataLoader:
             >>> next(iter(resumed)).tolist() == next(it).tolist()
             True
         """
-        return {
+        state: dict[str, Any] = {
             "version": 1,
             "epoch": self._epoch,
             "batches_done": self._batches_done,
@@ -430,6 +504,11 @@ class DataLoader:
             "dataset_len": len(self.dataset),
             "batches_per_epoch": self.batches_per_epoch,
         }
+        if isinstance(self.dataset, ShardedSource):
+            state["shard_counts"] = list(self.dataset._counts)
+            state["shuffle_window"] = self.shuffle_window
+            state["history"] = [list(h) for h in self._history]
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from a `state_dict`.
@@ -437,22 +516,24 @@ class DataLoader:
         The next iteration yields exactly the batches the interrupted run would have
         yielded next.
 
+        A sharded source's state may be loaded into a loader of another world size, or
+        into any rank (ranks step in lockstep, so rank 0's state is every rank's position):
+        the epoch then goes on with every sample its batches so far did not hold, each
+        exactly once over the new world (an elastic resume). The worker and thread counts
+        never matter.
+
         Raises:
             ValueError: the state comes from a loader configured differently.
         """
         if state.get("version") != 1:
             raise ValueError(f"unsupported state version {state.get('version')!r}")
         mine = self.state_dict()
-        for key in (
-            "seed",
-            "shuffle",
-            "batch_size",
-            "drop_last",
-            "rank",
-            "world_size",
-            "dataset_len",
-            "batches_per_epoch",
-        ):
+        keys = ["seed", "shuffle", "batch_size", "drop_last", "dataset_len", "batches_per_epoch"]
+        if self.sharded:
+            keys += ["shard_counts", "shuffle_window"]
+        else:
+            keys += ["rank", "world_size"]
+        for key in keys:
             if state[key] != mine[key]:
                 raise ValueError(
                     f"the state was saved with {key}={state[key]!r}, this loader has "
@@ -462,6 +543,9 @@ class DataLoader:
         for key, value in (("epoch", epoch), ("batches_done", done)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"the state's {key} must be an int >= 0, not {value!r}")
+        if self.sharded:
+            self._load_shard_state(state, epoch, done)
+            return
         if done > len(self):
             raise ValueError(
                 f"the state's batches_done={done} is past the end of an epoch of "
@@ -470,6 +554,24 @@ class DataLoader:
         self._epoch = epoch
         self._resume_batches = done
         self._batches_done = done
+
+    def _load_shard_state(self, state: Mapping[str, Any], epoch: int, done: int) -> None:
+        """`load_state_dict` of a sharded source: exact on the same world, elastic else."""
+        history = [(int(w), int(d)) for w, d in state.get("history", [])]
+        world = state["world_size"]
+        if world != self.world_size and done > 0:
+            # The epoch goes on on another world: what this one did becomes history.
+            history.append((world, done))
+            done = 0
+        previous = (self._epoch, self._history, self._resume_batches, self._batches_done)
+        self._epoch, self._history = epoch, history
+        try:
+            # Refuses a history or a position that does not fit the shards.
+            self._plan(epoch, done)
+        except ValueError as e:
+            self._epoch, self._history, self._resume_batches, self._batches_done = previous
+            raise ValueError(f"the state does not fit this loader: {e}") from None
+        self._resume_batches = self._batches_done = done
 
     def stats(self) -> dict[str, Any]:
         """Return the pipeline's figures and the samples skipped so far.
@@ -521,7 +623,13 @@ class DataLoader:
         plan = self._plan(epoch, start)
         expected = start
         output, device = self.output, self.device
-        for done in self._executor.run(epoch, iter(plan)):
+        groups: Iterator[Any]
+        if isinstance(plan, _core.ShardPlan):
+            assert isinstance(self.dataset, ShardedSource)
+            groups = self.dataset._groups(plan)
+        else:
+            groups = iter(plan)
+        for done in self._executor.run(epoch, groups):
             if done.batch_no != expected:
                 raise RuntimeError(
                     f"the executor gave batch {done.batch_no} where batch {expected} was due"
@@ -568,6 +676,7 @@ class DataLoader:
                 # A complete epoch: the next iteration starts the next one.
                 self._epoch = epoch + 1
                 self._resume_batches = self._batches_done = 0
+                self._history = []
             else:
                 # Left early (break, an error): the next iteration resumes here,
                 # as `state_dict` says.

@@ -319,11 +319,13 @@ def _run_task(
     samples = []
     kept: list[int] = []  # the dataset index of each of samples
     skipped: list[tuple[int, str]] = []
+    fetch = getattr(indices, "fetch", None)
     for i in indices:
         try:
             # One thread loads at a time here: the global generators are the sample's too.
             with sample_scope(setup.seed, epoch, i, seed_globals=True):
-                sample = setup.dataset[i]
+                # A sharded source's ids bring their samples along (`ShardIds`).
+                sample = fetch(i) if fetch is not None else setup.dataset[i]
                 if setup.transform is not None:
                     sample = setup.transform(sample)
         except Exception as e:

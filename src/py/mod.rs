@@ -14,6 +14,7 @@ mod ops;
 mod pipeline;
 mod plan;
 mod sampler;
+mod shards;
 mod slots;
 mod spec;
 mod staging;
@@ -38,6 +39,7 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     ops::register(m)?;
     sampler::register(m)?;
     plan::register(m)?;
+    shards::register(m)?;
     dlpack::register(m)?;
     staging::register(m)?;
     slots::register(m)?;

@@ -273,6 +273,17 @@ impl PyPlanGroup {
 }
 
 impl PyPlanGroup {
+    /// A group of native items made in Rust (a sharded source's window).
+    pub(crate) fn from_items(batch_no: u64, indices: Vec<u64>, items: Vec<Item>) -> Self {
+        Self {
+            item: std::sync::Mutex::new(Some(Item::Group {
+                batch_no,
+                indices,
+                items,
+            })),
+        }
+    }
+
     /// The group, the first time; `None` after (a source yields it once).
     fn take(&self) -> Option<Item> {
         self.item

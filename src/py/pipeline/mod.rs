@@ -24,7 +24,7 @@ mod run;
 mod source;
 mod spec;
 
-pub(crate) use item::Item;
+pub(crate) use item::{Item, PyPlanGroup};
 pub(crate) use native::{OpConfig, PerEpochFn, PyNativeOp};
 
 /// Bumped in every child right after a fork (see `_after_fork_in_child`):

@@ -1,0 +1,751 @@
+//! The Python face of the sharded sources ([`crate::shards`]) and their
+//! plan ([`crate::shard_plan`]).
+//!
+//! - `_core.ShardPlan`: one epoch's batches of a sharded source on one rank.
+//! - `_core._ShardReader`: counts shards and reads windows of them, without
+//!   the GIL (the readers run in Rust, on the caller's thread or on a few
+//!   threads of their own for counting).
+//! - `_core._ShardWindow`: the samples of one window, held in Rust; a sample
+//!   becomes a Python dict only when a Python transform asks for it, and the
+//!   native image chain takes image bytes straight from here
+//!   (`plan_group`), so they never become Python objects.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use pyo3::exceptions::{PyIndexError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBytes, PyDict, PyList, PyType};
+
+use crate::shard_plan::{Segment, ShardPlan, ShardPlanConfig, ShardPlanError};
+use crate::shards::jsonl::JsonLinesFormat;
+use crate::shards::parquet::ParquetFormat;
+use crate::shards::tar::TarFormat;
+use crate::shards::{Sample, ShardError, ShardFormat, Value};
+
+use super::pipeline::{Item, PyPlanGroup};
+
+impl From<ShardPlanError> for PyErr {
+    /// Every [`ShardPlanError`] is an argument that does not fit: `ValueError`.
+    #[cold]
+    fn from(err: ShardPlanError) -> PyErr {
+        PyValueError::new_err(err.to_string())
+    }
+}
+
+/// Looks up (once) an exception class of `ferrofeed._errors`.
+fn error_class<'py>(
+    py: Python<'py>,
+    cell: &'static PyOnceLock<Py<PyType>>,
+    name: &str,
+) -> PyResult<&'py Bound<'py, PyType>> {
+    cell.import(py, "ferrofeed._errors", name)
+}
+
+/// Which exception a shard error is: `(class name, shard, at)`.
+fn describe(err: &ShardError) -> (&'static str, String, Option<String>) {
+    match err {
+        ShardError::Io { shard, .. } => ("ShardReadError", shard.display().to_string(), None),
+        ShardError::Corrupt { shard, at, .. } => (
+            "ShardCorruptError",
+            shard.display().to_string(),
+            Some(at.clone()),
+        ),
+        ShardError::Changed { shard, .. } => {
+            ("ShardCorruptError", shard.display().to_string(), None)
+        }
+    }
+}
+
+/// A `ferrofeed` shard exception of class `name` with `msg`, `shard` and `at`.
+fn shard_exception(py: Python<'_>, name: &str, msg: &str, shard: &str, at: Option<&str>) -> PyErr {
+    static READ: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+    static CORRUPT: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+    static FIELD: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+    let cell = match name {
+        "ShardReadError" => &READ,
+        "ShardFieldError" => &FIELD,
+        _ => &CORRUPT,
+    };
+    let build = || -> PyResult<PyErr> {
+        let exc = error_class(py, cell, name)?.call1((msg, shard, at))?;
+        Ok(PyErr::from_value(exc))
+    };
+    build().unwrap_or_else(|e| PyValueError::new_err(format!("{msg} ({e})")))
+}
+
+fn shard_error(py: Python<'_>, err: &ShardError) -> PyErr {
+    let (name, shard, at) = describe(err);
+    shard_exception(py, name, &err.to_string(), &shard, at.as_deref())
+}
+
+/// The format of a source's shards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Tar,
+    JsonLines,
+    Parquet,
+}
+
+/// `(samples, first_key, last_key)` of a shard, as `count` returns it.
+type Counted = (u64, Option<String>, Option<String>);
+
+/// Counts shards and reads windows of them.
+#[pyclass(name = "_ShardReader", module = "ferrofeed._core", frozen)]
+struct PyShardReader {
+    kind: Kind,
+    format: Arc<dyn ShardFormat>,
+    paths: Arc<Vec<PathBuf>>,
+}
+
+#[pymethods]
+impl PyShardReader {
+    #[new]
+    #[pyo3(signature = (kind, paths, columns=None))]
+    fn new(kind: &str, paths: Vec<PathBuf>, columns: Option<Vec<String>>) -> PyResult<Self> {
+        let (kind, format): (Kind, Arc<dyn ShardFormat>) = match kind {
+            "tar" => (Kind::Tar, Arc::new(TarFormat)),
+            "jsonl" => (Kind::JsonLines, Arc::new(JsonLinesFormat)),
+            "parquet" => (Kind::Parquet, Arc::new(ParquetFormat::new(columns))),
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "unknown shard format {other:?}: 'tar', 'jsonl' or 'parquet'"
+                )))
+            }
+        };
+        Ok(Self {
+            kind,
+            format,
+            paths: Arc::new(paths),
+        })
+    }
+
+    /// `(samples, first_key, last_key)` of every shard, counted on up to
+    /// `threads` threads without the GIL. The first error (in shard order)
+    /// is raised, naming its shard.
+    fn count(&self, py: Python<'_>, threads: usize) -> PyResult<Vec<Counted>> {
+        let paths = Arc::clone(&self.paths);
+        let format = Arc::clone(&self.format);
+        let results = py.detach(move || count_all(&*format, &paths, threads.max(1)));
+        let mut out = Vec::with_capacity(results.len());
+        for r in results {
+            match r {
+                Ok(info) => out.push((info.samples, info.first_key, info.last_key)),
+                Err(e) => return Err(shard_error(py, &e)),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Reads `pieces`, `(shard, lo, hi)` each, whose first samples have the
+    /// global ids `first_ids`, into a window (without the GIL). Errors are
+    /// kept per sample and raised when the sample is asked for.
+    fn read(
+        &self,
+        py: Python<'_>,
+        pieces: Vec<(usize, u64, u64)>,
+        first_ids: Vec<u64>,
+    ) -> PyResult<PyShardWindow> {
+        if pieces.len() != first_ids.len() {
+            return Err(PyValueError::new_err("one first id per piece"));
+        }
+        for &(shard, lo, hi) in &pieces {
+            if shard >= self.paths.len() || lo > hi {
+                return Err(PyIndexError::new_err(format!(
+                    "no piece {lo}..{hi} of shard {shard} (of {})",
+                    self.paths.len()
+                )));
+            }
+        }
+        let paths = Arc::clone(&self.paths);
+        let format = Arc::clone(&self.format);
+        let spans = py.detach(move || {
+            pieces
+                .iter()
+                .zip(first_ids)
+                .map(|(&(shard, lo, hi), first)| {
+                    read_piece(&*format, &paths[shard], shard, lo, hi, first)
+                })
+                .collect()
+        });
+        Ok(PyShardWindow {
+            kind: self.kind,
+            paths: Arc::clone(&self.paths),
+            spans,
+        })
+    }
+
+    /// The shards' paths.
+    #[getter]
+    fn paths(&self) -> Vec<String> {
+        self.paths.iter().map(|p| p.display().to_string()).collect()
+    }
+}
+
+/// Counts every shard on up to `threads` threads; results in shard order.
+fn count_all(
+    format: &dyn ShardFormat,
+    paths: &[PathBuf],
+    threads: usize,
+) -> Vec<Result<crate::shards::ShardInfo, ShardError>> {
+    let next = AtomicUsize::new(0);
+    let results: Vec<Mutex<Option<Result<crate::shards::ShardInfo, ShardError>>>> =
+        paths.iter().map(|_| Mutex::new(None)).collect();
+    std::thread::scope(|s| {
+        for _ in 0..threads.min(paths.len()) {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(path) = paths.get(i) else { break };
+                let r = format.count(path);
+                *results[i]
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(r);
+            });
+        }
+    });
+    results
+        .into_iter()
+        .map(|m| {
+            m.into_inner()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .expect("every shard was counted")
+        })
+        .collect()
+}
+
+/// One piece of a window: the samples of a shard from global id `first`.
+struct Span {
+    first: u64,
+    shard: usize,
+    samples: Vec<Result<Sample, Arc<ShardError>>>,
+}
+
+fn read_piece(
+    format: &dyn ShardFormat,
+    path: &Path,
+    shard: usize,
+    lo: u64,
+    hi: u64,
+    first: u64,
+) -> Span {
+    let n = (hi - lo) as usize;
+    let mut samples: Vec<Option<Result<Sample, Arc<ShardError>>>> = Vec::with_capacity(n);
+    samples.resize_with(n, || None);
+    let result = format.read(path, lo, hi, &mut |k, sample| {
+        if let Some(slot) = k.checked_sub(lo).and_then(|i| samples.get_mut(i as usize)) {
+            *slot = Some(sample.map_err(Arc::new));
+        }
+    });
+    // What the reader did not deliver is lost with the error that ended it
+    // (the rest of the shard), or, should a reader stop short without one,
+    // with an error that says the shard changed.
+    let lost = match result {
+        Err(e) => Arc::new(e),
+        Ok(()) => Arc::new(ShardError::Changed {
+            shard: path.to_path_buf(),
+            expected: hi,
+            found: lo + samples.iter().filter(|s| s.is_some()).count() as u64,
+        }),
+    };
+    Span {
+        first,
+        shard,
+        samples: samples
+            .into_iter()
+            .map(|s| s.unwrap_or_else(|| Err(Arc::clone(&lost))))
+            .collect(),
+    }
+}
+
+/// The samples of one window of a sharded source, by global id.
+#[pyclass(name = "_ShardWindow", module = "ferrofeed._core", frozen)]
+struct PyShardWindow {
+    kind: Kind,
+    paths: Arc<Vec<PathBuf>>,
+    spans: Vec<Span>,
+}
+
+impl PyShardWindow {
+    fn entry(&self, id: u64) -> PyResult<(&Span, &Result<Sample, Arc<ShardError>>)> {
+        for span in &self.spans {
+            if let Some(i) = id.checked_sub(span.first) {
+                if let Some(s) = span.samples.get(i as usize) {
+                    return Ok((span, s));
+                }
+            }
+        }
+        Err(PyIndexError::new_err(format!(
+            "sample {id} is not in this window"
+        )))
+    }
+
+    fn shard_name(&self, span: &Span) -> String {
+        self.paths[span.shard].display().to_string()
+    }
+}
+
+#[pymethods]
+impl PyShardWindow {
+    /// Samples held.
+    fn __len__(&self) -> usize {
+        self.spans.iter().map(|s| s.samples.len()).sum()
+    }
+
+    /// Sample `id` as Python objects: a tar sample as a dict in the
+    /// `WebDataset` layout (`__key__`, `__shard__`, one entry per extension,
+    /// decoded by it), a Parquet row as a dict of its columns, a JSON line
+    /// as its parsed value. A sample that could not be read raises its
+    /// error, naming the shard and where in it.
+    fn sample<'py>(&self, py: Python<'py>, id: u64) -> PyResult<Bound<'py, PyAny>> {
+        let (span, entry) = self.entry(id)?;
+        let sample = entry.as_ref().map_err(|e| shard_error(py, e))?;
+        let shard = self.shard_name(span);
+        match self.kind {
+            Kind::Tar => tar_sample(py, sample, &shard),
+            Kind::Parquet => {
+                let d = PyDict::new(py);
+                for (k, v) in &sample.fields {
+                    d.set_item(k, to_py(py, v)?)?;
+                }
+                Ok(d.into_any())
+            }
+            Kind::JsonLines => match sample.fields.as_slice() {
+                [(k, v)] if k.is_empty() => to_py(py, v),
+                fields => {
+                    let d = PyDict::new(py);
+                    for (k, v) in fields {
+                        d.set_item(k, to_py(py, v)?)?;
+                    }
+                    Ok(d.into_any())
+                }
+            },
+        }
+    }
+
+    /// A native group of batch `batch_no` for the image chain: each
+    /// sample's image bytes (the first of the fields `image` it has) and
+    /// its integer label (field `label`), never made Python objects.
+    /// Returns `(group, skipped)`: with `skip`, a sample that cannot be read
+    /// or lacks a field is left out and listed as `(id, reason)`; without,
+    /// its error is raised.
+    #[pyo3(signature = (batch_no, ids, image, label=None, skip=false))]
+    #[allow(clippy::needless_pass_by_value)] // pyo3 extracts owned arguments
+    fn plan_group(
+        &self,
+        py: Python<'_>,
+        batch_no: u64,
+        ids: Vec<u64>,
+        image: Vec<String>,
+        label: Option<String>,
+        skip: bool,
+    ) -> PyResult<(PyPlanGroup, Vec<(u64, String)>)> {
+        let mut kept = Vec::with_capacity(ids.len());
+        let mut items = Vec::with_capacity(ids.len());
+        let mut skipped = Vec::new();
+        for id in ids {
+            match self.image_item(py, id, &image, label.as_deref()) {
+                Ok(item) => {
+                    kept.push(id);
+                    items.push(item);
+                }
+                Err(e) if skip => {
+                    let name = e
+                        .get_type(py)
+                        .name()
+                        .map_or_else(|_| "ShardError".to_owned(), |n| n.to_string());
+                    skipped.push((id, format!("{name}: {}", e.value(py))));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok((PyPlanGroup::from_items(batch_no, kept, items), skipped))
+    }
+}
+
+impl PyShardWindow {
+    fn image_item(
+        &self,
+        py: Python<'_>,
+        id: u64,
+        image: &[String],
+        label: Option<&str>,
+    ) -> PyResult<Item> {
+        let (span, entry) = self.entry(id)?;
+        let sample = entry.as_ref().map_err(|e| shard_error(py, e))?;
+        let shard = self.shard_name(span);
+        let at = self.place(sample);
+        let missing = |what: &str, names: &str| {
+            let have: Vec<&str> = sample.fields.iter().map(|(k, _)| k.as_str()).collect();
+            shard_exception(
+                py,
+                "ShardFieldError",
+                &format!(
+                    "{shard}: {at}: no {what} field {names} (the sample has: {})",
+                    if have.is_empty() {
+                        "nothing".to_owned()
+                    } else {
+                        have.join(", ")
+                    }
+                ),
+                &shard,
+                Some(&at),
+            )
+        };
+        let Some((field, value)) = image
+            .iter()
+            .find_map(|name| sample.get(name).map(|v| (name, v)))
+        else {
+            return Err(missing("image", &quoted(image)));
+        };
+        let data = match value {
+            Value::Bytes(b) => b.clone(),
+            other => {
+                return Err(shard_exception(
+                    py,
+                    "ShardCorruptError",
+                    &format!(
+                        "{shard}: {at}: field {field:?} holds {}, not image bytes",
+                        value_kind(other)
+                    ),
+                    &shard,
+                    Some(&at),
+                ))
+            }
+        };
+        let label = match label {
+            None => None,
+            Some(name) => {
+                let Some(v) = sample.get(name) else {
+                    return Err(missing("label", &format!("{name:?}")));
+                };
+                Some(int_label(v).ok_or_else(|| {
+                    shard_exception(
+                        py,
+                        "ShardCorruptError",
+                        &format!(
+                            "{shard}: {at}: label field {name:?} is not an integer ({})",
+                            describe_value(v)
+                        ),
+                        &shard,
+                        Some(&at),
+                    )
+                })?)
+            }
+        };
+        let name = match self.kind {
+            Kind::Tar => format!("{shard}: member {}.{field}", sample.key),
+            _ => format!("{shard}: {at}, field {field:?}"),
+        };
+        Ok(Item::Bytes {
+            data,
+            name,
+            label,
+            pos: None,
+        })
+    }
+
+    /// Where a sample is in its shard, for messages.
+    fn place(&self, sample: &Sample) -> String {
+        match self.kind {
+            Kind::Tar => format!("sample {}", sample.key),
+            _ => sample.key.clone(),
+        }
+    }
+}
+
+fn quoted(names: &[String]) -> String {
+    names
+        .iter()
+        .map(|n| format!("{n:?}"))
+        .collect::<Vec<_>>()
+        .join(" or ")
+}
+
+fn value_kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a bool",
+        Value::Int(_) => "an int",
+        Value::Float(_) => "a float",
+        Value::Str(_) => "text",
+        Value::Bytes(_) => "bytes",
+        Value::List(_) => "a list",
+        Value::Map(_) => "a map",
+    }
+}
+
+fn describe_value(v: &Value) -> String {
+    match v {
+        Value::Bytes(b) => format!("{:?}", String::from_utf8_lossy(&b[..b.len().min(40)])),
+        Value::Str(s) => format!("{:?}", &s[..s.len().min(40)]),
+        other => value_kind(other).to_owned(),
+    }
+}
+
+/// An integer label from a field: an int, or text or bytes holding one
+/// (a tar's `cls` member).
+fn int_label(v: &Value) -> Option<i64> {
+    match v {
+        Value::Int(i) => Some(*i),
+        Value::Str(s) => s.trim().parse().ok(),
+        Value::Bytes(b) => std::str::from_utf8(b).ok()?.trim().parse().ok(),
+        _ => None,
+    }
+}
+
+/// A [`Value`] as Python objects.
+fn to_py<'py>(py: Python<'py>, v: &Value) -> PyResult<Bound<'py, PyAny>> {
+    Ok(match v {
+        Value::Null => py.None().into_bound(py),
+        Value::Bool(b) => b.into_pyobject(py)?.to_owned().into_any(),
+        Value::Int(i) => i.into_pyobject(py)?.into_any(),
+        Value::Float(f) => f.into_pyobject(py)?.into_any(),
+        Value::Str(s) => s.into_pyobject(py)?.into_any(),
+        Value::Bytes(b) => PyBytes::new(py, b).into_any(),
+        Value::List(items) => {
+            let l = PyList::empty(py);
+            for item in items {
+                l.append(to_py(py, item)?)?;
+            }
+            l.into_any()
+        }
+        Value::Map(fields) => {
+            let d = PyDict::new(py);
+            for (k, v) in fields {
+                d.set_item(k, to_py(py, v)?)?;
+            }
+            d.into_any()
+        }
+    })
+}
+
+/// A tar sample in the `WebDataset` layout: `__key__`, `__shard__`, and one
+/// entry per extension: `cls`, `index` (and `.txt` forms) as `int`, `txt`
+/// and `text` as `str`, `json` parsed; everything else `bytes` (never
+/// unpickled or loaded: a shard's content is data, not code).
+fn tar_sample<'py>(py: Python<'py>, sample: &Sample, shard: &str) -> PyResult<Bound<'py, PyAny>> {
+    let d = PyDict::new(py);
+    d.set_item("__key__", &sample.key)?;
+    d.set_item("__shard__", shard)?;
+    for (ext, v) in &sample.fields {
+        let Value::Bytes(bytes) = v else {
+            d.set_item(ext, to_py(py, v)?)?;
+            continue;
+        };
+        let bad = |what: &str| {
+            let at = format!("member {}.{ext}", sample.key);
+            shard_exception(
+                py,
+                "ShardCorruptError",
+                &format!("{shard}: {at}: {what}"),
+                shard,
+                Some(&at),
+            )
+        };
+        let text = || std::str::from_utf8(bytes).map_err(|e| bad(&format!("not UTF-8 text ({e})")));
+        match ext.to_ascii_lowercase().as_str() {
+            "cls" | "cls.txt" | "index" | "index.txt" | "cls2" => {
+                let t = text()?;
+                let n: i64 = t
+                    .trim()
+                    .parse()
+                    .map_err(|_| bad(&format!("not an integer: {:?}", &t[..t.len().min(40)])))?;
+                d.set_item(ext, n)?;
+            }
+            "txt" | "text" => d.set_item(ext, text()?)?,
+            "json" => {
+                let parsed: serde_json::Value =
+                    serde_json::from_slice(bytes).map_err(|e| bad(&format!("not JSON: {e}")))?;
+                d.set_item(ext, to_py(py, &json_value(parsed))?)?;
+            }
+            _ => d.set_item(ext, PyBytes::new(py, bytes))?,
+        }
+    }
+    Ok(d.into_any())
+}
+
+/// A parsed JSON value as a [`Value`] (integers that fit `i64` stay ints).
+fn json_value(v: serde_json::Value) -> Value {
+    match v {
+        serde_json::Value::Null => Value::Null,
+        serde_json::Value::Bool(b) => Value::Bool(b),
+        serde_json::Value::Number(n) => n
+            .as_i64()
+            .map_or_else(|| Value::Float(n.as_f64().unwrap_or(f64::NAN)), Value::Int),
+        serde_json::Value::String(s) => Value::Str(s),
+        serde_json::Value::Array(a) => Value::List(a.into_iter().map(json_value).collect()),
+        serde_json::Value::Object(o) => {
+            Value::Map(o.into_iter().map(|(k, v)| (k, json_value(v))).collect())
+        }
+    }
+}
+
+/// One epoch's batches of a sharded source on one rank (see
+/// [`crate::shard_plan`]).
+#[pyclass(name = "ShardPlan", module = "ferrofeed._core", frozen)]
+struct PyShardPlan {
+    inner: ShardPlan,
+}
+
+#[pymethods]
+impl PyShardPlan {
+    #[new]
+    #[pyo3(signature = (
+        counts, batch_size, *, shuffle=false, seed=0, epoch=0, rank=0, world_size=1,
+        drop_last=false, window=1024, history=Vec::new(), start=0
+    ))]
+    #[allow(clippy::too_many_arguments)] // the loader's keywords
+    fn new(
+        counts: Vec<u64>,
+        batch_size: u64,
+        shuffle: bool,
+        seed: u64,
+        epoch: u64,
+        rank: u64,
+        world_size: u64,
+        drop_last: bool,
+        window: u64,
+        history: Vec<(u64, u64)>,
+        start: u64,
+    ) -> PyResult<Self> {
+        let config = ShardPlanConfig {
+            counts,
+            batch_size,
+            shuffle,
+            seed,
+            rank,
+            world_size,
+            drop_last,
+            window,
+        };
+        let history: Vec<Segment> = history
+            .into_iter()
+            .map(|(world_size, batches_done)| Segment {
+                world_size,
+                batches_done,
+            })
+            .collect();
+        Ok(Self {
+            inner: ShardPlan::new(&config, epoch, &history, start)?,
+        })
+    }
+
+    /// Batches in this rank's share of the current world (from its start).
+    fn __len__(&self) -> usize {
+        usize::try_from(self.inner.len()).unwrap_or(usize::MAX)
+    }
+
+    /// The first batch the plan yields (the resume point).
+    #[getter]
+    fn start(&self) -> u64 {
+        self.inner.start()
+    }
+
+    /// Samples this rank yields in the current world.
+    #[getter]
+    fn samples(&self) -> u64 {
+        self.inner.samples()
+    }
+
+    /// Samples left to all ranks of the current world.
+    #[getter]
+    fn remaining(&self) -> u64 {
+        self.inner.remaining()
+    }
+
+    /// Samples per window (a multiple of the batch size).
+    #[getter]
+    fn window(&self) -> u64 {
+        self.inner.window()
+    }
+
+    /// Windows in this rank's share.
+    #[getter]
+    fn windows(&self) -> u64 {
+        self.inner.windows()
+    }
+
+    /// The window of batch `batch_no`.
+    fn window_of(&self, batch_no: u64) -> PyResult<u64> {
+        self.check(batch_no)?;
+        Ok(self.inner.window_of(batch_no))
+    }
+
+    /// `(shard, lo, hi)` of each piece of window `window`, in stream order.
+    fn window_pieces(&self, window: u64) -> PyResult<Vec<(usize, u64, u64)>> {
+        if window >= self.inner.windows() {
+            return Err(PyIndexError::new_err(format!(
+                "window {window} is not in a share of {} windows",
+                self.inner.windows()
+            )));
+        }
+        Ok(self
+            .inner
+            .window_pieces(window)
+            .into_iter()
+            .map(|p| (p.shard, p.lo, p.hi))
+            .collect())
+    }
+
+    /// The global ids of batch `batch_no`'s samples.
+    fn batch(&self, batch_no: u64) -> PyResult<Vec<u64>> {
+        self.check(batch_no)?;
+        Ok(self.inner.batch(batch_no))
+    }
+
+    /// `(batch_no, window, ids)` for every batch from `start` on.
+    fn __iter__(slf: Bound<'_, Self>) -> PyShardPlanIter {
+        let next = slf.get().inner.start();
+        PyShardPlanIter {
+            plan: slf.unbind(),
+            next: AtomicU64::new(next),
+        }
+    }
+}
+
+impl PyShardPlan {
+    fn check(&self, batch_no: u64) -> PyResult<()> {
+        if batch_no < self.inner.len() {
+            Ok(())
+        } else {
+            Err(PyIndexError::new_err(format!(
+                "batch {batch_no} is not in a share of {} batches",
+                self.inner.len()
+            )))
+        }
+    }
+}
+
+/// The iterator of a [`PyShardPlan`].
+#[pyclass(name = "ShardPlanIterator", module = "ferrofeed._core", frozen)]
+struct PyShardPlanIter {
+    plan: Py<PyShardPlan>,
+    next: AtomicU64,
+}
+
+#[pymethods]
+impl PyShardPlanIter {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__(&self) -> Option<(u64, u64, Vec<u64>)> {
+        let plan = &self.plan.get().inner;
+        let j = self.next.fetch_add(1, Ordering::Relaxed);
+        if j >= plan.len() {
+            self.next.store(plan.len(), Ordering::Relaxed);
+            return None;
+        }
+        Some((j, plan.window_of(j), plan.batch(j)))
+    }
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyShardPlan>()?;
+    m.add_class::<PyShardPlanIter>()?;
+    m.add_class::<PyShardReader>()?;
+    m.add_class::<PyShardWindow>()?;
+    Ok(())
+}
