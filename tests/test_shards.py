@@ -584,3 +584,76 @@ def test_max_failures_applies_to_a_lost_rest_of_shard(tmp_path: Path) -> None:
     dl = ff.DataLoader(ff.ParquetShards(path), 10, transform=lambda r: r["x"], on_error="skip")
     with pytest.raises(ff.TooManyFailuresError):
         list(dl)
+
+
+# -- bucket_by -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def token_lines(tmp_path: Path) -> list[Path]:
+    rng = np.random.default_rng(3)
+    paths, i = [], 0
+    for k in range(4):
+        lines = []
+        for _ in range(12):
+            lines.append(json.dumps({"id": i, "tokens": [0] * int(rng.integers(1, 60))}))
+            i += 1
+        path = tmp_path / f"part-{k}.jsonl"
+        path.write_text("\n".join(lines) + "\n")
+        paths.append(path)
+    return paths
+
+
+def bucketed(paths: list[Path], **kw: Any) -> ff.DataLoader:
+    return ff.DataLoader(
+        ff.JsonLines(paths),
+        4,
+        shuffle=True,
+        seed=2,
+        shuffle_window=16,
+        bucket_by=lambda s: len(s["tokens"]),
+        transform=lambda s: (s["id"], len(s["tokens"])),
+        collate=list,
+        **kw,
+    )
+
+
+def test_bucket_by_sorts_each_window_into_batches_then_shuffles_them(
+    token_lines: list[Path],
+) -> None:
+    dl = bucketed(token_lines)
+    batches = list(dl)
+    assert sorted(i for b in batches for i, _ in b) == list(range(48))
+    # 16-sample windows of 4 batches: within a window, batches hold disjoint length ranges.
+    for w in range(0, len(batches), 4):
+        spans = sorted((min(n for _, n in b), max(n for _, n in b)) for b in batches[w : w + 4])
+        for (_, hi), (lo, _) in zip(spans, spans[1:], strict=False):
+            assert hi <= lo, spans
+    # Not sorted across the window's batches (they are shuffled), but reproducible.
+    assert [b for b in bucketed(token_lines)] == batches
+    plain = ff.DataLoader(
+        ff.JsonLines(token_lines),
+        4,
+        shuffle=True,
+        seed=2,
+        shuffle_window=16,
+        transform=lambda s: (s["id"], len(s["tokens"])),
+        collate=list,
+    )
+    assert list(plain) != batches
+
+
+def test_bucket_by_resumes_exactly_and_refuses_another_world(token_lines: list[Path]) -> None:
+    full = list(bucketed(token_lines))
+    dl = bucketed(token_lines)
+    it = iter(dl)
+    head = [next(it) for _ in range(6)]  # mid-window
+    state = dl.state_dict()
+    resumed = bucketed(token_lines)
+    resumed.load_state_dict(state)
+    assert head + list(resumed) == full
+    wider = bucketed(token_lines, rank=0, world_size=2)
+    with pytest.raises(ValueError, match="bucket_by"):
+        wider.load_state_dict(state)
+    with pytest.raises(TypeError, match=r"bucket_by= is for sharded sources"):
+        ff.DataLoader(list(range(4)), 2, bucket_by=len)
