@@ -5,10 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import ferrofeed as ff
 import numpy as np
 import pytest
-
-import ferrofeed as ff
 from ferrofeed import ops
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import itertools
 import json
 import tarfile
 from collections.abc import Callable, Sequence
@@ -627,7 +628,7 @@ def test_bucket_by_sorts_each_window_into_batches_then_shuffles_them(
     # 16-sample windows of 4 batches: within a window, batches hold disjoint length ranges.
     for w in range(0, len(batches), 4):
         spans = sorted((min(n for _, n in b), max(n for _, n in b)) for b in batches[w : w + 4])
-        for (_, hi), (lo, _) in zip(spans, spans[1:], strict=False):
+        for (_, hi), (lo, _) in itertools.pairwise(spans):
             assert hi <= lo, spans
     # Not sorted across the window's batches (they are shuffled), but reproducible.
     assert [b for b in bucketed(token_lines)] == batches
