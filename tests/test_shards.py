@@ -12,6 +12,7 @@ import gzip
 import io
 import itertools
 import json
+import os
 import tarfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -658,3 +659,45 @@ def test_bucket_by_resumes_exactly_and_refuses_another_world(token_lines: list[P
         wider.load_state_dict(state)
     with pytest.raises(TypeError, match=r"bucket_by= is for sharded sources"):
         ff.DataLoader(list(range(4)), 2, bucket_by=len)
+
+
+# -- memory ------------------------------------------------------------------------------------
+
+
+def test_memory_stays_bounded_by_the_window_over_many_shards(
+    tmp_path: Path, run_python: Callable[..., Any]
+) -> None:
+    # 48 shards of 64 samples of 40 KB (about 120 MB): an epoch holds about two windows
+    # of 128 samples (10 MB) and the batches in flight, never the shards it has read.
+    payload = os.urandom(40_000)
+    for k in range(48):
+        members: list[Member] = []
+        for i in range(k * 64, k * 64 + 64):
+            members += [(f"s{i:06d}.bin", payload), (f"s{i:06d}.cls", str(i).encode())]
+        write_tar(tmp_path / f"big-{k:03d}.tar", members)
+    code = f"""
+import json, os, sys
+import ferrofeed as ff
+
+def rss():
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmRSS"))
+
+shards = ff.TarShards(sorted(os.path.join({str(tmp_path)!r}, n) for n in os.listdir({str(tmp_path)!r})))
+dl = ff.DataLoader(shards, 16, shuffle=True, shuffle_window=128, num_threads=2,
+                   transform=lambda s: (s["cls"], len(s["bin"])), collate=list)
+seen, start, peak = 0, None, 0
+for n, batch in enumerate(dl):
+    seen += len(batch)
+    if n == 20:
+        start = rss()
+    elif n > 20:
+        peak = max(peak, rss())
+print(json.dumps({{"seen": seen, "start": start, "peak": peak}}))
+"""
+    out = run_python(code, env={"MALLOC_ARENA_MAX": "2"}, timeout=120)
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["seen"] == 48 * 64
+    growth = report["peak"] - report["start"]
+    # The data is 120 MB; a loader that kept what it read would grow by most of it.
+    assert growth < 30_000_000, report
