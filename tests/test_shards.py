@@ -222,7 +222,16 @@ def test_a_batch_mixes_several_shards(tmp_path: Path) -> None:
     assert max(mixed) >= 3, mixed
 
 
-@pytest.mark.parametrize("kw", [{"num_threads": 1}, {"num_threads": 3}, {"num_workers": 2}])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"num_threads": 1},
+        {"num_threads": 3},
+        {"num_workers": 2},
+        {"num_workers": 3, "worker_start_method": "spawn"},
+        {"num_workers": 1, "worker_start_method": "forkserver"},
+    ],
+)
 def test_the_order_does_not_depend_on_threads_or_workers(
     tars: list[Path], kw: dict[str, Any]
 ) -> None:
@@ -701,3 +710,20 @@ print(json.dumps({{"seen": seen, "start": start, "peak": peak}}))
     growth = report["peak"] - report["start"]
     # The data is 120 MB; a loader that kept what it read would grow by most of it.
     assert growth < 30_000_000, report
+
+
+def test_empty_shards_are_passed_over(tmp_path: Path) -> None:
+    a = write_tar(tmp_path / "a.tar", labelled_members(range(0, 3)))
+    empty = write_tar(tmp_path / "b.tar", [])
+    c = write_tar(tmp_path / "c.tar", labelled_members(range(3, 7)))
+    shards = ff.TarShards([a, empty, c, empty])
+    assert [n for _, n in shards.shards] == [3, 0, 4, 0]
+    cases: list[tuple[dict[str, Any], list[int]]] = [
+        ({}, list(range(7))),
+        ({"shuffle": True, "seed": 1}, list(range(7))),
+        ({"rank": 1, "world_size": 2}, [4, 5, 6]),  # 4 samples for rank 0, 3 for rank 1
+    ]
+    for kw, want in cases:
+        dl = ff.DataLoader(shards, 2, transform=to_ids, shuffle_window=2, **kw)
+        assert sorted(i for b in dl for i in ids_of(b)) == want
+    assert list(ff.DataLoader(ff.TarShards(empty), 2, transform=to_ids)) == []
