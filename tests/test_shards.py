@@ -692,7 +692,7 @@ def rss():
     with open("/proc/self/status") as f:
         return next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmRSS"))
 
-shards = ff.TarShards(sorted(os.path.join({str(tmp_path)!r}, n) for n in os.listdir({str(tmp_path)!r})))
+shards = ff.TarShards(os.path.join({str(tmp_path)!r}, "big-*.tar"))
 dl = ff.DataLoader(shards, 16, shuffle=True, shuffle_window=128, num_threads=2,
                    transform=lambda s: (s["cls"], len(s["bin"])), collate=list)
 seen, start, peak = 0, None, 0
