@@ -37,6 +37,7 @@
 pub mod arena;
 pub mod cpu;
 pub mod dlpack;
+pub mod fs;
 pub mod image;
 pub mod pipeline;
 pub mod plan;

@@ -727,3 +727,14 @@ def test_empty_shards_are_passed_over(tmp_path: Path) -> None:
         dl = ff.DataLoader(shards, 2, transform=to_ids, shuffle_window=2, **kw)
         assert sorted(i for b in dl for i in ids_of(b)) == want
     assert list(ff.DataLoader(ff.TarShards(empty), 2, transform=to_ids)) == []
+
+
+@pytest.mark.parametrize("cls", [ff.TarShards, ff.JsonLines, ff.ParquetShards])
+def test_a_named_pipe_as_a_shard_is_refused_at_once(tmp_path: Path, cls: type) -> None:
+    fifo = tmp_path / "pipe.tar"
+    os.mkfifo(fifo)
+    with pytest.raises(ff.ShardReadError, match=r"pipe\.tar: .*named pipe") as e:
+        cls(fifo)
+    assert isinstance(e.value, OSError)
+    with pytest.raises(ff.ShardReadError, match="Is a directory"):
+        cls(tmp_path)

@@ -51,54 +51,19 @@ fn read_named(path: &Path, name: &str) -> Result<Vec<u8>, ImageError> {
     })
 }
 
-/// Reads a whole file that must be a regular file (or a symlink to one).
-///
-/// The file is opened with `O_NONBLOCK`, so that opening a named pipe with
-/// no writer does not wait for one, then checked with `fstat` before any
-/// read: a FIFO, a socket, a device or a directory is refused at once
-/// instead of blocking the reading thread forever. `O_NONBLOCK` has no
-/// effect on the reads of a regular file, so it is left set. `O_NOCTTY`
-/// keeps a terminal device from becoming the process's controlling one.
+/// Reads a whole file that must be a regular file (or a symlink to one):
+/// opened by [`crate::fs::open_regular`], so a FIFO, a socket, a device or a
+/// directory is refused at once instead of blocking the reading thread.
 fn read_regular(path: &Path) -> std::io::Result<Vec<u8>> {
-    use rustix::fs::{FileType, Mode, OFlags};
     use std::io::Read;
 
-    let fd = rustix::fs::open(
-        path,
-        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?;
-    let st = rustix::fs::fstat(&fd)?;
-    let kind = FileType::from_raw_mode(st.st_mode);
-    if kind != FileType::RegularFile {
-        return Err(not_regular(kind));
-    }
-    let mut file = std::fs::File::from(fd);
+    let (mut file, size) = crate::fs::open_regular(path)?;
     let mut data = Vec::new();
     // The size is a hint: a file that grows or shrinks meanwhile is read to
     // its end all the same.
-    data.try_reserve_exact(usize::try_from(st.st_size).unwrap_or(0))?;
+    data.try_reserve_exact(usize::try_from(size).unwrap_or(0))?;
     file.read_to_end(&mut data)?;
     Ok(data)
-}
-
-/// The error for a path that is not a regular file: `EISDIR` for a
-/// directory (as reading one would give), else an `InvalidInput` error that
-/// says what the file is.
-fn not_regular(kind: rustix::fs::FileType) -> std::io::Error {
-    use rustix::fs::FileType;
-    let what = match kind {
-        FileType::Directory => return rustix::io::Errno::ISDIR.into(),
-        FileType::Fifo => "a named pipe (FIFO)",
-        FileType::Socket => "a socket",
-        FileType::CharacterDevice => "a character device",
-        FileType::BlockDevice => "a block device",
-        FileType::RegularFile | FileType::Symlink | FileType::Unknown => "a file of another kind",
-    };
-    std::io::Error::new(
-        std::io::ErrorKind::InvalidInput,
-        format!("not a regular file: {what}"),
-    )
 }
 
 /// Where an image's encoded bytes are.

@@ -33,7 +33,6 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::fs::File;
 use std::io::{self, BufRead, BufReader};
 use std::path::Path;
 
@@ -96,7 +95,9 @@ pub(super) fn sniff(reader: &mut impl BufRead) -> io::Result<Codec> {
 
 /// Opens `shard` as decompressed text.
 fn open(shard: &Path) -> Result<(Codec, Box<dyn BufRead>), ShardError> {
-    let file = File::open(shard).map_err(|e| ShardError::io(shard, e))?;
+    let file = crate::fs::open_regular(shard)
+        .map_err(|e| ShardError::io(shard, e))?
+        .0;
     let mut reader = BufReader::with_capacity(BUFFER, file);
     let codec = sniff(&mut reader).map_err(|e| ShardError::io(shard, e))?;
     let text: Box<dyn BufRead> = match codec {

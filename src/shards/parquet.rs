@@ -233,7 +233,9 @@ impl ShardFormat for ParquetFormat {
 
 /// Opens the shard and decodes its footer.
 fn open(path: &Path) -> Result<SerializedFileReader<File>, ShardError> {
-    let file = File::open(path).map_err(|e| ShardError::io(path, e))?;
+    let file = crate::fs::open_regular(path)
+        .map_err(|e| ShardError::io(path, e))?
+        .0;
     guarded(path, "footer", || SerializedFileReader::new(file))
 }
 

@@ -51,7 +51,6 @@
 
 use std::cell::Cell;
 use std::collections::HashSet;
-use std::fs::File;
 use std::io::{self, BufReader, Read, Seek, SeekFrom};
 use std::ops::Range;
 use std::path::Path;
@@ -123,7 +122,9 @@ enum Job<'a> {
 /// Opens `shard` and walks its members for `job`, returning the number of
 /// samples walked over (all of them, or up to the end of a read's range).
 fn walk(shard: &Path, job: &mut Job<'_>) -> Result<u64, ShardError> {
-    let file = File::open(shard).map_err(|e| ShardError::io(shard, e))?;
+    let file = crate::fs::open_regular(shard)
+        .map_err(|e| ShardError::io(shard, e))?
+        .0;
     let len = file.metadata().map_err(|e| ShardError::io(shard, e))?.len();
     let mut reader = BufReader::with_capacity(FILE_BUFFER, file);
     let codec = sniff(&mut reader).map_err(|e| ShardError::io(shard, e))?;
