@@ -19,9 +19,17 @@ from typing import Any, Protocol
 from . import _core
 from ._collate import describe_entries
 from ._errors import PipelineError, WorkerError
+from ._iterable import StreamSpec, stream_groups
 from ._pipeline import PipelineBuilder
 from ._sample import sample_scope
-from ._workers import WorkerPool, _Setup, seeded_modules, worker_batches
+from ._workers import (
+    Loaded,
+    WorkerPool,
+    _Setup,
+    seeded_modules,
+    stream_batches,
+    worker_batches,
+)
 
 Group = tuple[int, list[int]]
 
@@ -453,10 +461,16 @@ class WorkerExecutor:
         return self.workers
 
     def run(self, epoch: int, groups: Iterator[Group]) -> Iterator[Done]:
+        return self._guarded(lambda pool: worker_batches(pool, epoch, groups, self.timeout))
+
+    def _guarded(
+        self, batches: Callable[[WorkerPool], Iterator[tuple[int, list[int], Loaded]]]
+    ) -> Iterator[Done]:
+        """The `Done` of ``batches(pool)``; the pool ended or kept as the way out says."""
         pool = self._pool()
         keep = clean = False
         try:
-            for batch_no, indices, loaded in worker_batches(pool, epoch, groups, self.timeout):
+            for batch_no, indices, loaded in batches(pool):
                 batch = None if loaded.empty else loaded.batch
                 yield Done(batch_no, indices, batch, loaded.skipped)
             keep = self.persistent
@@ -486,6 +500,55 @@ class WorkerExecutor:
         pool, self.workers = self.workers, None
         if pool is not None:
             pool.shutdown()
+
+
+class StreamThreadExecutor(ThreadExecutor):
+    """An iterable dataset on threads: read on the source thread, transformed on threads.
+
+    See `ferrofeed._iterable`: the groups come from one pass over the dataset, and carry
+    their samples.
+    """
+
+    def __init__(
+        self,
+        spec: StreamSpec,
+        dataset: Any,
+        transform: Callable[[Any], Any] | None,
+        collate: Callable[[list[Any]], Any],
+        *,
+        seed: int,
+        num_threads: int,
+        prefetch: int,
+        timeout: float | None,
+        skip: bool,
+    ) -> None:
+        super().__init__(
+            dataset,
+            transform,
+            collate,
+            seed=seed,
+            num_threads=num_threads,
+            prefetch=prefetch,
+            timeout=timeout,
+            skip=skip,
+        )
+        self.spec = spec
+
+    def run_stream(self, epoch: int, start: int) -> Iterator[Done]:
+        """The batches of ``epoch`` from its batch ``start`` (the ones before are replayed)."""
+        groups: Iterator[Any] = stream_groups(self.dataset, self.spec, epoch, start)
+        return self.run(epoch, groups)
+
+
+class StreamWorkerExecutor(WorkerExecutor):
+    """An iterable dataset in worker processes: each iterates its own copy of it.
+
+    The workers' batches are taken round-robin (see `ferrofeed._workers.stream_batches`).
+    """
+
+    def run_stream(self, epoch: int, start: int) -> Iterator[Done]:
+        """The batches of ``epoch`` from its batch ``start`` (the ones before are replayed)."""
+        return self._guarded(lambda pool: stream_batches(pool, epoch, start, self.timeout))
 
 
 def _batches_in_flight(num_threads: int, batch: int, pool: int) -> int:

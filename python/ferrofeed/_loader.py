@@ -21,8 +21,16 @@ from typing import Any, Literal, Protocol
 from . import _core
 from ._collate import default_collate
 from ._errors import TooManyFailuresError
-from ._executors import Executor, NativeExecutor, ThreadExecutor, WorkerExecutor
+from ._executors import (
+    Executor,
+    NativeExecutor,
+    StreamThreadExecutor,
+    StreamWorkerExecutor,
+    ThreadExecutor,
+    WorkerExecutor,
+)
 from ._images import ImageFiles, ImageFolder
+from ._iterable import StreamSpec, batches_in, check_arguments, is_iterable_dataset
 from ._output import Output, Progress, check_device, convert, default_rank_and_world
 from ._shards import ShardedSource
 from ._workers import _Setup
@@ -195,11 +203,25 @@ class DataLoader:
         if isinstance(source, str | os.PathLike):
             source = ImageFolder(source)
         self.sharded = isinstance(source, ShardedSource)
-        if not self.sharded and not (hasattr(source, "__len__") and hasattr(source, "__getitem__")):
+        # An iterable dataset (as PyTorch's IterableDataset): see ferrofeed._iterable.
+        self.iterable = not self.sharded and is_iterable_dataset(source)
+        if self.iterable:
+            check_arguments(
+                shuffle=shuffle,
+                shuffle_window=shuffle_window,
+                batches_per_epoch=batches_per_epoch,
+                native=isinstance(transform, _core.NativeOp) or isinstance(collate, _core.NativeOp),
+                image=image,
+                label=label,
+            )
+        elif not self.sharded and not (
+            hasattr(source, "__len__") and hasattr(source, "__getitem__")
+        ):
             raise TypeError(
-                "source must be a map-style dataset (len(ds) and ds[i]), a sharded source "
-                "(TarShards, ParquetShards, JsonLines), a sequence of image paths, or a "
-                f"folder of class subfolders, not {type(source).__name__}"
+                "source must be a map-style dataset (len(ds) and ds[i]), an iterable dataset "
+                "(__iter__), a sharded source (TarShards, ParquetShards, JsonLines), a "
+                "sequence of image paths, or a folder of class subfolders, not "
+                f"{type(source).__name__}"
             )
         if shuffle_window is not None and (
             isinstance(shuffle_window, bool)
@@ -207,7 +229,7 @@ class DataLoader:
             or shuffle_window < 1
         ):
             raise ValueError(f"shuffle_window must be an int >= 1, not {shuffle_window!r}")
-        if not self.sharded:
+        if not self.sharded and not self.iterable:
             for name, value in (
                 ("shuffle_window", shuffle_window),
                 ("image", image),
@@ -383,6 +405,10 @@ class DataLoader:
         assert not isinstance(collate, _core.NativeOp)
         transform = self.transform
         assert not isinstance(transform, _core.NativeOp)
+        spec = None
+        if self.iterable:
+            window = self.shuffle_window if self.shuffle else None
+            spec = StreamSpec(self._batch, self.drop_last, window, self.seed)
         if self.num_workers > 0:
             setup = _Setup(
                 dataset=self.dataset,
@@ -394,14 +420,27 @@ class DataLoader:
                 worker_init_fn=self.worker_init_fn,
                 parent_pid=os.getpid(),
                 start_method=self.worker_start_method,
+                stream=spec,
             )
-            return WorkerExecutor(
+            return (StreamWorkerExecutor if spec is not None else WorkerExecutor)(
                 setup,
                 num_workers=self.num_workers,
                 prefetch_factor=self.prefetch_factor,
                 persistent=self.persistent_workers,
                 timeout=self.timeout,
                 pin_memory=self._wants_pinned(),
+            )
+        if spec is not None:
+            return StreamThreadExecutor(
+                spec,
+                self.dataset,
+                transform,
+                collate,
+                seed=self.seed,
+                num_threads=self.num_threads,
+                prefetch=self.prefetch,
+                timeout=self.timeout,
+                skip=self.on_error == "skip",
             )
         return ThreadExecutor(
             self.dataset,
@@ -449,12 +488,16 @@ class DataLoader:
     @property
     def samples_per_rank(self) -> int:
         """Samples each rank reads per pass over the data (after padding or dropping)."""
+        if self.iterable:
+            return len(self.dataset)  # TypeError without __len__, as PyTorch's
         plan = self._plan(self._epoch)
         return plan.samples if isinstance(plan, _core.ShardPlan) else plan.samples_per_rank
 
     @property
     def batches_per_pass(self) -> int:
         """Batches each rank yields per pass over the data."""
+        if self.iterable:
+            return len(self)
         plan = self._plan(self._epoch)
         return len(plan) if isinstance(plan, _core.ShardPlan) else plan.batches_per_pass
 
@@ -463,7 +506,12 @@ class DataLoader:
 
         For a sharded source resumed on another world size (see `load_state_dict`), the
         batches of this world's part of the epoch.
+
+        For an iterable dataset, as PyTorch counts: from ``len(dataset)`` (`TypeError`
+        without it); workers that each read a part may make a few more.
         """
+        if self.iterable:
+            return batches_in(self.dataset, self._batch, self.drop_last)
         return len(self._plan(self._epoch))
 
     # -- epochs and state -------------------------------------------------------------
@@ -501,9 +549,13 @@ class DataLoader:
             "drop_last": self.drop_last,
             "rank": self.rank,
             "world_size": self.world_size,
-            "dataset_len": len(self.dataset),
+            "dataset_len": len(self.dataset) if hasattr(self.dataset, "__len__") else None,
             "batches_per_epoch": self.batches_per_epoch,
         }
+        if self.iterable:
+            # Its order depends on the workers: each makes batches of its own stream.
+            state["num_workers"] = self.num_workers
+            state["shuffle_window"] = self.shuffle_window if self.shuffle else None
         if isinstance(self.dataset, ShardedSource):
             state["shard_counts"] = list(self.dataset._counts)
             state["shuffle_window"] = self.shuffle_window
@@ -533,6 +585,8 @@ class DataLoader:
             keys += ["shard_counts", "shuffle_window"]
         else:
             keys += ["rank", "world_size"]
+        if self.iterable:
+            keys += ["num_workers", "shuffle_window"]
         for key in keys:
             if state[key] != mine[key]:
                 raise ValueError(
@@ -546,7 +600,7 @@ class DataLoader:
         if self.sharded:
             self._load_shard_state(state, epoch, done)
             return
-        if done > len(self):
+        if not self.iterable and done > len(self):
             raise ValueError(
                 f"the state's batches_done={done} is past the end of an epoch of "
                 f"{len(self)} batches"
@@ -620,16 +674,22 @@ class DataLoader:
         A batch whose every sample was skipped comes out as `_EMPTY`: it still counts as
         a position, so resuming stays exact.
         """
-        plan = self._plan(epoch, start)
         expected = start
         output, device = self.output, self.device
-        groups: Iterator[Any]
-        if isinstance(plan, _core.ShardPlan):
-            assert isinstance(self.dataset, ShardedSource)
-            groups = self.dataset._groups(plan)
+        dones: Iterator[Any]
+        if isinstance(self._executor, StreamThreadExecutor | StreamWorkerExecutor):
+            # An iterable dataset: no plan; the stream is replayed up to `start`.
+            dones = self._executor.run_stream(epoch, start)
         else:
-            groups = iter(plan)
-        for done in self._executor.run(epoch, groups):
+            plan = self._plan(epoch, start)
+            groups: Iterator[Any]
+            if isinstance(plan, _core.ShardPlan):
+                assert isinstance(self.dataset, ShardedSource)
+                groups = self.dataset._groups(plan)
+            else:
+                groups = iter(plan)
+            dones = self._executor.run(epoch, groups)
+        for done in dones:
             if done.batch_no != expected:
                 raise RuntimeError(
                     f"the executor gave batch {done.batch_no} where batch {expected} was due"
@@ -650,7 +710,10 @@ class DataLoader:
     def __iter__(self) -> Iterator[Any]:
         epoch = self._epoch
         self._batches_done = self._resume_batches
-        todo = len(self) - self._resume_batches
+        # Unknown for an iterable dataset without __len__.
+        todo = None if self.iterable and not hasattr(self.dataset, "__len__") else len(self)
+        if todo is not None:
+            todo -= self._resume_batches
         bar = Progress(todo, f"epoch {epoch}") if self.progress else None
         finished = False
         self._failures = 0
@@ -663,7 +726,7 @@ class DataLoader:
                 if batch is not _EMPTY:
                     yielded += 1
                     yield batch
-            if todo > 0 and yielded == 0 and self._failures > 0:
+            if (todo is None or todo > 0) and yielded == 0 and self._failures > 0:
                 raise TooManyFailuresError(
                     f"every sample of epoch {epoch} failed ({self._failures} skipped); see "
                     "loader.stats()['skipped']"

@@ -81,7 +81,8 @@ def _is_array(x: Any) -> bool:
 class Progress:
     """A progress bar: tqdm when installed, else a one-line bar on stderr."""
 
-    def __init__(self, total: int, desc: str) -> None:
+    def __init__(self, total: int | None, desc: str) -> None:
+        """``total``: the batches to come (``None``: unknown, counted without a bar)."""
         self._n, self._total, self._desc = 0, total, desc
         self._start = time.monotonic()
         self._tqdm: Any = None
@@ -98,6 +99,11 @@ class Progress:
             self._tqdm.update(1)
             return
         rate = self._n / max(time.monotonic() - self._start, 1e-9)
+        if self._total is None:
+            print(
+                f"\r{self._desc} {self._n} {rate:.1f} batch/s", end="", file=sys.stderr, flush=True
+            )
+            return
         width = 30
         filled = width * self._n // max(self._total, 1)
         bar = "#" * filled + "-" * (width - filled)
