@@ -15,7 +15,7 @@ import logging
 import operator
 import os
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal, Protocol
 
 from . import _core
@@ -81,6 +81,22 @@ class DataLoader:
     (``images`` alone when there are no labels), uint8 NHWC unless ``collate`` is an
     `ops.collate` that says otherwise.
 
+    Iterable datasets: a source with ``__iter__`` and no ``__getitem__`` (a
+    ``torch.utils.data.IterableDataset`` too) is read as PyTorch reads it. With
+    ``num_workers=0`` it is iterated once per epoch in this process and its samples are
+    transformed on ``num_threads`` threads (the same batches whatever ``num_threads``);
+    with ``num_workers=N`` each worker iterates its own copy and makes batches of its own
+    stream (`get_worker_info` tells it which part to read: a dataset that does not split
+    is read whole by every worker), taken from the workers in turn, in PyTorch's order.
+    ``rank`` and ``world_size`` are the dataset's business too. ``shuffle=True`` needs
+    ``shuffle_window=``: samples are shuffled through a buffer of that many, seeded from
+    ``(seed, epoch)`` and the worker. A sample's index (for its random draws and in
+    `stats`) is its position in its stream, ``position * num_workers + worker`` with
+    workers: the draws depend on ``num_workers``, as in PyTorch. ``len(loader)`` comes
+    from ``len(dataset)`` (`TypeError` without it). An error of the dataset's iterator
+    ends the epoch, under ``on_error="skip"`` too. `load_state_dict` resumes by replaying
+    the epoch's stream up to where it stopped (see there).
+
     Randomness, one rule for every path: each random draw of a sample comes from
     ``(seed, epoch, the sample's dataset index)``. Native random crops and flips do; so does
     ``ferrofeed.io.decode_image(..., crop="random", flip="random")`` called without
@@ -95,7 +111,8 @@ class DataLoader:
 
     Args:
         source: a map-style dataset: ``len(ds)`` and ``ds[i]`` (a ``torch.utils.data.Dataset``
-            works unchanged, and so does a `SharedList` or a list); or images, as above.
+            works unchanged, and so does a `SharedList` or a list); an iterable dataset;
+            or images, as above.
         batch_size: samples per batch (positional, as in PyTorch); ``None``: no batching,
             each sample is handed out on its own (converted to ``output``).
         shuffle: shuffle the order every epoch.
@@ -172,7 +189,7 @@ class DataLoader:
 
     def __init__(
         self,
-        source: MapDataset | ShardedSource | str | os.PathLike[str],
+        source: MapDataset | Iterable[Any] | ShardedSource | str | os.PathLike[str],
         batch_size: int | None = 1,
         *,
         shuffle: bool = False,
@@ -287,7 +304,7 @@ class DataLoader:
             raise ValueError(f"rank {self.rank} is not in [0, world_size={self.world_size})")
         if device is not None:
             check_device(output, device)
-        self.dataset = source
+        self.dataset: Any = source
         self.batch_size = batch_size
         # Samples per batch; 1 with batch_size=None (each sample handed out on its own).
         self._batch = batch_size or 1
@@ -573,6 +590,12 @@ class DataLoader:
         the epoch then goes on with every sample its batches so far did not hold, each
         exactly once over the new world (an elastic resume). The worker and thread counts
         never matter.
+
+        An iterable dataset resumes by replaying: the epoch's stream is read again from its
+        start and its first ``batches_done`` batches are dropped (their samples are read,
+        not transformed). That costs reading them, and is exact only where the order
+        reproduces: the same ``seed``, ``shuffle_window`` and ``num_workers`` (checked),
+        and a dataset that yields the same samples in the same order again.
 
         Raises:
             ValueError: the state comes from a loader configured differently.
