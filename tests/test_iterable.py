@@ -114,6 +114,18 @@ class SlowStream:
             yield i
 
 
+class ShufflesItsParts:
+    """Shuffles its parts with Python's global `random` at the start of each pass."""
+
+    def __iter__(self) -> Iterator[int]:
+        import random
+
+        parts = list(range(8))
+        random.shuffle(parts)
+        for p in parts:
+            yield from range(p * 4, p * 4 + 4)
+
+
 class Pids:
     """(pid, i) for i in 0..n-1."""
 
@@ -439,6 +451,16 @@ def test_resume_replays_to_exactly_the_rest(workers: int, method: Any) -> None:
     rest = [(b[0].tolist(), b[1].tolist()) for b in resumed]
     assert rest == whole[5:]
     assert resumed.epoch == 1
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_an_iter_drawing_from_the_global_random_resumes(workers: int) -> None:
+    whole = flat(DataLoader(ShufflesItsParts(), 4, num_workers=workers, seed=2))
+    assert sorted(whole) == list(range(32))
+    assert whole != list(range(32))
+    loader = DataLoader(ShufflesItsParts(), 4, num_workers=workers, seed=2)
+    loader.load_state_dict({**loader.state_dict(), "batches_done": 3})
+    assert flat(loader) == whole[12:]
 
 
 def test_replayed_samples_are_read_not_transformed() -> None:

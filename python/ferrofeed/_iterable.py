@@ -120,9 +120,12 @@ class SampleStream:
 
     Worker ``worker`` of ``num_workers`` (0 of 1 on threads) numbers the samples it reads
     ``position * num_workers + worker``. Each ``next()`` of the dataset's iterator runs
-    inside that sample's scope (`sample_rng` works in ``__iter__``; with ``seed_globals``,
-    where this thread is the only one loading, the global generators are seeded for it),
-    so a replayed stream draws what the first pass drew.
+    inside that sample's scope, so `sample_rng` works in ``__iter__`` and a replayed
+    stream draws what the first pass drew. The global generators (`random`, NumPy's,
+    torch's) are seeded for the sample too: before every ``next()`` with
+    ``seed_globals`` (a worker process, where this thread is the only one loading), else
+    before the first one only (on threads: no sample is being transformed yet then), so
+    an ``__iter__`` that shuffles its files with `random` at its start reproduces.
 
     Iterating the dataset starts at the first `take`; an error of the iterator (its
     ``__iter__`` included) is raised there, and the stream ends with it.
@@ -160,7 +163,8 @@ class SampleStream:
         for position in itertools.count():
             index = position * step + self.worker
             try:
-                with sample_scope(seed, epoch, index, seed_globals=self.seed_globals):
+                globals_too = self.seed_globals or position == 0
+                with sample_scope(seed, epoch, index, seed_globals=globals_too):
                     sample = next(it)
             except StopIteration:
                 return
