@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from . import _core
 from ._collate import describe_entries
 from ._errors import PipelineError, WorkerError
-from ._iterable import StreamSpec, stream_groups
+from ._iterable import StreamPlan
 from ._pipeline import PipelineBuilder
 from ._sample import sample_scope
 from ._workers import (
@@ -502,52 +502,20 @@ class WorkerExecutor:
             pool.shutdown()
 
 
-class StreamThreadExecutor(ThreadExecutor):
-    """An iterable dataset on threads: read on the source thread, transformed on threads.
-
-    See `ferrofeed._iterable`: the groups come from one pass over the dataset, and carry
-    their samples.
-    """
-
-    def __init__(
-        self,
-        spec: StreamSpec,
-        dataset: Any,
-        transform: Callable[[Any], Any] | None,
-        collate: Callable[[list[Any]], Any],
-        *,
-        seed: int,
-        num_threads: int,
-        prefetch: int,
-        timeout: float | None,
-        skip: bool,
-    ) -> None:
-        super().__init__(
-            dataset,
-            transform,
-            collate,
-            seed=seed,
-            num_threads=num_threads,
-            prefetch=prefetch,
-            timeout=timeout,
-            skip=skip,
-        )
-        self.spec = spec
-
-    def run_stream(self, epoch: int, start: int) -> Iterator[Done]:
-        """The batches of ``epoch`` from its batch ``start`` (the ones before are replayed)."""
-        groups: Iterator[Any] = stream_groups(self.dataset, self.spec, epoch, start)
-        return self.run(epoch, groups)
-
-
 class StreamWorkerExecutor(WorkerExecutor):
     """An iterable dataset in worker processes: each iterates its own copy of it.
 
     The workers' batches are taken round-robin (see `ferrofeed._workers.stream_batches`).
     """
 
-    def run_stream(self, epoch: int, start: int) -> Iterator[Done]:
-        """The batches of ``epoch`` from its batch ``start`` (the ones before are replayed)."""
+    def run(self, epoch: int, groups: Iterator[Group]) -> Iterator[Done]:
+        """The batches of ``groups``, a `StreamPlan` (the workers make its groups).
+
+        The plan's first ``start`` batches are replayed: read by the workers, dropped.
+        """
+        if not isinstance(groups, StreamPlan):
+            raise TypeError(f"an iterable dataset's groups come from a StreamPlan, not {groups!r}")
+        start = groups.start
         return self._guarded(lambda pool: stream_batches(pool, epoch, start, self.timeout))
 
 

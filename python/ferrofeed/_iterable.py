@@ -30,7 +30,14 @@ from typing import Any
 from . import _core
 from ._sample import sample_scope
 
-__all__ = ["SampleStream", "StreamIds", "StreamSpec", "is_iterable_dataset", "stream_groups"]
+__all__ = [
+    "SampleStream",
+    "StreamIds",
+    "StreamPlan",
+    "StreamSpec",
+    "is_iterable_dataset",
+    "stream_groups",
+]
 
 # The shuffle seed of worker w is mix_seed(seed, epoch, _SHUFFLE_INDEX + w, "window"):
 # far past any window number of a sharded plan, which draws from the same stream.
@@ -218,6 +225,27 @@ class StreamIds(list[int]):
     def fetch(self, index: int) -> Any:
         """The sample of id ``index`` (one of these ids)."""
         return self._samples[index]
+
+
+class StreamPlan(Iterator[tuple[int, StreamIds]]):
+    """An iterable dataset's epoch from its batch ``start``, as the executors take it.
+
+    Iterated (on threads), its groups: `stream_groups`, one pass over the dataset, started
+    at the first ``next()``. With workers, the workers make the groups: the executor
+    reads ``epoch`` and ``start`` and never iterates it.
+    """
+
+    def __init__(self, dataset: Any, spec: StreamSpec, epoch: int, start: int) -> None:
+        self.dataset = dataset
+        self.spec = spec
+        self.epoch = epoch
+        self.start = start
+        self._groups: Iterator[tuple[int, StreamIds]] | None = None
+
+    def __next__(self) -> tuple[int, StreamIds]:
+        if self._groups is None:
+            self._groups = stream_groups(self.dataset, self.spec, self.epoch, self.start)
+        return next(self._groups)
 
 
 def stream_groups(

@@ -24,13 +24,12 @@ from ._errors import TooManyFailuresError
 from ._executors import (
     Executor,
     NativeExecutor,
-    StreamThreadExecutor,
     StreamWorkerExecutor,
     ThreadExecutor,
     WorkerExecutor,
 )
 from ._images import ImageFiles, ImageFolder
-from ._iterable import StreamSpec, batches_in, check_arguments, is_iterable_dataset
+from ._iterable import StreamPlan, StreamSpec, batches_in, check_arguments, is_iterable_dataset
 from ._output import Output, Progress, check_device, convert, default_rank_and_world
 from ._shards import ShardedSource
 from ._workers import _Setup
@@ -422,11 +421,8 @@ class DataLoader:
         assert not isinstance(collate, _core.NativeOp)
         transform = self.transform
         assert not isinstance(transform, _core.NativeOp)
-        spec = None
-        if self.iterable:
-            window = self.shuffle_window if self.shuffle else None
-            spec = StreamSpec(self._batch, self.drop_last, window, self.seed)
         if self.num_workers > 0:
+            spec = self._stream_spec() if self.iterable else None
             setup = _Setup(
                 dataset=self.dataset,
                 transform=transform,
@@ -447,18 +443,7 @@ class DataLoader:
                 timeout=self.timeout,
                 pin_memory=self._wants_pinned(),
             )
-        if spec is not None:
-            return StreamThreadExecutor(
-                spec,
-                self.dataset,
-                transform,
-                collate,
-                seed=self.seed,
-                num_threads=self.num_threads,
-                prefetch=self.prefetch,
-                timeout=self.timeout,
-                skip=self.on_error == "skip",
-            )
+        # (An iterable dataset's groups carry their samples: threads run them as any.)
         return ThreadExecutor(
             self.dataset,
             transform,
@@ -469,6 +454,11 @@ class DataLoader:
             timeout=self.timeout,
             skip=self.on_error == "skip",
         )
+
+    def _stream_spec(self) -> StreamSpec:
+        """How an iterable dataset's stream becomes batches."""
+        window = self.shuffle_window if self.shuffle else None
+        return StreamSpec(self._batch, self.drop_last, window, self.seed)
 
     def _plan(self, epoch: int, start: int = 0) -> _core.EpochPlan | _core.ShardPlan:
         """The core's plan of ``epoch`` for this rank, from its batch ``start``."""
@@ -697,22 +687,21 @@ class DataLoader:
         A batch whose every sample was skipped comes out as `_EMPTY`: it still counts as
         a position, so resuming stays exact.
         """
-        expected = start
-        output, device = self.output, self.device
-        dones: Iterator[Any]
-        if isinstance(self._executor, StreamThreadExecutor | StreamWorkerExecutor):
-            # An iterable dataset: no plan; the stream is replayed up to `start`.
-            dones = self._executor.run_stream(epoch, start)
+        plan: _core.EpochPlan | _core.ShardPlan | StreamPlan
+        if self.iterable:
+            # A pass over the dataset, replayed up to `start`.
+            plan = StreamPlan(self.dataset, self._stream_spec(), epoch, start)
         else:
             plan = self._plan(epoch, start)
-            groups: Iterator[Any]
-            if isinstance(plan, _core.ShardPlan):
-                assert isinstance(self.dataset, ShardedSource)
-                groups = self.dataset._groups(plan)
-            else:
-                groups = iter(plan)
-            dones = self._executor.run(epoch, groups)
-        for done in dones:
+        expected = start
+        output, device = self.output, self.device
+        groups: Iterator[Any]
+        if isinstance(plan, _core.ShardPlan):
+            assert isinstance(self.dataset, ShardedSource)
+            groups = self.dataset._groups(plan)
+        else:
+            groups = iter(plan)
+        for done in self._executor.run(epoch, groups):
             if done.batch_no != expected:
                 raise RuntimeError(
                     f"the executor gave batch {done.batch_no} where batch {expected} was due"
