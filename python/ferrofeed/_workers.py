@@ -7,7 +7,10 @@ processes run ``dataset[i]``, the transform and the collate. What crosses betwee
   pickled once under spawn and forkserver; a `SharedList` pickles to its path, so every
   worker maps the same arena pages);
 * per batch, main to worker: a task (a batch number, the epoch, the sample indices and a
-  slot number), a few hundred bytes;
+  slot number), a few hundred bytes; for an iterable dataset, "begin" once per epoch (the
+  worker starts a new pass over its copy of the dataset) and then "next" tasks (the next
+  batch of that pass; the reply names the samples' ids), taken round-robin by
+  `stream_batches`;
 * per batch, worker to main: a small header (the batch's structure: containers, dtypes,
   shapes and offsets). The arrays themselves are written by the worker's collate straight
   into a *slot*, an anonymous shared memory file (memfd) that the main process maps once
@@ -386,14 +389,15 @@ def _run_stream_task(
     ids = [i for i, _ in items]
     if replay:
         return ("empty", task_id, []), ids
+    if setup.transform is None:
+        return _collate_reply(setup, task_id, [s for _, s in items], ids, [], slot, size_hint), ids
     samples = []
     kept: list[int] = []
     skipped: list[tuple[int, str]] = []
     for i, sample in items:
         try:
             with sample_scope(setup.seed, stream.epoch, i, seed_globals=True):
-                if setup.transform is not None:
-                    sample = setup.transform(sample)
+                sample = setup.transform(sample)
         except Exception as e:
             if not setup.skip:
                 return ("error", task_id, i, "load", *_exception_payload(e)), ids
