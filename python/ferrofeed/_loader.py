@@ -163,6 +163,8 @@ class DataLoader:
             (a worker's start gets ``max(timeout, 60)`` s): `WorkerTimeoutError`, under
             either ``on_error`` (the worker holding it is stuck). On the native image
             chain, one batch's decode: `TimeoutError`.
+        shuffle_window: the samples held for shuffling a sharded source (default 2048)
+            or an iterable dataset (needed there with ``shuffle=True``).
 
     Ctrl-C while iterating raises `KeyboardInterrupt` within about 0.25 s. Before it
     reaches you, the worker processes are ended (terminated if busy), and on threads every
