@@ -7,6 +7,7 @@ import itertools
 import json
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +18,14 @@ import numpy as np
 import pytest
 import torch
 from conftest import wait_gone
-from ferrofeed import DataLoader, WorkerDiedError, WorkerTimeoutError, get_worker_info, ops
+from ferrofeed import (
+    DataLoader,
+    TooManyFailuresError,
+    WorkerDiedError,
+    WorkerTimeoutError,
+    get_worker_info,
+    ops,
+)
 from ferrofeed._iterable import SampleStream, StreamSpec, is_iterable_dataset
 
 # JAX (imported by other test modules of the session) warns at every fork; the tests that
@@ -370,6 +378,44 @@ def test_a_failing_sample_is_skipped(workers: int) -> None:
     assert "seven is bad" in skipped[0][1]
     # The id: the position in the stream (with workers, position * num_workers + worker).
     assert skipped[0][0] == 7
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_max_failures_counts_skipped_samples(workers: int) -> None:
+    loader = DataLoader(
+        Split(40), 4, transform=odd_fails, on_error="skip", max_failures=3, num_workers=workers
+    )
+    with pytest.raises(TooManyFailuresError, match="max_failures=3"):
+        list(loader)
+    # Every sample failing raises too, for a dataset of unknown length.
+    with pytest.raises(TooManyFailuresError, match="every sample"):
+        list(DataLoader(Whole(3), 2, transform=fails_on_7_or_less, on_error="skip"))
+
+
+def odd_fails(x: int) -> int:
+    if x % 2:
+        raise ValueError("odd")
+    return x
+
+
+def fails_on_7_or_less(x: int) -> int:
+    if x <= 7:
+        raise ValueError("small")
+    return x
+
+
+def test_threads_read_the_dataset_on_one_thread_not_the_callers() -> None:
+    threads: set[str] = set()
+
+    class Where:
+        def __iter__(self) -> Iterator[int]:
+            for i in range(50):
+                threads.add(threading.current_thread().name)
+                yield i
+
+    assert flat(DataLoader(Where(), 4, num_threads=4)) == list(range(50))
+    assert len(threads) == 1
+    assert threading.current_thread().name not in threads
 
 
 @pytest.mark.parametrize("workers", [0, 2])
