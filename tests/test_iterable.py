@@ -40,13 +40,16 @@ METHODS = ["fork", "spawn"]
 
 
 class Split(torch.utils.data.IterableDataset[int]):
-    """0..n-1, each worker reading its part (every num_workers-th), as PyTorch's docs show."""
+    """0..n-1, each worker reading its part (every num_workers-th), as PyTorch's docs show.
+
+    It asks torch's get_worker_info(), as a dataset written for PyTorch does.
+    """
 
     def __init__(self, n: int) -> None:
         self.n = n
 
     def __iter__(self) -> Iterator[int]:
-        info = torch.utils.data.get_worker_info() or get_worker_info()
+        info = torch.utils.data.get_worker_info()
         wid, count = (info.id, info.num_workers) if info is not None else (0, 1)
         return iter(range(wid, self.n, count))
 
@@ -58,7 +61,8 @@ class Blocks(torch.utils.data.IterableDataset[int]):
         self.n = n
 
     def __iter__(self) -> Iterator[int]:
-        info = torch.utils.data.get_worker_info() or get_worker_info()
+        # ferrofeed's (torch's in torch's workers, for the comparison with its loader)
+        info = get_worker_info() or torch.utils.data.get_worker_info()
         wid, count = (info.id, info.num_workers) if info is not None else (0, 1)
         per = -(-self.n // count)
         return iter(range(wid * per, min(self.n, (wid + 1) * per)))

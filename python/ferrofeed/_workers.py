@@ -97,6 +97,10 @@ _WORKER_INFO: WorkerInfo | None = None
 def get_worker_info() -> WorkerInfo | None:
     """Return this worker's `WorkerInfo` in a `DataLoader` worker process, else ``None``.
 
+    In a worker, ``torch.utils.data.get_worker_info()`` answers the same (id,
+    num_workers, seed, dataset), so a torch ``IterableDataset`` that splits its work by it
+    works unchanged.
+
     Example:
         >>> import ferrofeed
         >>> ferrofeed.get_worker_info() is None  # the main process
@@ -283,6 +287,7 @@ def _worker_main(setup: _Setup, conn: multiprocessing.connection.Connection, wid
     try:
         for name in setup.seeded_modules:
             importlib.import_module(name)
+        _tell_torch(_WORKER_INFO)
         seed_generators(worker_seed)
         if setup.worker_init_fn is not None:
             setup.worker_init_fn(wid)
@@ -306,6 +311,7 @@ def _worker_main(setup: _Setup, conn: multiprocessing.connection.Connection, wid
             continue
         if msg[0] == "begin":
             assert setup.stream is not None
+            _tell_torch(_WORKER_INFO)  # torch may have been imported since the start
             stream = SampleStream(
                 setup.dataset,
                 setup.stream,
@@ -334,6 +340,24 @@ def _worker_main(setup: _Setup, conn: multiprocessing.connection.Connection, wid
             return
         except Exception as e:  # the header does not pickle
             conn.send(("error", task_id, None, "collate", *_exception_payload(e), *tail))
+
+
+def _tell_torch(info: WorkerInfo) -> None:
+    """Have ``torch.utils.data.get_worker_info()`` answer as `get_worker_info` does.
+
+    A torch ``IterableDataset`` splits its work by torch's ``get_worker_info()``, which
+    reads a module global that only torch's own workers set: it is set here, in a
+    `DataLoader` worker, when torch is imported (its dataclass takes the same fields).
+    """
+    worker = sys.modules.get("torch.utils.data._utils.worker")
+    if worker is None:
+        return
+    try:
+        worker._worker_info = worker.WorkerInfo(  # type: ignore[attr-defined]
+            id=info.id, num_workers=info.num_workers, seed=info.seed, dataset=info.dataset
+        )
+    except Exception as e:  # another torch's layout: its get_worker_info() stays None
+        _log.debug("torch.utils.data.get_worker_info() not set in the worker: %r", e)
 
 
 def _run_task(
