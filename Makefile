@@ -156,7 +156,7 @@ test: install-test test-rust test-python ## Install what the tests need, then ru
 # --- reliability: fuzzing and sanitizers (nightly toolchain; see RELIABILITY.md) ---
 NIGHTLY ?= +nightly
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS := arena decode
+FUZZ_TARGETS := arena decode shards
 HOST_TRIPLE = $(shell rustc -vV | sed -n 's/^host: //p')
 
 .PHONY: fuzz-deps
@@ -233,14 +233,14 @@ COMPARE_ARGS ?=
 PYTHON313 ?=
 PY313_VENV := .venv-py313
 COMPARE_PEERS := "torch>=2.3" "pillow>=10" "scikit-image>=0.22" "matplotlib>=3.8" "tqdm>=4.60" \
-	"spdl==0.8.0"
+	"spdl==0.8.0" "pyarrow>=15" "webdataset>=0.2.100" "datasets>=3"
 # torchvision (decode_jpeg + transforms.v2) must be a release built for the torch installed
 # above: `compare.py --torchvision-requirement` names the range for it (0.(m+15) for torch 2.m;
 # the stable-ABI 0.29+ for torch 2.14 on). It is installed with --no-deps: its requirement on
 # torch would otherwise let pip swap the installed torch (a CUDA or local build) for another.
 
 .PHONY: compare-deps
-compare-deps: install bench-deps ## Install the compared loaders (PyTorch, Pillow, torchvision, SPDL 0.8, datago, dataloader-rs where they install)
+compare-deps: install bench-deps ## Install the compared loaders (PyTorch, Pillow, torchvision, SPDL 0.8, webdataset, HF datasets, datago, dataloader-rs where they install)
 	$(PIP) install -q $(COMPARE_PEERS)
 	@req=$$($(PY) benches/compare.py --torchvision-requirement) \
 		&& $(PIP) install -q --no-deps "$$req" \
@@ -269,6 +269,10 @@ compare: compare-deps ## Every loader side by side: JSON, tables and plots in be
 		py313="--py313=$(abspath $(PY313_VENV))/bin/python"; \
 	fi; \
 	$(PY) benches/compare.py $$py313 $(COMPARE_ARGS)
+
+.PHONY: compare-shards
+compare-shards: compare-deps ## The shards job alone (tar and Parquet: ferrofeed, webdataset, HF datasets): benches/results/shards_compare.*
+	$(PY) benches/compare.py --jobs shards --name shards_compare $(COMPARE_ARGS)
 
 .PHONY: bench-workers
 bench-workers: install-test ## Python transforms in worker processes against PyTorch's DataLoader (benches/loader_workers.py)

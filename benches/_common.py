@@ -10,6 +10,7 @@ that a child interpreter measuring one loader holds only what that loader needs.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import math
 import os
@@ -18,6 +19,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -184,6 +186,66 @@ def make_jpegs(
             for k, name in ((2, "4:2:0"), (1, "4:2:2"), (0, "4:4:4"))
         }
     return [(p.path, p.label) for p in plans], info
+
+
+def pack_tar_shards(files: list[tuple[str, int]], root: str, per_shard: int) -> list[str]:
+    """Pack ``files`` (path, label), in order, as WebDataset tar shards of ``per_shard`` samples.
+
+    Sample ``i`` is ``{i:06d}.jpg`` (the file's bytes) and ``{i:06d}.cls`` (its label as
+    text), as webdataset's writers store them; shard ``k`` is ``root/train-{k:06d}.tar``.
+    Written with Python's ``tarfile`` (POSIX ustar headers).
+    """
+    os.makedirs(root, exist_ok=True)
+    paths = []
+    for k, start in enumerate(range(0, len(files), per_shard)):
+        path = os.path.join(root, f"train-{k:06d}.tar")
+        with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+            for i, (src, label) in enumerate(files[start : start + per_shard], start):
+                tar.add(src, arcname=f"{i:06d}.jpg")
+                info = tarfile.TarInfo(f"{i:06d}.cls")
+                text = str(label).encode()
+                info.size = len(text)
+                tar.addfile(info, io.BytesIO(text))
+        paths.append(path)
+    return paths
+
+
+# The Hugging Face features of `pack_parquet_shards`' files, in the schema metadata where
+# `datasets` writes and reads them: an ``Image`` column and an int64 label.
+HF_FEATURES = {"image": {"_type": "Image"}, "label": {"dtype": "int64", "_type": "Value"}}
+
+
+def pack_parquet_shards(
+    files: list[tuple[str, int]], root: str, per_shard: int, row_group: int = 100
+) -> list[str]:
+    """Pack ``files`` as Parquet shards in the Hugging Face image layout (needs pyarrow).
+
+    Columns: ``image``, a struct of the file's ``bytes`` and its ``path`` (the base name),
+    and ``label`` (int64); ``per_shard`` rows a file (``root/train-{k:05d}.parquet``),
+    ``row_group`` rows a row group (100: what `datasets` writes for image datasets), the
+    features in the schema's ``huggingface`` metadata, so that `datasets` reads the column
+    as an ``Image`` feature.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    os.makedirs(root, exist_ok=True)
+    schema = pa.schema(
+        [
+            ("image", pa.struct([("bytes", pa.binary()), ("path", pa.string())])),
+            ("label", pa.int64()),
+        ],
+        metadata={"huggingface": json.dumps({"info": {"features": HF_FEATURES}})},
+    )
+    paths = []
+    for k, start in enumerate(range(0, len(files), per_shard)):
+        part = files[start : start + per_shard]
+        images = [{"bytes": Path(p).read_bytes(), "path": os.path.basename(p)} for p, _ in part]
+        table = pa.table({"image": images, "label": [label for _, label in part]}, schema=schema)
+        path = os.path.join(root, f"train-{k:05d}.parquet")
+        pq.write_table(table, path, row_group_size=row_group)
+        paths.append(path)
+    return paths
 
 
 # --- the transforms (module level: the same code in every loader and worker) ------------------

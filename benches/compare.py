@@ -89,6 +89,8 @@ from _common import (
     make_jpegs,
     med_range,
     native_op,
+    pack_parquet_shards,
+    pack_tar_shards,
     rrc_params,
     run_fresh,
     shutdown_workers,
@@ -101,10 +103,14 @@ DEFAULT_OUT = REPO_ROOT / "benches" / "results"
 QUICK_OUT = REPO_ROOT / "bench-results" / "compare-quick"
 BATCH = 32
 MIB = 1 << 20
-JOBS = ("exact", "train")
+# The jobs over image files, and the training job over the same images packed as shards.
+FOLDER_JOBS = ("exact", "train")
+JOBS = (*FOLDER_JOBS, "shards")
 JOB_TITLES = {
     "exact": "exact 224 (shorter side 256, center crop 224)",
     "train": "training (RandomResizedCrop 224 + random flip)",
+    "shards": "training (RandomResizedCrop 224 + random flip) from shards: WebDataset tar "
+    "and Hugging Face Parquet",
 }
 
 
@@ -114,9 +120,10 @@ class Loader:
 
     key: str
     label: str
-    family: str  # pytorch | torchvision | spdl | ferrofeed | dataloader-rs | datago
+    # pytorch | torchvision | spdl | ferrofeed | dataloader-rs | datago | webdataset | hf
+    family: str
     workers: int  # worker processes, or threads
-    jobs: tuple[str, ...] = JOBS
+    jobs: tuple[str, ...] = FOLDER_JOBS
     module: str = ""  # what must import for it to run ("" : nothing beyond this script's)
     probe: str = ""  # code that must run for it to run (default: import module)
     python: str = "main"  # "main": this interpreter; "py313": --py313
@@ -171,6 +178,62 @@ LOADERS = [
     ),
     Loader("datago", "datago decode + Pillow crop", "datago", 2, module="datago"),
     Loader("ferrofeed-native", "ferrofeed native chain, 2 threads", "ferrofeed", 2),
+    # The shards job: the same images as tar and Parquet shards (see `SHARDS_DOC`).
+    Loader(
+        "ferrofeed-folder",
+        "ferrofeed native chain over the image files, 2 threads",
+        "ferrofeed",
+        2,
+        jobs=("shards",),
+    ),
+    Loader(
+        "ferrofeed-tar",
+        "ferrofeed native chain over tar shards (TarShards), 2 threads",
+        "ferrofeed",
+        2,
+        jobs=("shards",),
+    ),
+    Loader(
+        "ferrofeed-parquet",
+        "ferrofeed native chain over Parquet shards (ParquetShards), 2 threads",
+        "ferrofeed",
+        2,
+        jobs=("shards",),
+        module="pyarrow",  # what writes the Parquet shards
+    ),
+    *(
+        Loader(
+            f"webdataset-w{w}",
+            f"webdataset + PyTorch DataLoader + Pillow, {w} workers",
+            "webdataset",
+            w,
+            jobs=("shards",),
+            module="webdataset",
+        )
+        for w in (2, 4)
+    ),
+    *(
+        Loader(
+            f"hf-w{w}",
+            f"HF datasets (Parquet, map-style) + PyTorch DataLoader + Pillow, {w} workers",
+            "hf",
+            w,
+            jobs=("shards",),
+            module="datasets",
+        )
+        for w in (2, 4)
+    ),
+    *(
+        Loader(
+            f"hf-stream-w{w}",
+            f"HF datasets streaming (IterableDataset) + PyTorch DataLoader + Pillow, {w} workers",
+            "hf",
+            w,
+            jobs=("shards",),
+            module="datasets",
+        )
+        for w in (2, 4)
+    ),
     Loader(
         "ferrofeed-native-flip",
         "ferrofeed decode per sample (io.decode_image, flip drawn in Python), 2 threads",
@@ -184,10 +247,15 @@ LOADERS = [
 ]
 BY_KEY = {lo.key: lo for lo in LOADERS}
 # The ferrofeed configuration each headline ratio is quoted for, per job.
-HEADLINE = {"exact": "ferrofeed-native", "train": "ferrofeed-native"}
-# Peers compared with each other round by round (besides ferrofeed with each peer): the
-# torchvision loader against the Pillow one with as many workers.
-PEER_PAIRS = [(f"torchvision-w{w}", f"pytorch-w{w}") for w in (2, 4)]
+HEADLINE = {"exact": "ferrofeed-native", "train": "ferrofeed-native", "shards": "ferrofeed-tar"}
+# Pairs compared round by round (besides ferrofeed with each peer): the torchvision loader
+# against the Pillow one with as many workers; ferrofeed's shard sources against its
+# image-folder path (the issue's "no more CPU per image than the image-folder path").
+PEER_PAIRS = [
+    *((f"torchvision-w{w}", f"pytorch-w{w}") for w in (2, 4)),
+    ("ferrofeed-tar", "ferrofeed-folder"),
+    ("ferrofeed-parquet", "ferrofeed-folder"),
+]
 
 
 def torchvision_requirement(torch_version: str) -> str:
@@ -393,6 +461,90 @@ def datago_epochs(root: str, files: list[tuple[str, int]], job: str) -> Any:
     return epochs()
 
 
+def torch_loader(dataset: Any, workers: int, seed: int, *, shuffle: bool = True) -> Any:
+    """PyTorch's DataLoader as every PyTorch-based loader here runs it: batches of 32,
+    ``workers`` persistent worker processes started by fork (PyTorch's default on Linux),
+    the shuffle (of a map-style dataset) seeded by ``seed``."""
+    import torch
+
+    # 4 workers on 2 CPUs is one of the configurations measured, on purpose.
+    warnings.filterwarnings("ignore", "This DataLoader will create", UserWarning)
+    return torch.utils.data.DataLoader(
+        dataset,
+        batch_size=BATCH,
+        shuffle=shuffle,
+        num_workers=workers,
+        persistent_workers=workers > 0,
+        generator=torch.Generator().manual_seed(seed),
+        multiprocessing_context="fork" if workers > 0 else None,
+    )
+
+
+def webdataset_loader(spec: dict[str, Any], workers: int, seed: int) -> Any:
+    """webdataset's usual pipeline over the tar shards, in PyTorch's DataLoader.
+
+    ``WebDataset(urls, shardshuffle=<shards>, seed=seed)`` (each worker reads its own
+    shards: webdataset's ``split_by_worker``, the shard order shuffled), ``.shuffle(window)``
+    (a buffer of samples in each worker, before the decode: bytes), ``.decode("pil")``
+    (Pillow, RGB), ``.to_tuple("jpg", "cls")`` and the training transform with Pillow as the
+    other Pillow loaders run it; PyTorch's DataLoader batches by 32 in each worker.
+    """
+    import webdataset as wds
+
+    train = PillowTrain([])
+    shards = spec["shards"]
+    dataset = (
+        wds.WebDataset(shards["tar"], shardshuffle=len(shards["tar"]), seed=seed)
+        .shuffle(shards["window"])
+        .decode("pil")
+        .to_tuple("jpg", "cls")
+        .map_tuple(train.apply, int)
+    )
+    return torch_loader(dataset, workers, seed, shuffle=False)
+
+
+def hf_loader(spec: dict[str, Any], workers: int, seed: int, *, streaming: bool) -> Any:
+    """Hugging Face ``datasets`` over the Parquet shards, in PyTorch's DataLoader.
+
+    Map-style (``streaming=False``): ``load_dataset("parquet", data_files=...)``, whose
+    Arrow cache the parent prepared once (as a first ``load_dataset`` does: later runs
+    memory-map it), ``set_transform`` running the Pillow training transform on the decoded
+    ``Image`` column of each batch of rows that PyTorch's shuffled sampler asks for
+    (``__getitems__``). Streaming: ``load_dataset(..., streaming=True)``, an
+    ``IterableDataset`` that reads the Parquet files themselves, each worker its own
+    shards, ``.shuffle(seed=seed, buffer_size=window)`` and ``.map`` with the same
+    transform on each decoded sample. Batches are dicts of ``image`` and ``label``.
+    """
+    import datasets
+
+    train = PillowTrain([])
+    shards = spec["shards"]
+    if streaming:
+        stream = datasets.load_dataset(
+            "parquet", data_files=shards["parquet"], split="train", streaming=True
+        ).shuffle(seed=seed, buffer_size=shards["window"])
+        return torch_loader(
+            stream.map(
+                lambda s: {"image": train.apply(s["image"].convert("RGB")), "label": s["label"]}
+            ),
+            workers,
+            seed,
+            shuffle=False,
+        )
+
+    def transform(rows: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        return {
+            "image": [train.apply(im.convert("RGB")) for im in rows["image"]],
+            "label": rows["label"],
+        }
+
+    table = datasets.load_dataset(
+        "parquet", data_files=shards["parquet"], split="train", cache_dir=shards["hf_cache"]
+    )
+    table.set_transform(transform)
+    return torch_loader(table, workers, seed)
+
+
 def build(lo: Loader, job: str, spec: dict[str, Any]) -> Iterator[Iterable[Any]]:
     """Build loader ``lo`` for ``job``; return an iterator of epochs (each an iterable)."""
     files = [(p, int(label)) for p, label in spec["files"]]
@@ -407,24 +559,14 @@ def build(lo: Loader, job: str, spec: dict[str, Any]) -> Iterator[Iterable[Any]]
             shutdown_workers(loader)
 
     if lo.family in ("pytorch", "torchvision"):
-        import torch
-
         dataset = pillow if lo.family == "pytorch" else TorchvisionJob(files, job)
         # torchvision 0.29 deprecates its image decoders (for TorchCodec's) at every call.
         warnings.filterwarnings("ignore", "The image decoding and encoding", DeprecationWarning)
-        # 4 workers on 2 CPUs is one of the configurations measured, on purpose.
-        warnings.filterwarnings("ignore", "This DataLoader will create", UserWarning)
-        return forever(
-            torch.utils.data.DataLoader(
-                dataset,  # type: ignore[arg-type]  # map-style, duck-typed
-                batch_size=BATCH,
-                shuffle=True,
-                num_workers=w,
-                persistent_workers=w > 0,
-                generator=torch.Generator().manual_seed(seed),
-                multiprocessing_context="fork" if w > 0 else None,
-            )
-        )
+        return forever(torch_loader(dataset, w, seed))
+    if lo.family == "webdataset":
+        return forever(webdataset_loader(spec, w, seed))
+    if lo.family == "hf":
+        return forever(hf_loader(spec, w, seed, streaming=lo.key.startswith("hf-stream")))
     if lo.family == "spdl":
         return spdl_epochs(files, job, w, seed)
     if lo.family == "datago":
@@ -454,10 +596,27 @@ def build(lo: Loader, job: str, spec: dict[str, Any]) -> Iterator[Iterable[Any]]
         )
     import ferrofeed
 
-    if lo.key == "ferrofeed-native":
-        op = native_op(job)
+    if lo.key in ("ferrofeed-native", "ferrofeed-folder"):
+        op = native_op("exact" if job == "exact" else "train")
         return forever(
             ferrofeed.DataLoader(files, BATCH, shuffle=True, seed=seed, transform=op, num_threads=w)
+        )
+    if lo.key in ("ferrofeed-tar", "ferrofeed-parquet"):
+        tar, shards = lo.key == "ferrofeed-tar", spec["shards"]
+        return forever(
+            ferrofeed.DataLoader(
+                ferrofeed.TarShards(shards["tar"])
+                if tar
+                else ferrofeed.ParquetShards(shards["parquet"]),
+                BATCH,
+                shuffle=True,
+                seed=seed,
+                shuffle_window=shards["window"],
+                transform=native_op("train"),
+                image="jpg" if tar else "image",
+                label="cls" if tar else "label",
+                num_threads=w,
+            )
         )
     if lo.key == "ferrofeed-native-flip":
         return forever(
@@ -481,7 +640,10 @@ def build(lo: Loader, job: str, spec: dict[str, Any]) -> Iterator[Iterable[Any]]
 
 
 def batch_images(batch: Any) -> Any:
-    """The images of a batch: ``(images, labels)`` from every loader here."""
+    """The images of a batch: ``(images, labels)``, or ``{"image": ..., "label": ...}``
+    from Hugging Face ``datasets``."""
+    if isinstance(batch, dict):
+        return batch["image"]
     images, _labels = batch
     return images
 
@@ -501,6 +663,13 @@ def child_main(spec: dict[str, Any]) -> dict[str, Any]:
     if lo.family == "torchvision":
         import torchvision.io
         import torchvision.transforms.v2  # noqa: F401
+    if lo.family in ("webdataset", "hf"):
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")  # local files: nothing to look up
+        importlib.import_module(lo.module)
+    if lo.family == "hf":
+        import datasets
+
+        datasets.disable_progress_bars()
     gc.collect()
     n, me = len(spec["files"]), os.getpid()
     pss_before = tree_pss(me)
@@ -702,6 +871,15 @@ def ratios(runs: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
                         [b["peak_pss_added"] / a["peak_pss_added"] for a, b in per]
                     ),
                 }
+            # Against the fastest peer of each round (which may differ round to round).
+            rounds = min([len(by_loader[f])] + [len(by_loader[p]) for p in peers])
+            if peers and rounds:
+                best = [max(by_loader[p][i]["images_per_s"] for p in peers) for i in range(rounds)]
+                out[job][f"{f} vs the best peer"] = {
+                    "throughput": med_range(
+                        [by_loader[f][i]["images_per_s"] / best[i] for i in range(rounds)]
+                    )
+                }
     return out
 
 
@@ -787,11 +965,20 @@ def markdown(results: dict[str, Any]) -> str:
                     f"| {_ratio(r['pss_added_less'])} |"
                 )
             lines.append("")
+            bests = [
+                (k, table[f"{k} vs the best peer"]["throughput"])
+                for k in summary
+                if BY_KEY[k].ferrofeed and f"{k} vs the best peer" in table
+            ]
+            if bests:
+                lines += ["Images/s against the fastest peer of each round:", ""]
+                lines += [f"- {BY_KEY[k].label}: {_ratio(r)}" for k, r in bests]
+                lines.append("")
         pairs = results.get("peer_ratios", {}).get(job, {})
         if pairs:
             lines += [
-                "Peers against each other, from the same rounds (per round, then median and "
-                "range; above 1 is better for the first):",
+                "Pairs from the same rounds (per round, then median and range; above 1 is "
+                "better for the first):",
                 "",
                 "| loader | against | images/s | less CPU per image |",
                 "|---|---|---:|---:|",
@@ -864,8 +1051,62 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def plots(results: dict[str, Any], out_dir: Path) -> list[Path]:
-    """PNG plots: images/s and CPU per image per loader and job; PSS over time (RAM job)."""
+PLOT_METRICS = [
+    ("images_per_s", 1.0, "images/s (higher is better)", "throughput"),
+    ("cpu_s_per_1000", 1.0, "CPU s per 1000 images, whole process tree (lower is better)", "cpu"),
+    ("peak_pss_added", 1 / MIB, "peak PSS added by the loader, MiB (lower is better)", "pss"),
+]
+JOB_COLORS = {"exact": "#1b9e77", "train": "#d95f02", "shards": "#7570b3"}
+
+
+def _bars(
+    ax: Any, summary: dict[str, Any], jobs: list[str], keys: list[str], metric: str, scale: float
+) -> None:
+    """One horizontal bar per (loader, job) of ``metric``: the median, min-max whiskers."""
+    height = 0.8 / max(len(jobs), 1)
+    top = 0.0
+    for n, job in enumerate(jobs):
+        ys, med, lo, hi = [], [], [], []
+        for y, key in enumerate(keys):
+            if key not in summary[job]:
+                continue
+            stat = summary[job][key][metric]
+            ys.append(y + ((len(jobs) - 1) / 2 - n) * height)
+            med.append(stat["median"] * scale)
+            lo.append((stat["median"] - stat["min"]) * scale)
+            hi.append((stat["max"] - stat["median"]) * scale)
+        ax.barh(
+            ys,
+            med,
+            height,
+            xerr=[lo, hi],
+            color=JOB_COLORS[job],
+            capsize=2,
+            error_kw={"lw": 0.8},
+            label=JOB_TITLES[job],
+        )
+        for y, m, h in zip(ys, med, hi, strict=True):
+            ax.text(m + h, y, f" {m:,.0f}" if m >= 10 else f" {m:.2f}", va="center", fontsize=7)
+            top = max(top, m + h)
+    ax.set_xlim(0, top * 1.15)
+    ax.grid(axis="x", alpha=0.3)
+
+
+def _loader_ticks(ax: Any, keys: list[str]) -> None:
+    ax.set_yticks(range(len(keys)), [BY_KEY[k].label for k in keys], fontsize=8)
+    for tick, key in zip(ax.get_yticklabels(), keys, strict=True):
+        if BY_KEY[key].ferrofeed:
+            tick.set_fontweight("bold")
+
+
+def plots(results: dict[str, Any], out_dir: Path, stem: str = "compare") -> list[Path]:
+    """PNG plots of images/s, CPU per image and memory per loader and job; PSS over time
+    (RAM job).
+
+    Several jobs: one plot per metric, a bar per job (``{stem}_throughput.png``,
+    ``{stem}_cpu.png``, ``{stem}_pss.png``). One job (e.g. ``--jobs shards``): one plot,
+    ``{stem}.png``, with the three metrics side by side.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -875,56 +1116,34 @@ def plots(results: dict[str, Any], out_dir: Path) -> list[Path]:
     summary = results["summary"]
     jobs = [j for j in JOBS if j in summary]
     keys = [lo.key for lo in LOADERS if any(lo.key in summary[j] for j in jobs)][::-1]
-    metrics = [
-        ("images_per_s", 1.0, "images/s (higher is better)", "throughput"),
-        (
-            "cpu_s_per_1000",
-            1.0,
-            "CPU s per 1000 images, whole process tree (lower is better)",
-            "cpu",
-        ),
-        ("peak_pss_added", 1 / MIB, "peak PSS added by the loader, MiB (lower is better)", "pss"),
-    ]
-    colors = {"exact": "#1b9e77", "train": "#d95f02"}
-    height = 0.8 / max(len(jobs), 1)
-    for metric, scale, xlabel, name in metrics if keys else []:
-        fig, ax = plt.subplots(figsize=(8.5, 0.5 * len(keys) + 1.5))
-        top = 0.0
-        for n, job in enumerate(jobs):
-            ys, med, lo, hi = [], [], [], []
-            for y, key in enumerate(keys):
-                if key not in summary[job]:
-                    continue
-                stat = summary[job][key][metric]
-                ys.append(y + ((len(jobs) - 1) / 2 - n) * height)
-                med.append(stat["median"] * scale)
-                lo.append((stat["median"] - stat["min"]) * scale)
-                hi.append((stat["max"] - stat["median"]) * scale)
-            ax.barh(
-                ys,
-                med,
-                height,
-                xerr=[lo, hi],
-                color=colors[job],
-                capsize=2,
-                error_kw={"lw": 0.8},
-                label=JOB_TITLES[job],
-            )
-            for y, m, h in zip(ys, med, hi, strict=True):
-                ax.text(m + h, y, f" {m:,.0f}" if m >= 10 else f" {m:.2f}", va="center", fontsize=7)
-                top = max(top, m + h)
-        ax.set_xlim(0, top * 1.12)
-        ax.set_yticks(range(len(keys)), [BY_KEY[k].label for k in keys], fontsize=8)
-        for tick, key in zip(ax.get_yticklabels(), keys, strict=True):
-            if BY_KEY[key].ferrofeed:
-                tick.set_fontweight("bold")
-        ax.set_xlabel(f"{xlabel}; median of the rounds, bars: min-max", fontsize=8)
-        ax.grid(axis="x", alpha=0.3)
-        ax.legend(fontsize=8, loc="lower right")
-        # The machine (its CPU first) on a line of its own, so that it is never cut off.
-        ax.set_title(results["title"].replace("; ", "\n", 1), fontsize=8)
+    # The machine (its CPU first) on a line of its own, so that it is never cut off.
+    title = results["title"].replace("; ", "\n", 1)
+    if len(jobs) == 1 and keys:
+        fig, axes = plt.subplots(
+            1, len(PLOT_METRICS), figsize=(15, 0.45 * len(keys) + 1.8), sharey=True
+        )
+        for ax, (metric, scale, xlabel, _name) in zip(axes, PLOT_METRICS, strict=True):
+            _bars(ax, summary, jobs, keys, metric, scale)
+            ax.set_xlabel(xlabel, fontsize=8)
+            ax.tick_params(axis="x", labelsize=7)
+        _loader_ticks(axes[0], keys)
+        fig.suptitle(
+            f"{JOB_TITLES[jobs[0]]}; median of the rounds, bars: min-max\n{title}", fontsize=8
+        )
         fig.tight_layout()
-        path = out_dir / f"compare_{name}.png"
+        path = out_dir / f"{stem}.png"
+        fig.savefig(path, dpi=72)
+        plt.close(fig)
+        written.append(path)
+    for metric, scale, xlabel, name in PLOT_METRICS if keys and len(jobs) > 1 else []:
+        fig, ax = plt.subplots(figsize=(8.5, 0.5 * len(keys) + 1.5))
+        _bars(ax, summary, jobs, keys, metric, scale)
+        _loader_ticks(ax, keys)
+        ax.set_xlabel(f"{xlabel}; median of the rounds, bars: min-max", fontsize=8)
+        ax.legend(fontsize=8, loc="lower right")
+        ax.set_title(title, fontsize=8)
+        fig.tight_layout()
+        path = out_dir / f"{stem}_{name}.png"
         fig.savefig(path, dpi=72)
         plt.close(fig)
         written.append(path)
@@ -945,7 +1164,7 @@ def plots(results: dict[str, Any], out_dir: Path) -> list[Path]:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()
-        path = out_dir / "compare_ram.png"
+        path = out_dir / f"{stem}_ram.png"
         fig.savefig(path, dpi=80)
         plt.close(fig)
         written.append(path)
@@ -960,7 +1179,26 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--n", type=int, default=None, help="JPEGs (default 2000; --quick: 96)")
     p.add_argument("--rounds", type=int, default=None, help="turns of each loader (default 3)")
     p.add_argument("--epochs", type=int, default=3, help="epochs per run, the first a warm-up")
-    p.add_argument("--jobs", default="exact,train,ram", help="subset of exact,train,ram")
+    p.add_argument(
+        "--jobs", default="exact,train,shards,ram", help="subset of exact,train,shards,ram"
+    )
+    p.add_argument(
+        "--shard-size",
+        type=int,
+        default=None,
+        help="images per shard (shards job; default 200; --quick: 16)",
+    )
+    p.add_argument(
+        "--shuffle-window",
+        type=int,
+        default=1000,
+        help="samples held for shuffling by the shard loaders (shards job; default 1000)",
+    )
+    p.add_argument(
+        "--name",
+        default="compare",
+        help="stem of the result files (default compare: compare.json, compare.md, compare_*.png)",
+    )
     p.add_argument("--loaders", default="all", help=f"subset of {','.join(BY_KEY)}")
     p.add_argument(
         "--ram-n",
@@ -1007,8 +1245,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     args = p.parse_args(argv)
     # --quick: small sizes and one round; what is given explicitly stays.
-    defaults = (96, 1, 20_000, 2) if args.quick else (2000, 3, 1_000_000, 4)
-    for name, value in zip(("n", "rounds", "ram_n", "ram_workers"), defaults, strict=True):
+    defaults = (96, 1, 20_000, 2, 16) if args.quick else (2000, 3, 1_000_000, 4, 200)
+    names = ("n", "rounds", "ram_n", "ram_workers", "shard_size")
+    for name, value in zip(names, defaults, strict=True):
         if getattr(args, name) is None:
             setattr(args, name, value)
     if args.out_dir is None:  # a quick run leaves the committed results alone
@@ -1027,6 +1266,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             p.error(f"unknown loaders: {sorted(unknown)}")
     if args.n < BATCH or args.epochs < 2 or args.rounds < 1:
         p.error(f"--n must be >= {BATCH}, --epochs >= 2, --rounds >= 1")
+    if args.shard_size < 1 or args.shuffle_window < 1:
+        p.error("--shard-size and --shuffle-window must be >= 1")
     return args
 
 
@@ -1041,6 +1282,9 @@ def versions(py313: str | None) -> dict[str, str | None]:
         "scikit-image",
         "spdl_io",
         "datago",
+        "webdataset",
+        "datasets",
+        "pyarrow",
     ):
         out[dist] = version_of(dist)
     out["matplotlib"] = version_of("matplotlib")
@@ -1077,7 +1321,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.replot:
         results = json.loads(args.replot.read_text())
-        report(results, args.out_dir)
+        report(results, args.out_dir, args.name)
         return 0
     from tqdm import tqdm
 
@@ -1136,6 +1380,11 @@ def main(argv: list[str] | None = None) -> int:
                 "epochs": args.epochs,
                 "import_torch": not args.no_torch_import,
             }
+            if "shards" in image_jobs:
+                base["shards"] = pack_shards(files, workdir, runnable, args)
+                results["data"]["shards"] = {
+                    k: v for k, v in base["shards"].items() if k not in ("tar", "parquet")
+                }
             bar = tqdm(total=len(plan), unit="run", disable=args.no_progress, dynamic_ncols=True)
             for rnd in range(args.rounds):
                 # Rotate the order each round so that no loader always follows the same one.
@@ -1179,20 +1428,69 @@ def main(argv: list[str] | None = None) -> int:
         f"{results['machine']}; {args.n} JPEGs, batches of {BATCH}, {args.rounds} rounds"
     )
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    (args.out_dir / "compare.json").write_text(json.dumps(results, indent=1))
-    report(results, args.out_dir)
+    (args.out_dir / f"{args.name}.json").write_text(json.dumps(results, indent=1))
+    report(results, args.out_dir, args.name)
     return 0
 
 
-def report(results: dict[str, Any], out_dir: Path) -> None:
-    """Write compare.md and the plots into ``out_dir``; print the tables."""
+def pack_shards(
+    files: list[tuple[str, int]], workdir: str, runnable: list[Loader], args: argparse.Namespace
+) -> dict[str, Any]:
+    """The shards job's data: the JPEGs packed as tar shards and, where a loader reads
+    them, Parquet shards; the Arrow cache of Hugging Face's map-style dataset made once.
+
+    Returns the spec's ``shards``: the shard paths, the shuffle window and what was made.
+    """
+    t = time.perf_counter()
+    keys = {lo.key for lo in runnable if "shards" in lo.jobs}
+    tar = pack_tar_shards(files, os.path.join(workdir, "shards-tar"), args.shard_size)
+    out: dict[str, Any] = {
+        "tar": tar,
+        "window": args.shuffle_window,
+        "per_shard": args.shard_size,
+        "shards": len(tar),
+        "mean_tar_bytes": round(sum(os.path.getsize(p) for p in tar) / len(tar)),
+    }
+    if keys & {"ferrofeed-parquet", "hf-w2", "hf-w4", "hf-stream-w2", "hf-stream-w4"}:
+        out["parquet"] = pack_parquet_shards(
+            files, os.path.join(workdir, "shards-parquet"), args.shard_size
+        )
+        out["mean_parquet_bytes"] = round(
+            sum(os.path.getsize(p) for p in out["parquet"]) / len(out["parquet"])
+        )
+    if keys & {"hf-w2", "hf-w4"}:
+        # The first load_dataset converts the Parquet files into its Arrow cache; the runs
+        # then memory-map that cache, as a training job does after its first run.
+        out["hf_cache"] = os.path.join(workdir, "hf-cache")
+        code = (
+            "import sys, datasets; datasets.disable_progress_bars(); "
+            "datasets.load_dataset('parquet', data_files=sys.argv[2:], split='train', "
+            "cache_dir=sys.argv[1])"
+        )
+        subprocess.run(
+            [sys.executable, "-c", code, out["hf_cache"], *out["parquet"]],
+            check=True,
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        )
+    out["made_s"] = round(time.perf_counter() - t, 1)
+    print(
+        f"packed as {len(tar)} tar shards of {args.shard_size} images"
+        + (" and as many Parquet files" if "parquet" in out else "")
+        + f" in {out['made_s']} s; shuffle window {args.shuffle_window} samples",
+        flush=True,
+    )
+    return out
+
+
+def report(results: dict[str, Any], out_dir: Path, name: str = "compare") -> None:
+    """Write ``{name}.md`` and the plots into ``out_dir``; print the tables."""
     out_dir.mkdir(parents=True, exist_ok=True)
     md = markdown(results)
-    (out_dir / "compare.md").write_text(md + "\n")
-    written = plots(results, out_dir)
+    (out_dir / f"{name}.md").write_text(md + "\n")
+    written = plots(results, out_dir, name)
     print()
     print(md)
-    print(f"results: {out_dir / 'compare.json'}, {out_dir / 'compare.md'}")
+    print(f"results: {out_dir / f'{name}.json'}, {out_dir / f'{name}.md'}")
     print("plots: " + ", ".join(str(p) for p in written))
 
 

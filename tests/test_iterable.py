@@ -195,6 +195,10 @@ def test_arguments_an_iterable_cannot_take() -> None:
         DataLoader(Whole(8), 2, image="jpg")
     with pytest.raises(ValueError, match="shuffle_window must be"):
         DataLoader(Whole(8), 2, shuffle=True, shuffle_window=0)
+    with pytest.raises(TypeError, match="bucket_by"):
+        DataLoader(Whole(8), 2, bucket_by=len)
+    with pytest.raises(TypeError, match="batch_sampler"):
+        DataLoader(Whole(8), batch_sampler=[[0, 1]])
 
 
 def test_len_from_the_dataset_as_pytorch() -> None:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import gzip
 import io
+import itertools
 import json
+import os
 import tarfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -220,7 +222,16 @@ def test_a_batch_mixes_several_shards(tmp_path: Path) -> None:
     assert max(mixed) >= 3, mixed
 
 
-@pytest.mark.parametrize("kw", [{"num_threads": 1}, {"num_threads": 3}, {"num_workers": 2}])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"num_threads": 1},
+        {"num_threads": 3},
+        {"num_workers": 2},
+        {"num_workers": 3, "worker_start_method": "spawn"},
+        {"num_workers": 1, "worker_start_method": "forkserver"},
+    ],
+)
 def test_the_order_does_not_depend_on_threads_or_workers(
     tars: list[Path], kw: dict[str, Any]
 ) -> None:
@@ -584,3 +595,135 @@ def test_max_failures_applies_to_a_lost_rest_of_shard(tmp_path: Path) -> None:
     dl = ff.DataLoader(ff.ParquetShards(path), 10, transform=lambda r: r["x"], on_error="skip")
     with pytest.raises(ff.TooManyFailuresError):
         list(dl)
+
+
+# -- bucket_by -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def token_lines(tmp_path: Path) -> list[Path]:
+    rng = np.random.default_rng(3)
+    paths, i = [], 0
+    for k in range(4):
+        lines = []
+        for _ in range(12):
+            lines.append(json.dumps({"id": i, "tokens": [0] * int(rng.integers(1, 60))}))
+            i += 1
+        path = tmp_path / f"part-{k}.jsonl"
+        path.write_text("\n".join(lines) + "\n")
+        paths.append(path)
+    return paths
+
+
+def bucketed(paths: list[Path], **kw: Any) -> ff.DataLoader:
+    return ff.DataLoader(
+        ff.JsonLines(paths),
+        4,
+        shuffle=True,
+        seed=2,
+        shuffle_window=16,
+        bucket_by=lambda s: len(s["tokens"]),
+        transform=lambda s: (s["id"], len(s["tokens"])),
+        collate=list,
+        **kw,
+    )
+
+
+def test_bucket_by_sorts_each_window_into_batches_then_shuffles_them(
+    token_lines: list[Path],
+) -> None:
+    dl = bucketed(token_lines)
+    batches = list(dl)
+    assert sorted(i for b in batches for i, _ in b) == list(range(48))
+    # 16-sample windows of 4 batches: within a window, batches hold disjoint length ranges.
+    for w in range(0, len(batches), 4):
+        spans = sorted((min(n for _, n in b), max(n for _, n in b)) for b in batches[w : w + 4])
+        for (_, hi), (lo, _) in itertools.pairwise(spans):
+            assert hi <= lo, spans
+    # Not sorted across the window's batches (they are shuffled), but reproducible.
+    assert [b for b in bucketed(token_lines)] == batches
+    plain = ff.DataLoader(
+        ff.JsonLines(token_lines),
+        4,
+        shuffle=True,
+        seed=2,
+        shuffle_window=16,
+        transform=lambda s: (s["id"], len(s["tokens"])),
+        collate=list,
+    )
+    assert list(plain) != batches
+
+
+def test_bucket_by_resumes_exactly_and_refuses_another_world(token_lines: list[Path]) -> None:
+    full = list(bucketed(token_lines))
+    dl = bucketed(token_lines)
+    it = iter(dl)
+    head = [next(it) for _ in range(6)]  # mid-window
+    state = dl.state_dict()
+    resumed = bucketed(token_lines)
+    resumed.load_state_dict(state)
+    assert head + list(resumed) == full
+    wider = bucketed(token_lines, rank=0, world_size=2)
+    with pytest.raises(ValueError, match="bucket_by"):
+        wider.load_state_dict(state)
+    with pytest.raises(TypeError, match=r"bucket_by= is for sharded sources"):
+        ff.DataLoader(list(range(4)), 2, bucket_by=len)
+
+
+# -- memory ------------------------------------------------------------------------------------
+
+
+def test_memory_stays_bounded_by_the_window_over_many_shards(
+    tmp_path: Path, run_python: Callable[..., Any]
+) -> None:
+    # 48 shards of 64 samples of 40 KB (about 120 MB): an epoch holds about two windows
+    # of 128 samples (10 MB) and the batches in flight, never the shards it has read.
+    payload = os.urandom(40_000)
+    for k in range(48):
+        members: list[Member] = []
+        for i in range(k * 64, k * 64 + 64):
+            members += [(f"s{i:06d}.bin", payload), (f"s{i:06d}.cls", str(i).encode())]
+        write_tar(tmp_path / f"big-{k:03d}.tar", members)
+    code = f"""
+import json, os, sys
+import ferrofeed as ff
+
+def rss():
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmRSS"))
+
+shards = ff.TarShards(os.path.join({str(tmp_path)!r}, "big-*.tar"))
+dl = ff.DataLoader(shards, 16, shuffle=True, shuffle_window=128, num_threads=2,
+                   transform=lambda s: (s["cls"], len(s["bin"])), collate=list)
+seen, start, peak = 0, None, 0
+for n, batch in enumerate(dl):
+    seen += len(batch)
+    if n == 20:
+        start = rss()
+    elif n > 20:
+        peak = max(peak, rss())
+print(json.dumps({{"seen": seen, "start": start, "peak": peak}}))
+"""
+    out = run_python(code, env={"MALLOC_ARENA_MAX": "2"}, timeout=120)
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["seen"] == 48 * 64
+    growth = report["peak"] - report["start"]
+    # The data is 120 MB; a loader that kept what it read would grow by most of it.
+    assert growth < 30_000_000, report
+
+
+def test_empty_shards_are_passed_over(tmp_path: Path) -> None:
+    a = write_tar(tmp_path / "a.tar", labelled_members(range(0, 3)))
+    empty = write_tar(tmp_path / "b.tar", [])
+    c = write_tar(tmp_path / "c.tar", labelled_members(range(3, 7)))
+    shards = ff.TarShards([a, empty, c, empty])
+    assert [n for _, n in shards.shards] == [3, 0, 4, 0]
+    cases: list[tuple[dict[str, Any], list[int]]] = [
+        ({}, list(range(7))),
+        ({"shuffle": True, "seed": 1}, list(range(7))),
+        ({"rank": 1, "world_size": 2}, [4, 5, 6]),  # 4 samples for rank 0, 3 for rank 1
+    ]
+    for kw, want in cases:
+        dl = ff.DataLoader(shards, 2, transform=to_ids, shuffle_window=2, **kw)
+        assert sorted(i for b in dl for i in ids_of(b)) == want
+    assert list(ff.DataLoader(ff.TarShards(empty), 2, transform=to_ids)) == []

@@ -66,6 +66,8 @@ def check_arguments(
     native: bool,
     image: Any,
     label: Any,
+    bucket_by: Any,
+    batch_sampler: Any,
 ) -> None:
     """Refuse, at construction, the `DataLoader` arguments an iterable dataset cannot take."""
     if shuffle and shuffle_window is None:
@@ -85,9 +87,14 @@ def check_arguments(
             "shards; an iterable dataset takes a Python transform and collate (e.g. "
             "ferrofeed.io.decode_image in the transform)"
         )
-    for name, value in (("image", image), ("label", label)):
+    for name, value in (("image", image), ("label", label), ("bucket_by", bucket_by)):
         if value is not None:
             raise TypeError(f"{name}= is for sharded sources (TarShards, ParquetShards, JsonLines)")
+    if batch_sampler is not None:
+        raise TypeError(
+            "batch_sampler= is for map-style datasets: an iterable dataset has no indices "
+            "(as in PyTorch)"
+        )
 
 
 def batches_in(dataset: Any, batch: int, drop_last: bool) -> int:

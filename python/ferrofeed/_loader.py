@@ -163,8 +163,38 @@ class DataLoader:
             (a worker's start gets ``max(timeout, 60)`` s): `WorkerTimeoutError`, under
             either ``on_error`` (the worker holding it is stuck). On the native image
             chain, one batch's decode: `TimeoutError`.
-        shuffle_window: the samples held for shuffling a sharded source (default 2048)
-            or an iterable dataset (needed there with ``shuffle=True``).
+        shuffle_window: a sharded source's samples held for shuffling (default 2048; rounded
+            up to a multiple of ``batch_size``). Memory is bounded by it (two windows: the
+            one being loaded and the one read ahead) and the batches in flight. With an
+            iterable dataset, the shuffle buffer's samples (needed with ``shuffle=True``).
+        image: with a sharded source and ``transform=ops.decode_image(...)``, the field
+            holding the encoded image (``"jpg"``), or alternatives, the first a sample has
+            taken (``"jpg;png;webp"``; default ``"jpg;jpeg;png;webp"``).
+        label: with the native image chain over a sharded source, the integer field of the
+            label (``"cls"``); batches are then ``(images, labels)``, else images alone.
+        bucket_by: with a sharded source, a key of a sample (e.g. ``lambda s:
+            len(s["tokens"])``): each shuffle window is sorted by it and cut into batches,
+            which are then shuffled, as AllenNLP's bucket sampler does over
+            ``max_instances_in_memory``. The key sees the sample before ``transform``.
+        batch_sampler: with a map-style dataset, PyTorch's protocol: an iterable of index
+            lists, one per batch (exclusive with ``batch_size``, ``shuffle`` and
+            ``drop_last``, as in PyTorch; its ``set_epoch(epoch)`` is called when it has
+            one). It decides the batches of every rank: ``world_size`` does not split them.
+            `state_dict` resumes by skipping the batches it already gave.
+
+    Sharded sources (`TarShards`, `ParquetShards`, `JsonLines`) are read in order, a window
+    at a time, never per sample. The rule (the core's ``ShardPlan``): every epoch permutes
+    the shards by ``(seed, epoch)`` and lays them end to end; rank ``r`` takes a contiguous
+    range of that stream (``N // world_size`` samples, one more for the first ``N %
+    world_size`` ranks), so it reads about its share of the bytes; every rank yields the same
+    number of batches, ``ceil(ceil(N / world_size) / batch_size)``, each sample exactly once
+    (a rank with a sample less gives one up from its last batches; with ``drop_last``, every
+    rank takes ``N // world_size`` samples in full batches); a rank's range is cut into
+    windows of ``shuffle_window`` samples, each shuffled and cut into batches. The order
+    depends on ``(seed, epoch)``, the shards and the world, never on ``num_threads`` or
+    ``num_workers``. `state_dict` resumes exactly, and a state loaded into a loader of
+    another world size (rank 0's, in every rank) finishes the epoch with every remaining
+    sample exactly once.
 
     Ctrl-C while iterating raises `KeyboardInterrupt` within about 0.25 s. Before it
     reaches you, the worker processes are ended (terminated if busy), and on threads every
@@ -217,6 +247,8 @@ class DataLoader:
         shuffle_window: int | None = None,
         image: str | Sequence[str] | None = None,
         label: str | None = None,
+        bucket_by: Callable[[Any], Any] | None = None,
+        batch_sampler: Iterable[Sequence[int]] | None = None,
     ) -> None:
         if isinstance(source, str | os.PathLike):
             source = ImageFolder(source)
@@ -231,6 +263,8 @@ class DataLoader:
                 native=isinstance(transform, _core.NativeOp) or isinstance(collate, _core.NativeOp),
                 image=image,
                 label=label,
+                bucket_by=bucket_by,
+                batch_sampler=batch_sampler,
             )
         elif not self.sharded and not (
             hasattr(source, "__len__") and hasattr(source, "__getitem__")
@@ -247,11 +281,29 @@ class DataLoader:
             or shuffle_window < 1
         ):
             raise ValueError(f"shuffle_window must be an int >= 1, not {shuffle_window!r}")
+        if bucket_by is not None and not callable(bucket_by):
+            raise TypeError(f"bucket_by must be a function of a sample, not {bucket_by!r}")
+        if batch_sampler is not None:
+            if self.sharded:
+                raise TypeError(
+                    "batch_sampler= is for map-style datasets; a sharded source batches its "
+                    "shuffle windows (bucket_by= sorts them by a key)"
+                )
+            if batch_size != 1 or shuffle or drop_last or batches_per_epoch is not None:
+                raise ValueError(
+                    "batch_sampler is mutually exclusive with batch_size, shuffle, drop_last "
+                    "and batches_per_epoch (the sampler decides the batches)"
+                )
+            if not hasattr(batch_sampler, "__iter__"):
+                raise TypeError(
+                    f"batch_sampler must be an iterable of index lists, not {batch_sampler!r}"
+                )
         if not self.sharded and not self.iterable:
             for name, value in (
                 ("shuffle_window", shuffle_window),
                 ("image", image),
                 ("label", label),
+                ("bucket_by", bucket_by),
             ):
                 if value is not None:
                     raise TypeError(
@@ -327,6 +379,8 @@ class DataLoader:
         self.prefetch_factor = prefetch_factor
         self.timeout = timeout
         self.shuffle_window = shuffle_window or DEFAULT_SHUFFLE_WINDOW
+        self.bucket_by = bucket_by
+        self.batch_sampler = batch_sampler
         self._epoch = 0
         self._resume_batches = 0
         # A sharded source's epoch so far on other worlds: (world_size, batches_done) each
@@ -362,6 +416,11 @@ class DataLoader:
             self.collate = collate
             if batch_size is None:
                 raise TypeError("batch_size=None needs a Python transform, not image files")
+            if batch_sampler is not None:
+                raise TypeError(
+                    "batch_sampler= needs a Python transform: the native image chain decodes "
+                    "batches of batch_size"
+                )
             self._check_native(source, batch_size)
         else:
             if isinstance(collate, _core.NativeOp):
@@ -462,8 +521,10 @@ class DataLoader:
         window = self.shuffle_window if self.shuffle else None
         return StreamSpec(self._batch, self.drop_last, window, self.seed)
 
-    def _plan(self, epoch: int, start: int = 0) -> _core.EpochPlan | _core.ShardPlan:
+    def _plan(self, epoch: int, start: int = 0) -> _core.EpochPlan | _core.ShardPlan | _SamplerPlan:
         """The core's plan of ``epoch`` for this rank, from its batch ``start``."""
+        if self.batch_sampler is not None:
+            return _SamplerPlan(self.batch_sampler, epoch, start)
         if isinstance(self.dataset, ShardedSource):
             return _core.ShardPlan(
                 self.dataset._counts,
@@ -500,6 +561,8 @@ class DataLoader:
         if self.iterable:
             return len(self.dataset)  # TypeError without __len__, as PyTorch's
         plan = self._plan(self._epoch)
+        if isinstance(plan, _SamplerPlan):
+            return len(self.dataset)
         return plan.samples if isinstance(plan, _core.ShardPlan) else plan.samples_per_rank
 
     @property
@@ -508,13 +571,16 @@ class DataLoader:
         if self.iterable:
             return len(self)
         plan = self._plan(self._epoch)
-        return len(plan) if isinstance(plan, _core.ShardPlan) else plan.batches_per_pass
+        if isinstance(plan, _SamplerPlan | _core.ShardPlan):
+            return len(plan)
+        return plan.batches_per_pass
 
     def __len__(self) -> int:
         """Batches per epoch for this rank (0 when its shard cannot fill one).
 
         For a sharded source resumed on another world size (see `load_state_dict`), the
-        batches of this world's part of the epoch.
+        batches of this world's part of the epoch. With a ``batch_sampler``, its length
+        (`TypeError` when it has none).
 
         For an iterable dataset, as PyTorch counts: from ``len(dataset)`` (`TypeError`
         without it); workers that each read a part may make a few more.
@@ -561,6 +627,8 @@ class DataLoader:
             "dataset_len": len(self.dataset) if hasattr(self.dataset, "__len__") else None,
             "batches_per_epoch": self.batches_per_epoch,
         }
+        if self.batch_sampler is not None:
+            state["batch_sampler"] = True
         if self.iterable:
             # Its order depends on the workers: each makes batches of its own stream.
             state["num_workers"] = self.num_workers
@@ -612,10 +680,18 @@ class DataLoader:
         for key, value in (("epoch", epoch), ("batches_done", done)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"the state's {key} must be an int >= 0, not {value!r}")
+        if state.get("batch_sampler", False) != (self.batch_sampler is not None):
+            raise ValueError(
+                "the state was saved with"
+                + ("" if state.get("batch_sampler") else "out")
+                + " a batch_sampler, this loader has"
+                + ("" if self.batch_sampler is not None else " none")
+            )
         if self.sharded:
             self._load_shard_state(state, epoch, done)
             return
-        if not self.iterable and done > len(self):
+        # (An iterable dataset's len() is PyTorch's estimate: workers may make more.)
+        if not self.iterable and self._sized() and done > len(self):
             raise ValueError(
                 f"the state's batches_done={done} is past the end of an epoch of "
                 f"{len(self)} batches"
@@ -629,6 +705,13 @@ class DataLoader:
         history = [(int(w), int(d)) for w, d in state.get("history", [])]
         world = state["world_size"]
         if world != self.world_size and done > 0:
+            if self.bucket_by is not None:
+                raise ValueError(
+                    f"the state was saved on {world} ranks, this loader has "
+                    f"world_size={self.world_size}: with bucket_by, which samples a window's "
+                    "first batches held depends on their keys, so the epoch cannot go on on "
+                    "another world; resume on the same world size, or at an epoch's start"
+                )
             # The epoch goes on on another world: what this one did becomes history.
             history.append((world, done))
             done = 0
@@ -689,7 +772,7 @@ class DataLoader:
         A batch whose every sample was skipped comes out as `_EMPTY`: it still counts as
         a position, so resuming stays exact.
         """
-        plan: _core.EpochPlan | _core.ShardPlan | StreamPlan
+        plan: _core.EpochPlan | _core.ShardPlan | _SamplerPlan | StreamPlan
         if self.iterable:
             # A pass over the dataset, replayed up to `start`.
             plan = StreamPlan(self.dataset, self._stream_spec(), epoch, start)
@@ -700,7 +783,9 @@ class DataLoader:
         groups: Iterator[Any]
         if isinstance(plan, _core.ShardPlan):
             assert isinstance(self.dataset, ShardedSource)
-            groups = self.dataset._groups(plan)
+            groups = self.dataset._groups(
+                plan, bucket_by=self.bucket_by, seed=self.seed, epoch=epoch, shuffle=self.shuffle
+            )
         else:
             groups = iter(plan)
         for done in self._executor.run(epoch, groups):
@@ -713,6 +798,15 @@ class DataLoader:
                 self._record_skip(index, reason)
             yield _EMPTY if done.batch is None else convert(done.batch, output, device)
 
+    def _sized(self) -> bool:
+        """Whether the epoch's length is known (not without a len() of its sampler or data).
+
+        Unknown with a batch sampler, or an iterable dataset, that has no ``len()``.
+        """
+        if self.iterable:
+            return hasattr(self.dataset, "__len__")
+        return self.batch_sampler is None or hasattr(self.batch_sampler, "__len__")
+
     def shutdown_workers(self) -> None:
         """End the worker processes now, persistent ones included.
 
@@ -724,10 +818,8 @@ class DataLoader:
     def __iter__(self) -> Iterator[Any]:
         epoch = self._epoch
         self._batches_done = self._resume_batches
-        # Unknown for an iterable dataset without __len__.
-        todo = None if self.iterable and not hasattr(self.dataset, "__len__") else len(self)
-        if todo is not None:
-            todo -= self._resume_batches
+        # A batch sampler or an iterable dataset without len(): as many batches as it gives.
+        todo = len(self) - self._resume_batches if self._sized() else None
         bar = Progress(todo, f"epoch {epoch}") if self.progress else None
         finished = False
         self._failures = 0
@@ -763,6 +855,32 @@ class DataLoader:
         """The batches of ``epoch`` (from its start), without changing the loader's state."""
         self._failures = 0
         yield from (b for b in self._batches(epoch, 0) if b is not _EMPTY)
+
+
+class _SamplerPlan:
+    """A batch sampler's batches of an epoch as a plan: ``(batch_no, indices)`` from ``start``.
+
+    Resuming replays the sampler and skips the batches before ``start`` (cheap: they are
+    index lists); its ``set_epoch(epoch)`` is called first when it has one.
+    """
+
+    def __init__(self, sampler: Iterable[Sequence[int]], epoch: int, start: int) -> None:
+        self.sampler = sampler
+        self.epoch = epoch
+        self.start = start
+
+    def __len__(self) -> int:
+        if not hasattr(self.sampler, "__len__"):
+            raise TypeError(f"the batch_sampler ({type(self.sampler).__name__}) has no len()")
+        return len(self.sampler)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[tuple[int, list[int]]]:
+        set_epoch = getattr(self.sampler, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(self.epoch)
+        for batch_no, indices in enumerate(self.sampler):
+            if batch_no >= self.start:
+                yield batch_no, [operator.index(i) for i in indices]
 
 
 def _single(samples: list[Any]) -> Any:

@@ -82,7 +82,7 @@ class Progress:
     """A progress bar: tqdm when installed, else a one-line bar on stderr."""
 
     def __init__(self, total: int | None, desc: str) -> None:
-        """``total``: the batches to come (``None``: unknown, counted without a bar)."""
+        # total None: not known (a batch sampler or an iterable without len()).
         self._n, self._total, self._desc = 0, total, desc
         self._start = time.monotonic()
         self._tqdm: Any = None
@@ -100,9 +100,7 @@ class Progress:
             return
         rate = self._n / max(time.monotonic() - self._start, 1e-9)
         if self._total is None:
-            print(
-                f"\r{self._desc} {self._n} {rate:.1f} batch/s", end="", file=sys.stderr, flush=True
-            )
+            print(f"\r{self._desc} {self._n} {rate:.1f} batch/s", end="", file=sys.stderr)
             return
         width = 30
         filled = width * self._n // max(self._total, 1)

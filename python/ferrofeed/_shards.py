@@ -15,7 +15,7 @@ import concurrent.futures
 import glob
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar, Literal
 
 from . import _core
@@ -172,11 +172,21 @@ class ShardedSource:
         firsts = [self._offsets[s] + lo for s, lo, _ in pieces]
         return self._reader.read(pieces, firsts)
 
-    def _groups(self, plan: _core.ShardPlan) -> Iterator[tuple[int, ShardIds]]:
+    def _groups(
+        self,
+        plan: _core.ShardPlan,
+        *,
+        bucket_by: Callable[[Any], Any] | None = None,
+        seed: int = 0,
+        epoch: int = 0,
+        shuffle: bool = False,
+    ) -> Iterator[tuple[int, ShardIds]]:
         """The plan's groups, each with the window holding its samples.
 
         Windows are read on a thread of their own, the next one while the current one's
-        batches are loaded; a window is freed once no group in flight holds it.
+        batches are loaded; a window is freed once no group in flight holds it. With
+        ``bucket_by``, each window's batches are remade from its samples sorted by that key
+        (see `_buckets`).
         """
         reader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ferrofeed-shards")
         reads: dict[int, concurrent.futures.Future[_core._ShardWindow]] = {}
@@ -186,15 +196,79 @@ class ShardedSource:
             if w < windows and w not in reads:
                 reads[w] = reader.submit(self._window, plan.window_pieces(w))
 
+        buckets: dict[int, list[int]] = {}
+        bucketed = -1  # the window `buckets` holds
         try:
             for batch_no, w, ids in plan:
                 ensure(w)
                 ensure(w + 1)
                 for old in [k for k in reads if k < w]:
                     del reads[old]
-                yield batch_no, ShardIds(ids, reads[w].result())
+                window = reads[w].result()
+                if bucket_by is not None:
+                    if w != bucketed:
+                        buckets = _buckets(
+                            plan, w, batch_no, window, bucket_by, seed, epoch, shuffle
+                        )
+                        bucketed = w
+                    ids = buckets[batch_no]
+                yield batch_no, ShardIds(ids, window)
         finally:
             reader.shutdown(wait=False, cancel_futures=True)
+
+
+def _buckets(
+    plan: _core.ShardPlan,
+    window_no: int,
+    batch_no: int,
+    window: _core._ShardWindow,
+    key: Callable[[Any], Any],
+    seed: int,
+    epoch: int,
+    shuffle: bool,
+) -> dict[int, list[int]]:
+    """Window ``window_no``'s batches remade by ``key``, by batch number.
+
+    The window's samples (those of all its batches, resumed ones too, so the buckets are
+    the same wherever the epoch resumes) are sorted by ``key`` (stably, ties in the plan's
+    order) and cut into the plan's batch sizes; with ``shuffle`` the batches are then
+    permuted by ``(seed, epoch, the window's first batch)``: AllenNLP's bucket sampler over
+    a window. A sample that cannot be read sorts last: its error is raised (or skipped)
+    when it is loaded.
+    """
+    first = batch_no
+    while first > 0 and plan.window_of(first - 1) == window_no:
+        first -= 1
+    numbers = []
+    j = first
+    while j < len(plan) and plan.window_of(j) == window_no:
+        numbers.append(j)
+        j += 1
+    batches = [plan.batch(j) for j in numbers]
+    ids = [i for b in batches for i in b]
+    keys: list[tuple[int, Any]] = []
+    for i in ids:
+        try:
+            sample = window.sample(i)
+        except ShardError:
+            keys.append((1, 0))
+            continue
+        try:
+            keys.append((0, key(sample)))
+        except Exception as e:
+            e.add_note(f"while computing bucket_by of sample {i}")
+            raise
+    order = sorted(range(len(ids)), key=lambda t: keys[t])
+    chunks, at = [], 0
+    for b in batches:
+        chunks.append([ids[t] for t in order[at : at + len(b)]])
+        at += len(b)
+    if shuffle and len(chunks) > 1:
+        import numpy as np
+
+        rng = np.random.default_rng(_core.mix_seed(seed, epoch, first, "window"))
+        chunks = [chunks[k] for k in rng.permutation(len(chunks))]
+    return dict(zip(numbers, chunks, strict=True))
 
 
 def _restore(

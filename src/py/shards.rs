@@ -342,13 +342,13 @@ impl PyShardWindow {
         skip: bool,
     ) -> PyResult<(PyPlanGroup, Vec<(u64, String)>)> {
         let mut kept = Vec::with_capacity(ids.len());
-        let mut items = Vec::with_capacity(ids.len());
+        let mut found = Vec::with_capacity(ids.len());
         let mut skipped = Vec::new();
         for id in ids {
             match self.image_item(py, id, &image, label.as_deref()) {
                 Ok(item) => {
                     kept.push(id);
-                    items.push(item);
+                    found.push(item);
                 }
                 Err(e) if skip => {
                     let name = e
@@ -360,18 +360,32 @@ impl PyShardWindow {
                 Err(e) => return Err(e),
             }
         }
+        // The bytes are copied into the items without the GIL (a batch of photos is
+        // megabytes); the window stays alive meanwhile, borrowed by this call.
+        let items = py.detach(|| {
+            found
+                .into_iter()
+                .map(|(data, name, label)| Item::Bytes {
+                    data: data.to_vec(),
+                    name,
+                    label,
+                    pos: None,
+                })
+                .collect()
+        });
         Ok((PyPlanGroup::from_items(batch_no, kept, items), skipped))
     }
 }
 
 impl PyShardWindow {
+    /// Sample `id`'s image bytes, their name for errors, and its label.
     fn image_item(
         &self,
         py: Python<'_>,
         id: u64,
         image: &[String],
         label: Option<&str>,
-    ) -> PyResult<Item> {
+    ) -> PyResult<(&[u8], String, Option<i64>)> {
         let (span, entry) = self.entry(id)?;
         let sample = entry.as_ref().map_err(|e| shard_error(py, e))?;
         let shard = self.shard_name(span);
@@ -400,7 +414,7 @@ impl PyShardWindow {
             return Err(missing("image", &quoted(image)));
         };
         let data = match value {
-            Value::Bytes(b) => b.clone(),
+            Value::Bytes(b) => b.as_slice(),
             other => {
                 return Err(shard_exception(
                     py,
@@ -438,12 +452,7 @@ impl PyShardWindow {
             Kind::Tar => format!("{shard}: member {}.{field}", sample.key),
             _ => format!("{shard}: {at}, field {field:?}"),
         };
-        Ok(Item::Bytes {
-            data,
-            name,
-            label,
-            pos: None,
-        })
+        Ok((data, name, label))
     }
 
     /// Where a sample is in its shard, for messages.

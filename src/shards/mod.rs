@@ -178,3 +178,69 @@ pub trait ShardFormat: Send + Sync {
         each: &mut dyn FnMut(u64, Result<Sample, ShardError>),
     ) -> Result<(), ShardError>;
 }
+
+/// Counts and reads `data` as a shard of every format, for the fuzz target
+/// `shards` (`fuzz/fuzz_targets/shards.rs`) and the unit test that replays
+/// its committed inputs. The bytes are written to a file under `dir` (the
+/// readers take paths). Every error is fine (the input is arbitrary); a panic
+/// is a finding, and so is a read that disagrees with the count.
+///
+/// # Errors
+///
+/// A description of the first disagreement between `count` and `read`.
+#[doc(hidden)]
+pub fn fuzz_every_format(data: &[u8], dir: &Path) -> Result<(), String> {
+    let formats: [(&str, Box<dyn ShardFormat>); 3] = [
+        ("shard.tar", Box::new(tar::TarFormat)),
+        ("shard.jsonl", Box::new(jsonl::JsonLinesFormat)),
+        ("shard.parquet", Box::new(parquet::ParquetFormat::new(None))),
+    ];
+    for (name, format) in formats {
+        let path = dir.join(name);
+        std::fs::write(&path, data).map_err(|e| format!("{}: {e}", path.display()))?;
+        let Ok(info) = format.count(&path) else {
+            continue;
+        };
+        // Read everything, then the second half: what a rank reading from a
+        // member on gets. Delivered numbers must be in order and in range.
+        for lo in [0, info.samples / 2] {
+            let mut next = lo;
+            let mut bad = None;
+            let result = format.read(&path, lo, info.samples, &mut |n, _| {
+                if n != next && bad.is_none() {
+                    bad = Some(format!("{name}: sample {n} delivered where {next} was due"));
+                }
+                next = n + 1;
+            });
+            if let Some(bad) = bad {
+                return Err(bad);
+            }
+            // A shard that counted must read to the end, or fail saying where.
+            if result.is_ok() && next != info.samples {
+                return Err(format!(
+                    "{name}: counted {} samples, read {} from {lo} without an error",
+                    info.samples,
+                    next - lo
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    /// The fuzz target's committed inputs (seeds and regressions) replay
+    /// without a panic or a disagreement.
+    #[test]
+    fn committed_fuzz_inputs_replay() {
+        let dir = tempfile::tempdir().unwrap();
+        let inputs = crate::fuzz_inputs::committed("shards");
+        assert!(inputs.len() >= 5, "seeds are committed: {}", inputs.len());
+        for (path, data) in inputs {
+            if let Err(e) = super::fuzz_every_format(&data, dir.path()) {
+                panic!("{}: {e}", path.display());
+            }
+        }
+    }
+}

@@ -1,0 +1,20 @@
+//! Counts and reads arbitrary bytes as a tar, JSON lines and Parquet shard.
+//!
+//! Every input must give samples or a `ShardError`: never a panic, never a
+//! read that delivers samples out of order or disagrees with the count.
+
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    // One directory per process: the readers take paths.
+    thread_local! {
+        static DIR: tempfile::TempDir = tempfile::tempdir().expect("a temporary directory");
+    }
+    DIR.with(|dir| {
+        if let Err(e) = ferrofeed::shards::fuzz_every_format(data, dir.path()) {
+            panic!("{e}");
+        }
+    });
+});
