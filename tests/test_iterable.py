@@ -306,6 +306,31 @@ def test_worker_draws_depend_on_the_worker_count_and_reproduce() -> None:
     assert three != two
 
 
+def test_worker_batches_come_in_shared_slots_a_few_in_flight() -> None:
+    def lease_of(arr: np.ndarray) -> Any:
+        base: Any = arr
+        while getattr(base, "base", None) is not None:
+            base = base.base
+            if isinstance(base, memoryview):
+                return base.obj
+        return base
+
+    loader = DataLoader(Split(400), 8, num_workers=2, transform=float, persistent_workers=True)
+    try:
+        for b in loader:
+            assert isinstance(lease_of(b), ferrofeed._core._SlotLease)
+            assert b.dtype == np.float64
+            del b
+            # Each worker has at most prefetch_factor (2) requests in flight.
+            assert sum(w["in_flight"] for w in _workers(loader)) <= 2 * 2
+        slots = loader.stats()["workers"]["slots"]
+        # In flight plus the batch the consumer holds, not one slot per batch.
+        assert slots["slots"] <= 2 * 2 + 2, slots
+        assert slots["leases"] == 50
+    finally:
+        loader.shutdown_workers()
+
+
 def test_persistent_workers_start_a_new_pass_each_epoch() -> None:
     loader = DataLoader(
         Split(12), 4, num_workers=2, persistent_workers=True, shuffle=True, shuffle_window=4
