@@ -994,12 +994,17 @@ def _gen() -> Any:
     yield from range(3)
 
 
-@pytest.mark.parametrize(
-    "source", [_gen(), iter([1, 2]), 5, {1, 2, 3}, None], ids=["gen", "iter", "int", "set", "none"]
-)
-def test_source_must_be_map_style(source: Any) -> None:
-    with pytest.raises(TypeError):
+@pytest.mark.parametrize("source", [5, None], ids=["int", "none"])
+def test_source_must_be_map_style_or_iterable(source: Any) -> None:
+    with pytest.raises(TypeError, match="iterable dataset"):
         DataLoader(source)
+
+
+@pytest.mark.parametrize("source", [_gen(), iter([1, 2]), {1, 2, 3}], ids=["gen", "iter", "set"])
+def test_an_object_with_iter_and_no_getitem_is_an_iterable_dataset(source: Any) -> None:
+    # Read as PyTorch reads an IterableDataset (tests/test_iterable.py); a generator or
+    # another iterator gives one epoch.
+    assert DataLoader(source).iterable
 
 
 @pytest.mark.parametrize(

@@ -19,9 +19,17 @@ from typing import Any, Protocol
 from . import _core
 from ._collate import describe_entries
 from ._errors import PipelineError, WorkerError
+from ._iterable import StreamPlan
 from ._pipeline import PipelineBuilder
 from ._sample import sample_scope
-from ._workers import WorkerPool, _Setup, seeded_modules, worker_batches
+from ._workers import (
+    Loaded,
+    WorkerPool,
+    _Setup,
+    seeded_modules,
+    stream_batches,
+    worker_batches,
+)
 
 Group = tuple[int, list[int]]
 
@@ -453,10 +461,16 @@ class WorkerExecutor:
         return self.workers
 
     def run(self, epoch: int, groups: Iterator[Group]) -> Iterator[Done]:
+        return self._guarded(lambda pool: worker_batches(pool, epoch, groups, self.timeout))
+
+    def _guarded(
+        self, batches: Callable[[WorkerPool], Iterator[tuple[int, list[int], Loaded]]]
+    ) -> Iterator[Done]:
+        """The `Done` of ``batches(pool)``; the pool ended or kept as the way out says."""
         pool = self._pool()
         keep = clean = False
         try:
-            for batch_no, indices, loaded in worker_batches(pool, epoch, groups, self.timeout):
+            for batch_no, indices, loaded in batches(pool):
                 batch = None if loaded.empty else loaded.batch
                 yield Done(batch_no, indices, batch, loaded.skipped)
             keep = self.persistent
@@ -486,6 +500,23 @@ class WorkerExecutor:
         pool, self.workers = self.workers, None
         if pool is not None:
             pool.shutdown()
+
+
+class StreamWorkerExecutor(WorkerExecutor):
+    """An iterable dataset in worker processes: each iterates its own copy of it.
+
+    The workers' batches are taken round-robin (see `ferrofeed._workers.stream_batches`).
+    """
+
+    def run(self, epoch: int, groups: Iterator[Group]) -> Iterator[Done]:
+        """The batches of ``groups``, a `StreamPlan` (the workers make its groups).
+
+        The plan's first ``start`` batches are replayed: read by the workers, dropped.
+        """
+        if not isinstance(groups, StreamPlan):
+            raise TypeError(f"an iterable dataset's groups come from a StreamPlan, not {groups!r}")
+        start = groups.start
+        return self._guarded(lambda pool: stream_batches(pool, epoch, start, self.timeout))
 
 
 def _batches_in_flight(num_threads: int, batch: int, pool: int) -> int:

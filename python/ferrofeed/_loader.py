@@ -21,8 +21,15 @@ from typing import Any, Literal, Protocol
 from . import _core
 from ._collate import default_collate
 from ._errors import TooManyFailuresError
-from ._executors import Executor, NativeExecutor, ThreadExecutor, WorkerExecutor
+from ._executors import (
+    Executor,
+    NativeExecutor,
+    StreamWorkerExecutor,
+    ThreadExecutor,
+    WorkerExecutor,
+)
 from ._images import ImageFiles, ImageFolder
+from ._iterable import StreamPlan, StreamSpec, batches_in, check_arguments, is_iterable_dataset
 from ._output import Output, Progress, check_device, convert, default_rank_and_world
 from ._shards import ShardedSource
 from ._workers import _Setup
@@ -73,6 +80,22 @@ class DataLoader:
     (``images`` alone when there are no labels), uint8 NHWC unless ``collate`` is an
     `ops.collate` that says otherwise.
 
+    Iterable datasets: a source with ``__iter__`` and no ``__getitem__`` (a
+    ``torch.utils.data.IterableDataset`` too) is read as PyTorch reads it. With
+    ``num_workers=0`` it is iterated once per epoch in this process and its samples are
+    transformed on ``num_threads`` threads (the same batches whatever ``num_threads``);
+    with ``num_workers=N`` each worker iterates its own copy and makes batches of its own
+    stream (`get_worker_info` tells it which part to read: a dataset that does not split
+    is read whole by every worker), taken from the workers in turn, in PyTorch's order.
+    ``rank`` and ``world_size`` are the dataset's business too. ``shuffle=True`` needs
+    ``shuffle_window=``: samples are shuffled through a buffer of that many, seeded from
+    ``(seed, epoch)`` and the worker. A sample's index (for its random draws and in
+    `stats`) is its position in its stream, ``position * num_workers + worker`` with
+    workers: the draws depend on ``num_workers``, as in PyTorch. ``len(loader)`` comes
+    from ``len(dataset)`` (`TypeError` without it). An error of the dataset's iterator
+    ends the epoch, under ``on_error="skip"`` too. `load_state_dict` resumes by replaying
+    the epoch's stream up to where it stopped (see there).
+
     Randomness, one rule for every path: each random draw of a sample comes from
     ``(seed, epoch, the sample's dataset index)``. Native random crops and flips do; so does
     ``ferrofeed.io.decode_image(..., crop="random", flip="random")`` called without
@@ -87,7 +110,8 @@ class DataLoader:
 
     Args:
         source: a map-style dataset: ``len(ds)`` and ``ds[i]`` (a ``torch.utils.data.Dataset``
-            works unchanged, and so does a `SharedList` or a list); or images, as above.
+            works unchanged, and so does a `SharedList` or a list); an iterable dataset;
+            or images, as above.
         batch_size: samples per batch (positional, as in PyTorch); ``None``: no batching,
             each sample is handed out on its own (converted to ``output``).
         shuffle: shuffle the order every epoch.
@@ -141,7 +165,8 @@ class DataLoader:
             chain, one batch's decode: `TimeoutError`.
         shuffle_window: a sharded source's samples held for shuffling (default 2048; rounded
             up to a multiple of ``batch_size``). Memory is bounded by it (two windows: the
-            one being loaded and the one read ahead) and the batches in flight.
+            one being loaded and the one read ahead) and the batches in flight. With an
+            iterable dataset, the shuffle buffer's samples (needed with ``shuffle=True``).
         image: with a sharded source and ``transform=ops.decode_image(...)``, the field
             holding the encoded image (``"jpg"``), or alternatives, the first a sample has
             taken (``"jpg;png;webp"``; default ``"jpg;jpeg;png;webp"``).
@@ -195,7 +220,7 @@ class DataLoader:
 
     def __init__(
         self,
-        source: MapDataset | ShardedSource | str | os.PathLike[str],
+        source: MapDataset | Iterable[Any] | ShardedSource | str | os.PathLike[str],
         batch_size: int | None = 1,
         *,
         shuffle: bool = False,
@@ -228,11 +253,27 @@ class DataLoader:
         if isinstance(source, str | os.PathLike):
             source = ImageFolder(source)
         self.sharded = isinstance(source, ShardedSource)
-        if not self.sharded and not (hasattr(source, "__len__") and hasattr(source, "__getitem__")):
+        # An iterable dataset (as PyTorch's IterableDataset): see ferrofeed._iterable.
+        self.iterable = not self.sharded and is_iterable_dataset(source)
+        if self.iterable:
+            check_arguments(
+                shuffle=shuffle,
+                shuffle_window=shuffle_window,
+                batches_per_epoch=batches_per_epoch,
+                native=isinstance(transform, _core.NativeOp) or isinstance(collate, _core.NativeOp),
+                image=image,
+                label=label,
+                bucket_by=bucket_by,
+                batch_sampler=batch_sampler,
+            )
+        elif not self.sharded and not (
+            hasattr(source, "__len__") and hasattr(source, "__getitem__")
+        ):
             raise TypeError(
-                "source must be a map-style dataset (len(ds) and ds[i]), a sharded source "
-                "(TarShards, ParquetShards, JsonLines), a sequence of image paths, or a "
-                f"folder of class subfolders, not {type(source).__name__}"
+                "source must be a map-style dataset (len(ds) and ds[i]), an iterable dataset "
+                "(__iter__), a sharded source (TarShards, ParquetShards, JsonLines), a "
+                "sequence of image paths, or a folder of class subfolders, not "
+                f"{type(source).__name__}"
             )
         if shuffle_window is not None and (
             isinstance(shuffle_window, bool)
@@ -257,7 +298,7 @@ class DataLoader:
                 raise TypeError(
                     f"batch_sampler must be an iterable of index lists, not {batch_sampler!r}"
                 )
-        if not self.sharded:
+        if not self.sharded and not self.iterable:
             for name, value in (
                 ("shuffle_window", shuffle_window),
                 ("image", image),
@@ -316,7 +357,7 @@ class DataLoader:
             raise ValueError(f"rank {self.rank} is not in [0, world_size={self.world_size})")
         if device is not None:
             check_device(output, device)
-        self.dataset = source
+        self.dataset: Any = source
         self.batch_size = batch_size
         # Samples per batch; 1 with batch_size=None (each sample handed out on its own).
         self._batch = batch_size or 1
@@ -442,6 +483,7 @@ class DataLoader:
         transform = self.transform
         assert not isinstance(transform, _core.NativeOp)
         if self.num_workers > 0:
+            spec = self._stream_spec() if self.iterable else None
             setup = _Setup(
                 dataset=self.dataset,
                 transform=transform,
@@ -452,8 +494,9 @@ class DataLoader:
                 worker_init_fn=self.worker_init_fn,
                 parent_pid=os.getpid(),
                 start_method=self.worker_start_method,
+                stream=spec,
             )
-            return WorkerExecutor(
+            return (StreamWorkerExecutor if spec is not None else WorkerExecutor)(
                 setup,
                 num_workers=self.num_workers,
                 prefetch_factor=self.prefetch_factor,
@@ -461,6 +504,7 @@ class DataLoader:
                 timeout=self.timeout,
                 pin_memory=self._wants_pinned(),
             )
+        # (An iterable dataset's groups carry their samples: threads run them as any.)
         return ThreadExecutor(
             self.dataset,
             transform,
@@ -471,6 +515,11 @@ class DataLoader:
             timeout=self.timeout,
             skip=self.on_error == "skip",
         )
+
+    def _stream_spec(self) -> StreamSpec:
+        """How an iterable dataset's stream becomes batches."""
+        window = self.shuffle_window if self.shuffle else None
+        return StreamSpec(self._batch, self.drop_last, window, self.seed)
 
     def _plan(self, epoch: int, start: int = 0) -> _core.EpochPlan | _core.ShardPlan | _SamplerPlan:
         """The core's plan of ``epoch`` for this rank, from its batch ``start``."""
@@ -509,6 +558,8 @@ class DataLoader:
     @property
     def samples_per_rank(self) -> int:
         """Samples each rank reads per pass over the data (after padding or dropping)."""
+        if self.iterable:
+            return len(self.dataset)  # TypeError without __len__, as PyTorch's
         plan = self._plan(self._epoch)
         if isinstance(plan, _SamplerPlan):
             return len(self.dataset)
@@ -517,6 +568,8 @@ class DataLoader:
     @property
     def batches_per_pass(self) -> int:
         """Batches each rank yields per pass over the data."""
+        if self.iterable:
+            return len(self)
         plan = self._plan(self._epoch)
         if isinstance(plan, _SamplerPlan | _core.ShardPlan):
             return len(plan)
@@ -528,7 +581,12 @@ class DataLoader:
         For a sharded source resumed on another world size (see `load_state_dict`), the
         batches of this world's part of the epoch. With a ``batch_sampler``, its length
         (`TypeError` when it has none).
+
+        For an iterable dataset, as PyTorch counts: from ``len(dataset)`` (`TypeError`
+        without it); workers that each read a part may make a few more.
         """
+        if self.iterable:
+            return batches_in(self.dataset, self._batch, self.drop_last)
         return len(self._plan(self._epoch))
 
     # -- epochs and state -------------------------------------------------------------
@@ -566,11 +624,15 @@ class DataLoader:
             "drop_last": self.drop_last,
             "rank": self.rank,
             "world_size": self.world_size,
-            "dataset_len": len(self.dataset),
+            "dataset_len": len(self.dataset) if hasattr(self.dataset, "__len__") else None,
             "batches_per_epoch": self.batches_per_epoch,
         }
         if self.batch_sampler is not None:
             state["batch_sampler"] = True
+        if self.iterable:
+            # Its order depends on the workers: each makes batches of its own stream.
+            state["num_workers"] = self.num_workers
+            state["shuffle_window"] = self.shuffle_window if self.shuffle else None
         if isinstance(self.dataset, ShardedSource):
             state["shard_counts"] = list(self.dataset._counts)
             state["shuffle_window"] = self.shuffle_window
@@ -589,6 +651,12 @@ class DataLoader:
         exactly once over the new world (an elastic resume). The worker and thread counts
         never matter.
 
+        An iterable dataset resumes by replaying: the epoch's stream is read again from its
+        start and its first ``batches_done`` batches are dropped (their samples are read,
+        not transformed). That costs reading them, and is exact only where the order
+        reproduces: the same ``seed``, ``shuffle_window`` and ``num_workers`` (checked),
+        and a dataset that yields the same samples in the same order again.
+
         Raises:
             ValueError: the state comes from a loader configured differently.
         """
@@ -600,6 +668,8 @@ class DataLoader:
             keys += ["shard_counts", "shuffle_window"]
         else:
             keys += ["rank", "world_size"]
+        if self.iterable:
+            keys += ["num_workers", "shuffle_window"]
         for key in keys:
             if state[key] != mine[key]:
                 raise ValueError(
@@ -620,7 +690,8 @@ class DataLoader:
         if self.sharded:
             self._load_shard_state(state, epoch, done)
             return
-        if self._sized() and done > len(self):
+        # (An iterable dataset's len() is PyTorch's estimate: workers may make more.)
+        if not self.iterable and self._sized() and done > len(self):
             raise ValueError(
                 f"the state's batches_done={done} is past the end of an epoch of "
                 f"{len(self)} batches"
@@ -701,7 +772,12 @@ class DataLoader:
         A batch whose every sample was skipped comes out as `_EMPTY`: it still counts as
         a position, so resuming stays exact.
         """
-        plan = self._plan(epoch, start)
+        plan: _core.EpochPlan | _core.ShardPlan | _SamplerPlan | StreamPlan
+        if self.iterable:
+            # A pass over the dataset, replayed up to `start`.
+            plan = StreamPlan(self.dataset, self._stream_spec(), epoch, start)
+        else:
+            plan = self._plan(epoch, start)
         expected = start
         output, device = self.output, self.device
         groups: Iterator[Any]
@@ -723,7 +799,12 @@ class DataLoader:
             yield _EMPTY if done.batch is None else convert(done.batch, output, device)
 
     def _sized(self) -> bool:
-        """Whether the epoch's length is known (not with a batch sampler without len())."""
+        """Whether the epoch's length is known (not without a len() of its sampler or data).
+
+        Unknown with a batch sampler, or an iterable dataset, that has no ``len()``.
+        """
+        if self.iterable:
+            return hasattr(self.dataset, "__len__")
         return self.batch_sampler is None or hasattr(self.batch_sampler, "__len__")
 
     def shutdown_workers(self) -> None:
@@ -737,7 +818,7 @@ class DataLoader:
     def __iter__(self) -> Iterator[Any]:
         epoch = self._epoch
         self._batches_done = self._resume_batches
-        # A batch sampler without len(): as many batches as it gives.
+        # A batch sampler or an iterable dataset without len(): as many batches as it gives.
         todo = len(self) - self._resume_batches if self._sized() else None
         bar = Progress(todo, f"epoch {epoch}") if self.progress else None
         finished = False

@@ -7,7 +7,10 @@ processes run ``dataset[i]``, the transform and the collate. What crosses betwee
   pickled once under spawn and forkserver; a `SharedList` pickles to its path, so every
   worker maps the same arena pages);
 * per batch, main to worker: a task (a batch number, the epoch, the sample indices and a
-  slot number), a few hundred bytes;
+  slot number), a few hundred bytes; for an iterable dataset, "begin" once per epoch (the
+  worker starts a new pass over its copy of the dataset) and then "next" tasks (the next
+  batch of that pass; the reply names the samples' ids), taken round-robin by
+  `stream_batches`;
 * per batch, worker to main: a small header (the batch's structure: containers, dtypes,
   shapes and offsets). The arrays themselves are written by the worker's collate straight
   into a *slot*, an anonymous shared memory file (memfd) that the main process maps once
@@ -55,6 +58,7 @@ from typing import Any
 from . import _core
 from ._collate import collating_into, describe_entries
 from ._errors import WorkerDiedError, WorkerError, WorkerTimeoutError
+from ._iterable import SampleStream, StreamSpec
 from ._sample import sample_scope, seed_generators
 from ._slot_writer import SlotWriter
 
@@ -92,6 +96,10 @@ _WORKER_INFO: WorkerInfo | None = None
 
 def get_worker_info() -> WorkerInfo | None:
     """Return this worker's `WorkerInfo` in a `DataLoader` worker process, else ``None``.
+
+    In a worker, ``torch.utils.data.get_worker_info()`` answers the same (id,
+    num_workers, seed, dataset), so a torch ``IterableDataset`` that splits its work by it
+    works unchanged.
 
     Example:
         >>> import ferrofeed
@@ -204,6 +212,9 @@ class _Setup:
     # sample, the first included, starts from its own seed in them (a dataset that imports
     # torch inside __getitem__ would otherwise draw its first sample unseeded).
     seeded_modules: tuple[str, ...] = ()
+    # An iterable dataset's batching: each worker then iterates its own copy of the
+    # dataset and makes a batch of its stream per task (see `_iterable`).
+    stream: StreamSpec | None = None
 
 
 def seeded_modules() -> tuple[str, ...]:
@@ -276,6 +287,7 @@ def _worker_main(setup: _Setup, conn: multiprocessing.connection.Connection, wid
     try:
         for name in setup.seeded_modules:
             importlib.import_module(name)
+        _tell_torch(_WORKER_INFO)
         seed_generators(worker_seed)
         if setup.worker_init_fn is not None:
             setup.worker_init_fn(wid)
@@ -285,6 +297,8 @@ def _worker_main(setup: _Setup, conn: multiprocessing.connection.Connection, wid
     conn.send(("ready", os.getpid()))
     slots: dict[int, SlotWriter] = {}
     size_hint = 0
+    # An iterable dataset's stream of the current epoch ("begin" starts a new one).
+    stream: SampleStream | None = None
     while True:
         try:
             msg = conn.recv()
@@ -295,17 +309,55 @@ def _worker_main(setup: _Setup, conn: multiprocessing.connection.Connection, wid
         if msg[0] == "slot":
             slots[msg[1]] = SlotWriter(reduction.recv_handle(conn))
             continue
-        _, task_id, epoch, indices, slot_id = msg
-        slot = slots.get(slot_id) if slot_id is not None else None
-        reply = _run_task(setup, task_id, epoch, indices, slot, size_hint)
+        if msg[0] == "begin":
+            assert setup.stream is not None
+            _tell_torch(_WORKER_INFO)  # torch may have been imported since the start
+            stream = SampleStream(
+                setup.dataset,
+                setup.stream,
+                msg[1],
+                worker=wid,
+                num_workers=setup.num_workers,
+                seed_globals=True,
+            )
+            continue
+        tail: tuple[Any, ...] = ()
+        if msg[0] == "next":
+            _, task_id, slot_id, replay = msg
+            assert stream is not None
+            slot = slots.get(slot_id)
+            reply, ids = _run_stream_task(setup, stream, task_id, slot, size_hint, replay)
+            tail = (ids,)  # a stream task's replies end with the ids of its samples
+        else:
+            _, task_id, epoch, indices, slot_id = msg
+            slot = slots.get(slot_id) if slot_id is not None else None
+            reply = _run_task(setup, task_id, epoch, indices, slot, size_hint)
         if slot is not None:
             size_hint = max(size_hint, slot.used)
         try:
-            conn.send(reply)
+            conn.send(reply + tail)
         except (BrokenPipeError, ConnectionResetError):
             return
         except Exception as e:  # the header does not pickle
-            conn.send(("error", task_id, None, "collate", *_exception_payload(e)))
+            conn.send(("error", task_id, None, "collate", *_exception_payload(e), *tail))
+
+
+def _tell_torch(info: WorkerInfo) -> None:
+    """Have ``torch.utils.data.get_worker_info()`` answer as `get_worker_info` does.
+
+    A torch ``IterableDataset`` splits its work by torch's ``get_worker_info()``, which
+    reads a module global that only torch's own workers set: it is set here, in a
+    `DataLoader` worker, when torch is imported (its dataclass takes the same fields).
+    """
+    worker = sys.modules.get("torch.utils.data._utils.worker")
+    if worker is None:
+        return
+    try:
+        worker._worker_info = worker.WorkerInfo(  # type: ignore[attr-defined]
+            id=info.id, num_workers=info.num_workers, seed=info.seed, dataset=info.dataset
+        )
+    except Exception as e:  # another torch's layout: its get_worker_info() stays None
+        _log.debug("torch.utils.data.get_worker_info() not set in the worker: %r", e)
 
 
 def _run_task(
@@ -335,6 +387,61 @@ def _run_task(
             continue
         samples.append(sample)
         kept.append(i)
+    return _collate_reply(setup, task_id, samples, kept, skipped, slot, size_hint)
+
+
+def _run_stream_task(
+    setup: _Setup,
+    stream: SampleStream,
+    task_id: int,
+    slot: SlotWriter | None,
+    size_hint: int,
+    replay: bool,
+) -> tuple[tuple[Any, ...], list[int]]:
+    """The next batch of this worker's stream: the reply and the ids of its samples.
+
+    The reply is ``("end", task_id)`` past the stream's end (and to every task after it),
+    and ``("empty", task_id, [])`` for a batch being replayed (a resumed epoch: read, not
+    transformed). An error of the dataset's iterator ends the stream.
+    """
+    try:
+        items = stream.next_batch()
+    except Exception as e:
+        return ("error", task_id, None, "iterate", *_exception_payload(e)), []
+    if items is None:
+        return ("end", task_id), []
+    ids = [i for i, _ in items]
+    if replay:
+        return ("empty", task_id, []), ids
+    if setup.transform is None:
+        return _collate_reply(setup, task_id, [s for _, s in items], ids, [], slot, size_hint), ids
+    samples = []
+    kept: list[int] = []
+    skipped: list[tuple[int, str]] = []
+    for i, sample in items:
+        try:
+            with sample_scope(setup.seed, stream.epoch, i, seed_globals=True):
+                sample = setup.transform(sample)
+        except Exception as e:
+            if not setup.skip:
+                return ("error", task_id, i, "load", *_exception_payload(e)), ids
+            skipped.append((i, f"{type(e).__name__}: {e}"))
+            continue
+        samples.append(sample)
+        kept.append(i)
+    return _collate_reply(setup, task_id, samples, kept, skipped, slot, size_hint), ids
+
+
+def _collate_reply(
+    setup: _Setup,
+    task_id: int,
+    samples: list[Any],
+    kept: list[int],
+    skipped: list[tuple[int, str]],
+    slot: SlotWriter | None,
+    size_hint: int,
+) -> tuple[Any, ...]:
+    """Collate ``samples`` (of ids ``kept``) into ``slot``; the reply to the main process."""
     if not samples:
         return ("empty", task_id, skipped)
     if slot is not None:
@@ -367,6 +474,10 @@ class _Task:
     slot: int
     # The iteration it belongs to; results of an earlier one are dropped.
     generation: int
+    # A task of an iterable dataset: "the worker's next batch" (its ids come back with
+    # the reply); a replay one is read and dropped (a resumed epoch).
+    stream: bool = False
+    replay: bool = False
 
 
 @dataclasses.dataclass
@@ -391,6 +502,8 @@ class Loaded:
     batch: Any
     skipped: list[tuple[int, str]]
     empty: bool = False
+    # An iterable dataset's worker has no batch left this epoch.
+    ended: bool = False
 
 
 class WorkerPool:
@@ -458,18 +571,45 @@ class WorkerPool:
     def submit(self, epoch: int, indices: list[int]) -> int:
         """Send a batch's indices to the least busy worker; return the task's id."""
         worker = min(self.workers, key=lambda w: (len(w.tasks), w.id))
+        task = self._task(worker, indices)
+        return self._send(worker, task, ("task", task.id, epoch, indices, task.slot))
+
+    def begin_stream(self, epoch: int) -> None:
+        """Have every worker start a new pass over its copy of an iterable dataset."""
+        for worker in self.workers:
+            # A worker that is gone is noticed at the next receive.
+            with contextlib.suppress(OSError):
+                worker.conn.send(("begin", epoch))
+
+    def submit_next(self, wid: int, replay: bool) -> int:
+        """Ask worker ``wid`` for the next batch of its stream; return the task's id.
+
+        With ``replay``, the worker reads the batch's samples and drops them.
+        """
+        worker = self.workers[wid]
+        task = self._task(worker, [])
+        task.stream, task.replay = True, replay
+        return self._send(worker, task, ("next", task.id, task.slot, replay))
+
+    def _task(self, worker: _Worker, indices: list[int]) -> _Task:
+        """A new task for ``worker``, with a slot for its batch."""
         slot = self.ring.acquire()
         if slot is None:
             slot = self.ring.create()
             self.ring.acquire()
         task = _Task(self.next_task, worker.id, indices, slot, self.generation)
         self.next_task += 1
+        return task
+
+    def _send(self, worker: _Worker, task: _Task, message: tuple[Any, ...]) -> int:
+        """Send ``task`` (``message``) to ``worker``, with its slot's fd the first time."""
+        slot = task.slot
         try:
             if slot not in worker.slots:
                 worker.conn.send(("slot", slot))
                 reduction.send_handle(worker.conn, self.ring.fd(slot), worker.pid)
                 worker.slots.add(slot)
-            worker.conn.send(("task", task.id, epoch, indices, slot))
+            worker.conn.send(message)
         except OSError:
             # The worker is gone: its sentinel tells why at the next receive.
             self.ring.release(slot)
@@ -541,6 +681,10 @@ class WorkerPool:
             raise exc
         task = self.tasks.pop(msg[1])
         del worker.tasks[task.id]
+        if task.stream:
+            # The ids of the samples the worker read for it close a stream task's reply.
+            task.indices = list(msg[-1])
+            msg = msg[:-1]
         result: Loaded | BaseException
         if kind == "batch":
             _, _, nbytes, data, skipped = msg
@@ -552,12 +696,18 @@ class WorkerPool:
             self.ring.release(task.slot)
             if kind == "empty":
                 result = Loaded(None, msg[2], empty=True)
+            elif kind == "end":
+                result = Loaded(None, [], empty=True, ended=True)
             else:
                 _, _, index, stage, data, type_name, text = msg
                 result = _rebuild(data, type_name, text)
-                where = f"sample {index}" if index is not None else f"samples {task.indices}"
+                if stage == "iterate":
+                    what = "while iterating the dataset"
+                else:
+                    where = f"sample {index}" if index is not None else f"samples {task.indices}"
+                    what = f"while running {stage} on {where}"
                 result.add_note(
-                    f"while running {stage} on {where}, in DataLoader worker {worker.id} "
+                    f"{what}, in DataLoader worker {worker.id} "
                     f"(pid {worker.pid}); the worker's traceback:\n{text}"
                 )
                 _add_cuda_note(result, self.setup.start_method or "")
@@ -580,8 +730,11 @@ class WorkerPool:
             how = "closed its connection and stopped responding"
         else:
             how = f"exited with code {exitcode}"
+        holding = f"holding samples {held}"
+        if any(t.stream for t in worker.tasks.values()):
+            holding = "making the next batch of its pass over the dataset"
         raise WorkerDiedError(
-            f"DataLoader worker {worker.id} (pid {worker.pid}) {how} while holding samples {held}",
+            f"DataLoader worker {worker.id} (pid {worker.pid}) {how} while {holding}",
             pid=worker.pid,
             exitcode=exitcode,
             indices=held,
@@ -592,6 +745,8 @@ class WorkerPool:
         if task is None:
             return "a batch"
         w = self.workers[task.worker]
+        if task.stream:
+            return f"the next batch of worker {w.id} (pid {w.pid})"
         return f"the batch of samples {task.indices} (worker {w.id}, pid {w.pid})"
 
     # -- shutdown ---------------------------------------------------------------------------
@@ -740,3 +895,68 @@ def worker_batches(
         if isinstance(result, BaseException):
             raise result
         yield batch_no, indices, result
+
+
+def stream_batches(
+    pool: WorkerPool, epoch: int, start: int, timeout: float | None
+) -> Iterator[tuple[int, list[int], Loaded]]:
+    """Yield ``(batch_no, ids, loaded)`` of an iterable dataset's epoch, from ``start``.
+
+    Each worker makes batches from its own pass over the dataset; they are taken
+    round-robin, as PyTorch does: worker 0's first batch, worker 1's first, ..., worker
+    0's second, ...; a worker whose pass has ended drops out. Each worker has at most
+    ``pool.prefetch_factor`` requests in flight. A resumed epoch (``start > 0``) replays
+    its first ``start`` batches: the workers read their samples and drop them.
+    """
+    pool.new_generation()
+    pool.begin_stream(epoch)
+    # (task id, worker id) of the requests in flight, in the order their batches are due.
+    order: collections.deque[tuple[int, int]] = collections.deque()
+    done: dict[int, tuple[_Task, Loaded | BaseException]] = {}
+    dropped: set[int] = set()  # requests to workers whose pass has ended
+    position = 0  # the next batch's number in the epoch
+
+    def request(wid: int) -> None:
+        # The batch's number if no worker ahead of it ends: a worker's end only moves the
+        # batches behind it forward, so a request made as a replay is always one; one that
+        # turns out to fall before `start` is made in full and dropped.
+        replay = position + len(order) < start
+        order.append((pool.submit_next(wid, replay), wid))
+
+    for _ in range(pool.prefetch_factor):
+        for wid in range(len(pool.workers)):
+            request(wid)
+    while order:
+        head, wid = order[0]
+        waited_since = time.monotonic()
+        while head not in done:
+            remaining = None
+            if timeout is not None:
+                remaining = _time_left(pool, head, waited_since, timeout)
+                if remaining <= 0:
+                    raise WorkerTimeoutError(
+                        f"{pool.describe(head)} did not come back within timeout={timeout} s"
+                    )
+            for task, result in pool.receive(remaining):
+                if task.id in dropped:
+                    dropped.discard(task.id)
+                else:
+                    done[task.id] = (task, result)
+        order.popleft()
+        task, result = done.pop(head)
+        if isinstance(result, BaseException):
+            raise result
+        if result.ended:
+            # The worker's pass is over: its other requests will end too.
+            for entry in [e for e in order if e[1] == wid]:
+                order.remove(entry)
+                if done.pop(entry[0], None) is None:
+                    dropped.add(entry[0])
+            continue
+        batch_no, position = position, position + 1
+        request(wid)
+        if batch_no < start:
+            continue  # replayed
+        if task.replay:
+            raise RuntimeError(f"batch {batch_no} was replayed, not made (a bug)")
+        yield batch_no, task.indices, result
