@@ -218,8 +218,6 @@ def test_threads_batches_in_stream_order() -> None:
     assert rows(DataLoader(Whole(10), 4)) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
     assert rows(DataLoader(Whole(10), 4, drop_last=True)) == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert [int(s) for s in DataLoader(Whole(3), None)] == [0, 1, 2]
-    # A generator works for one epoch, as in PyTorch.
-    assert rows(DataLoader((i * i for i in range(4)), 2)) == [[0, 1], [4, 9]]
 
 
 def test_threads_same_output_whatever_num_threads() -> None:

@@ -1000,11 +1000,15 @@ def test_source_must_be_map_style_or_iterable(source: Any) -> None:
         DataLoader(source)
 
 
-@pytest.mark.parametrize("source", [_gen(), iter([1, 2]), {1, 2, 3}], ids=["gen", "iter", "set"])
-def test_an_object_with_iter_and_no_getitem_is_an_iterable_dataset(source: Any) -> None:
-    # Read as PyTorch reads an IterableDataset (tests/test_iterable.py); a generator or
-    # another iterator gives one epoch.
-    assert DataLoader(source).iterable
+def test_an_object_with_iter_and_no_getitem_is_an_iterable_dataset() -> None:
+    # Read as PyTorch reads an IterableDataset (tests/test_iterable.py).
+    assert DataLoader({1, 2, 3}).iterable
+
+
+@pytest.mark.parametrize("source", [_gen(), iter([1, 2])], ids=["gen", "iter"])
+def test_an_iterator_is_refused_since_it_can_be_read_once(source: Any) -> None:
+    with pytest.raises(TypeError, match="can be read once"):
+        DataLoader(source)
 
 
 @pytest.mark.parametrize(

@@ -255,6 +255,15 @@ class DataLoader:
         self.sharded = isinstance(source, ShardedSource)
         # An iterable dataset (as PyTorch's IterableDataset): see ferrofeed._iterable.
         self.iterable = not self.sharded and is_iterable_dataset(source)
+        if self.iterable and isinstance(source, Iterator):
+            # A generator or another iterator is spent after one pass: every epoch after
+            # the first would be silently empty.
+            raise TypeError(
+                f"source is an iterator ({type(source).__name__}): it can be read once, so "
+                "every epoch after the first would be empty; pass an object whose __iter__ "
+                "starts a new pass (a class with __iter__, a torch IterableDataset), or a "
+                "list"
+            )
         if self.iterable:
             check_arguments(
                 shuffle=shuffle,
