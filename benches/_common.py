@@ -1,6 +1,6 @@
-"""What the Python benchmarks share: the JPEGs made from real photos, the Pillow transforms
-every loader runs, running one configuration in a fresh interpreter, and the process tree's
-CPU time and memory.
+"""What the Python benchmarks share: the JPEGs made from real photos (and packed as tar or
+Parquet shards), the Pillow transforms every loader runs, running one configuration in a
+fresh interpreter, and the process tree's CPU time and memory.
 
 The scripts in this folder import it as a sibling module (``python benches/NAME.py`` puts
 this folder first on ``sys.path``). Importing it imports neither torch nor ferrofeed, so

@@ -18,21 +18,34 @@ Jobs, batches of 32, shuffled, uint8 224x224x3 images with int labels out:
   evaluation transform);
 - ``train``: torchvision's RandomResizedCrop(224) (scale 0.08-1, ratio 3/4-4/3) and a random
   horizontal flip;
+- ``shards``: the training job over the same JPEGs packed as shards of ``--shard-size``
+  (default 200) images: WebDataset tar shards (``{i:06d}.jpg`` and ``{i:06d}.cls``, written
+  with ``tarfile``) and Parquet files in the Hugging Face layout (an ``image`` struct of
+  ``bytes`` and ``path``, an int ``label``, the ``Image`` feature in the schema's metadata;
+  row groups of 100), shuffled within a window of ``--shuffle-window`` (default 1000)
+  samples. ``make compare-shards`` (``--jobs shards --name shards_compare``) runs it alone;
 - ``ram``: metadata only (the RAM study's experiment: COCO-like annotation dicts read by
   worker processes from a plain list, the study's NumpySerializedList, and ferrofeed's
   SharedList), run through benches/ram_study.py (see `ram_experiment`).
 
-Loaders (`LOADERS`): PyTorch's DataLoader with the Pillow transform (0, 1, 2, 4 workers);
-PyTorch's DataLoader with torchvision's decoder and ``transforms.v2`` on uint8 tensors (2 and
-4 workers; see `TorchvisionJob`), what speed-minded PyTorch users pick today; SPDL 0.8 (its
-PipelineBuilder and its FFmpeg decoder and filters); ferrofeed's native chain (decode,
-resize, crop and the random flip in Rust); ferrofeed's DataLoader running the same Pillow
-transform as PyTorch on threads and in worker processes; dataloader-rs (threads; the same
-Pillow transform; it needs Python >= 3.13, so it runs in its own interpreter, ``--py313``)
-and datago, where they install and can do the job. Each (job, loader) runs in a fresh
-interpreter, the loaders taking turns, ``--rounds`` rounds with the order rotated each
-round. A loader that cannot run here (not installed, or its probe fails) is skipped with a
-printed line and listed in the results.
+Loaders (`LOADERS`) of the image-file jobs: PyTorch's DataLoader with the Pillow transform
+(0, 1, 2, 4 workers); PyTorch's DataLoader with torchvision's decoder and ``transforms.v2``
+on uint8 tensors (2 and 4 workers; see `TorchvisionJob`), what speed-minded PyTorch users
+pick today; SPDL 0.8 (its PipelineBuilder and its FFmpeg decoder and filters); ferrofeed's
+native chain (decode, resize, crop and the random flip in Rust); ferrofeed's DataLoader
+running the same Pillow transform as PyTorch on threads and in worker processes;
+dataloader-rs (threads; the same Pillow transform; it needs Python >= 3.13, so it runs in its
+own interpreter, ``--py313``) and datago, where they install and can do the job. Of the
+shards job: ferrofeed's native chain over ``TarShards`` and over ``ParquetShards``
+(``shuffle_window=``, ``image=``, ``label=``), and over the image files themselves (the
+image-folder path, for the CPU per image); webdataset's usual pipeline in PyTorch's
+DataLoader with Pillow (2 and 4 workers; `webdataset_loader`); Hugging Face ``datasets`` over
+the Parquet files, map-style and streaming, in PyTorch's DataLoader with Pillow (2 and 4
+workers; `hf_loader`); the ratios are quoted for the tar source, and each ferrofeed source is
+also set against the fastest peer of each round and against the image-folder path. Each (job,
+loader) runs in a fresh interpreter, the loaders taking turns, ``--rounds`` rounds with the
+order rotated each round. A loader that cannot run here (not installed, or its probe fails)
+is skipped with a printed line and listed in the results.
 
 In each run: the loader is built and the time to the first batch taken (construction,
 worker and thread start-up included); then ``--epochs`` epochs (default 3): the first is the
@@ -353,7 +366,9 @@ def stack_batch(samples: list[tuple[np.ndarray, int]]) -> tuple[np.ndarray, np.n
     return np.stack([s[0] for s in samples]), np.array([s[1] for s in samples], np.int64)
 
 
-def spdl_epochs(files: list[tuple[str, int]], job: str, threads: int, seed: int) -> Any:
+def spdl_epochs(
+    files: list[tuple[str, int]], job: str, threads: int, seed: int
+) -> Iterator[Iterator[Any]]:
     """SPDL 0.8: one pipeline per epoch (SPDL's pattern), decoded and filtered by FFmpeg.
 
     Source: the epoch's permutation; ``pipe(load, concurrency=threads)``: demux and decode
@@ -414,7 +429,7 @@ def spdl_epochs(files: list[tuple[str, int]], job: str, threads: int, seed: int)
     return epochs()
 
 
-def datago_epochs(root: str, files: list[tuple[str, int]], job: str) -> Any:
+def datago_epochs(root: str, files: list[tuple[str, int]], job: str) -> Iterator[Iterator[Any]]:
     """datago: its Rust threads read and decode the folder; Pillow resizes and crops here.
 
     datago's own processing crops to aspect-ratio buckets, which is not either job: the
@@ -871,15 +886,25 @@ def ratios(runs: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
                         [b["peak_pss_added"] / a["peak_pss_added"] for a, b in per]
                     ),
                 }
-            # Against the fastest peer of each round (which may differ round to round).
+    return out
+
+
+def best_peer_ratios(runs: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
+    """Each ferrofeed configuration's images/s against the fastest peer of each round (which
+    peer that is may change from round to round), per job: median and range."""
+    out: dict[str, Any] = {}
+    for job, by_loader in runs.items():
+        peers = [k for k in by_loader if not BY_KEY[k].ferrofeed and by_loader[k]]
+        for f in [k for k in by_loader if BY_KEY[k].ferrofeed]:
             rounds = min([len(by_loader[f])] + [len(by_loader[p]) for p in peers])
-            if peers and rounds:
-                best = [max(by_loader[p][i]["images_per_s"] for p in peers) for i in range(rounds)]
-                out[job][f"{f} vs the best peer"] = {
-                    "throughput": med_range(
-                        [by_loader[f][i]["images_per_s"] / best[i] for i in range(rounds)]
-                    )
-                }
+            if not peers or not rounds:
+                continue
+            per = [
+                by_loader[f][i]["images_per_s"]
+                / max(by_loader[p][i]["images_per_s"] for p in peers)
+                for i in range(rounds)
+            ]
+            out.setdefault(job, {})[f] = med_range(per)
     return out
 
 
@@ -965,14 +990,10 @@ def markdown(results: dict[str, Any]) -> str:
                     f"| {_ratio(r['pss_added_less'])} |"
                 )
             lines.append("")
-            bests = [
-                (k, table[f"{k} vs the best peer"]["throughput"])
-                for k in summary
-                if BY_KEY[k].ferrofeed and f"{k} vs the best peer" in table
-            ]
+            bests = results.get("best_peer", {}).get(job, {})
             if bests:
                 lines += ["Images/s against the fastest peer of each round:", ""]
-                lines += [f"- {BY_KEY[k].label}: {_ratio(r)}" for k, r in bests]
+                lines += [f"- {BY_KEY[k].label}: {_ratio(r)}" for k, r in bests.items()]
                 lines.append("")
         pairs = results.get("peer_ratios", {}).get(job, {})
         if pairs:
@@ -1347,7 +1368,8 @@ def main(argv: list[str] | None = None) -> int:
         "loadavg_start": load_start,
         "not_run": not_run,
     }
-    image_jobs = [j for j in args.jobs if j in JOBS]
+    # The image jobs that a loader asked for runs (the shards job has loaders of its own).
+    image_jobs = [j for j in args.jobs if j in JOBS and any(j in lo.jobs for lo in runnable)]
     plan = [
         (rnd, lo, job)
         for rnd in range(args.rounds)
@@ -1424,6 +1446,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     results["ratios"] = ratios(runs)
     results["peer_ratios"] = peer_ratios(runs)
+    results["best_peer"] = best_peer_ratios(runs)
     results["title"] = (
         f"{results['machine']}; {args.n} JPEGs, batches of {BATCH}, {args.rounds} rounds"
     )

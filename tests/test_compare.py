@@ -60,27 +60,32 @@ def smoke(tmp_path_factory: pytest.TempPathFactory) -> Smoke:
     # torchvision's loader runs where a torchvision built for the installed torch is there,
     # and is reported as not run where it is not.
     (ran if runs_here("torchvision-w2") else not_run).append("torchvision-w2")
-    loaders = ran + not_run
+    results, stdout = run_compare(
+        out, "compare", ran + not_run, "--ram-n=3000", "--ram-ranks=1", "--ram-workers=2"
+    )
+    return Smoke(results, out, ran, not_run, stdout)
+
+
+def run_compare(out: Path, name: str, loaders: list[str], *args: str) -> tuple[Any, str]:
+    """Run compare.py ``--quick`` on 32 images, 2 epochs, ``loaders`` and ``args``, into
+    ``out``; return its ``{name}.json`` and what it printed."""
     cmd = [
         sys.executable,
         str(BENCHES / "compare.py"),
         "--quick",
         "--n=32",
         "--epochs=2",
-        "--ram-n=3000",
-        "--ram-ranks=1",
-        "--ram-workers=2",
         "--pss-interval=0.05",
         f"--loaders={','.join(loaders)}",
         f"--out-dir={out}",
         "--no-progress",
         "--no-torch-import",
+        *args,
     ]
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
-    results = json.loads((out / "compare.json").read_text())
-    return Smoke(results, out, ran, not_run, proc.stdout)
+    return json.loads((out / f"{name}.json").read_text()), proc.stdout
 
 
 def test_every_installed_loader_ran_both_jobs(smoke: Smoke) -> None:
@@ -334,3 +339,69 @@ def test_varied_jpegs_are_seeded_and_mixed(tmp_path: Path) -> None:
     assert large > 0
     assert info["grey"] > 0
     assert info["subsampling"]["4:2:0"] > 40
+
+
+@pytest.fixture(scope="module")
+def shards_smoke(tmp_path_factory: pytest.TempPathFactory) -> Smoke:
+    """The shards job alone (``--jobs shards --name shards_compare``), as
+    ``make compare-shards`` runs it: ferrofeed's three sources, and the peers installed."""
+    out = tmp_path_factory.mktemp("shards-compare")
+    ran = ["ferrofeed-folder", "ferrofeed-tar"]
+    ran += [k for k in ("ferrofeed-parquet", "webdataset-w2", "hf-w2") if runs_here(k)]
+    results, stdout = run_compare(
+        out,
+        "shards_compare",
+        ran,
+        "--jobs=shards",
+        "--name=shards_compare",
+        "--shard-size=8",
+        "--shuffle-window=12",
+    )
+    return Smoke(results, out, ran, [], stdout)
+
+
+@pytest.mark.timeout(360)
+def test_the_shards_job_runs_each_source_on_the_same_images(shards_smoke: Smoke) -> None:
+    results, out, ran = shards_smoke.results, shards_smoke.out, shards_smoke.ran
+    assert set(results["summary"]) == {"shards"}
+    assert set(results["summary"]["shards"]) == set(ran)
+    shards = results["data"]["shards"]
+    assert (shards["shards"], shards["per_shard"], shards["window"]) == (4, 8, 12)
+    for key, (r,) in results["runs"]["shards"].items():
+        # The child checked every batch's shape and dtype and each epoch's count.
+        assert r["images"] == 32 * 2, key
+        assert r["children_left"] == 0, key
+    # Each ferrofeed source against the image-folder path, round by round.
+    pairs = results["peer_ratios"]["shards"]
+    assert "ferrofeed-tar vs ferrofeed-folder" in pairs
+    assert ("ferrofeed-parquet vs ferrofeed-folder" in pairs) == ("ferrofeed-parquet" in ran)
+    peers = [k for k in ran if not k.startswith("ferrofeed")]
+    if peers:
+        ours = {k for k in ran if k.startswith("ferrofeed")}
+        assert set(results["best_peer"]["shards"]) == ours
+        assert set(results["ratios"]["shards"]) == {f"{f} vs {p}" for f in ours for p in peers}
+    md = (out / "shards_compare.md").read_text()
+    assert "#### training (RandomResizedCrop 224 + random flip) from shards" in md
+    assert md.splitlines()[0].endswith(f", on {results['cpu']}")
+    # One job: one plot with the three metrics side by side.
+    assert (out / "shards_compare.png").read_bytes()[:8] == PNG_MAGIC
+    assert not (out / "compare.json").exists()
+
+
+def test_best_peer_is_taken_round_by_round() -> None:
+    compare = import_compare()
+
+    def run(ips: float) -> dict[str, Any]:
+        return {"images_per_s": ips}
+
+    runs = {
+        "shards": {
+            "ferrofeed-tar": [run(900), run(1000)],
+            "webdataset-w2": [run(300), run(450)],
+            "hf-w4": [run(400), run(250)],
+        }
+    }
+    best = compare.best_peer_ratios(runs)["shards"]["ferrofeed-tar"]
+    # Round 1: against hf-w4 (400); round 2: against webdataset-w2 (450).
+    assert best["min"] == pytest.approx(1000 / 450)
+    assert best["max"] == pytest.approx(900 / 400)

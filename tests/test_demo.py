@@ -12,6 +12,12 @@ import pytest
 from ferrofeed.samples import image_folder
 
 SMALL = ["--n-images", "24", "--batch-size", "8", "--epochs", "2"]
+EPOCH = r"epoch (\d): (\d+) images in [\d.]+ s = [\d,]+ images/s .*first batch after \d+ ms"
+
+
+def epochs_of(out: str, prefix: str = "") -> list[tuple[str, str]]:
+    """(epoch, images) of each epoch line of the folder run (or of the run ``prefix`` names)."""
+    return re.findall(rf"^  {re.escape(prefix)}{EPOCH}", out, re.MULTILINE)
 
 
 def demo(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -33,10 +39,7 @@ def test_demo_on_generated_images_prints_its_figures() -> None:
     # The generated sample lives in a temporary folder that is gone afterwards.
     assert not os.path.exists(made.group(1))
     assert "24 image records" in out
-    epochs = re.findall(
-        r"epoch (\d): (\d+) images in [\d.]+ s = [\d,]+ images/s .*first batch after \d+ ms", out
-    )
-    assert epochs == [("0", "24"), ("1", "24")], out
+    assert epochs_of(out) == [("0", "24"), ("1", "24")], out
     # Per-stage figures: the native batch op saw 3 batches of 8.
     row = next(line for line in out.splitlines() if line.strip().startswith("decode_batch"))
     assert row.split()[2:4] == ["3", "3"], row
@@ -74,6 +77,7 @@ def test_demo_on_a_users_folder_reports_unreadable_images(tmp_path: Path) -> Non
     assert "skipped 1 unreadable image(s)" in out, out
     assert "broken.jpg" in out, out
     assert "plain Python list" not in out  # --annotations 0 skips the memory study
+    assert "shards:" not in out  # a user's folder is packed as shards only with --shards
     # The user's folder is left as it was.
     assert len(list(tmp_path.rglob("*.jpg"))) == 11
 
@@ -101,13 +105,15 @@ def test_demo_help_and_bad_arguments() -> None:
 def test_demo_without_torch_says_so() -> None:
     # torch made unimportable in the demo's interpreter, as on a machine without it.
     code = (
-        "import sys; sys.modules['torch'] = None\n"
+        "import sys; sys.modules['torch'] = sys.modules['pyarrow'] = None\n"
         "from ferrofeed._demo import main\n"
         f"sys.exit(main({[*SMALL, '--annotations', '0']!r}))\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=150)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
+    # The shards are written with Python's tarfile and read in Rust: nothing else needed.
+    assert "TarShards counted 24 samples" in out, out
     assert "ferrofeed, Python transform, 2 workers" in out, out
     assert "PyTorch DataLoader + Pillow" not in out, out
     assert re.search(
@@ -115,3 +121,41 @@ def test_demo_without_torch_says_so() -> None:
         r"'ferrofeed\[torch\]' pillow",
         out,
     ), out
+
+
+@pytest.mark.timeout(180)
+def test_demo_packs_its_images_as_tar_shards_and_reads_them_back() -> None:
+    proc = demo(*SMALL, "--shard-size", "10", "--annotations", "0", "--no-compare")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    packed = re.search(
+        r"shards: the 24 images packed as 3 WebDataset tar shards of up to 10 "
+        r"\([\d.]+ [KMG]iB, in [\d.]+ s\) in (\S+); TarShards counted 24 samples",
+        out,
+    )
+    assert packed, out
+    assert "shuffle_window=20, image='jpg', label='cls'" in out, out
+    # Every image read back, each epoch, through the native chain.
+    assert epochs_of(out, "shards, ") == [("0", "24"), ("1", "24")], out
+    assert epochs_of(out) == [("0", "24"), ("1", "24")], out
+    assert "skipped" not in out
+    # The shards lived in the demo's temporary folder, gone afterwards.
+    assert not os.path.exists(packed.group(1))
+
+
+def test_write_tar_shards_gives_the_webdataset_layout(tmp_path: Path) -> None:
+    import tarfile
+
+    import ferrofeed as ff
+    from ferrofeed._demo import write_tar_shards
+
+    files = image_folder(tmp_path / "images", 5, classes=2, size=(32, 24))
+    paths, exts = write_tar_shards(files, str(tmp_path / "shards"), 2)
+    assert exts == ["jpg"]
+    assert [os.path.basename(p) for p in paths] == [f"shard-{k:06d}.tar" for k in range(3)]
+    with tarfile.open(paths[0]) as tar:
+        assert tar.getnames() == ["000000.jpg", "000000.cls", "000001.jpg", "000001.cls"]
+    samples = list(ff.TarShards(paths))
+    assert [s["__key__"] for s in samples] == [f"{i:06d}" for i in range(5)]
+    assert [s["cls"] for s in samples] == [label for _, label in files]
+    assert [s["jpg"] for s in samples] == [Path(p).read_bytes() for p, _ in files]

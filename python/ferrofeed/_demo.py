@@ -5,7 +5,9 @@
    (file, label, size, COCO-like boxes) in a `SharedList`.
 2. Loading: `DataLoader` over that metadata through the native image chain (read, decode,
    resize, crop, collate in Rust, no GIL): time to first batch, images/s (per core too),
-   and the pipeline's per-stage figures.
+   and the pipeline's per-stage figures. Then the same images packed as WebDataset tar
+   shards (Python's ``tarfile``; for the generated sample, or with ``--shards``) and read
+   back through `TarShards`: the image bytes go from the shard to the decode in Rust.
 3. Side by side, each in a fresh interpreter on the same images and job: the native
    chain, a Python transform in ferrofeed's worker processes, and PyTorch's DataLoader
    with Pillow when torch and Pillow are installed (a line says so when they are not):
@@ -19,6 +21,7 @@
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import multiprocessing as mp
 import os
@@ -26,6 +29,7 @@ import pickle
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from collections.abc import Sequence
@@ -34,7 +38,7 @@ from typing import Any
 from .memory import format_bytes, process_memory
 from .samples import coco_like_annotations, image_folder
 
-__all__ = ["main", "run_variant"]
+__all__ = ["main", "run_variant", "write_tar_shards"]
 
 
 def _worker(
@@ -180,24 +184,8 @@ def _load(args: argparse.Namespace, files: list[tuple[str, int]]) -> None:
         f"num_threads={threads}), decode_image(resize_shorter="
         f"{round(args.size * 256 / 224)}, crop={args.size}) in Rust, uint8 NHWC batches"
     )
-    last_images = 0
     with meta:
-        for epoch in range(args.epochs):
-            start = time.perf_counter()
-            first = None
-            images = 0
-            for batch in loader:
-                if first is None:
-                    first = time.perf_counter() - start
-                images += len(batch[0])
-            took = time.perf_counter() - start
-            rate = images / took if took > 0 else float("inf")
-            print(
-                f"  epoch {epoch}: {images} images in {took:.2f} s = {rate:,.0f} images/s "
-                f"({rate / threads:,.0f} per thread); first batch after "
-                f"{(first or 0) * 1e3:.0f} ms"
-            )
-            last_images = images
+        last_images = _epochs(loader, args.epochs, threads)
         skipped = loader.stats()["skipped"]
         if skipped:
             print(f"  skipped {len(skipped)} unreadable image(s), e.g. {skipped[0][1]}")
@@ -214,6 +202,111 @@ def _load(args: argparse.Namespace, files: list[tuple[str, int]]) -> None:
         f"reused {pool['reuses']} times for {pool['allocations'] + pool['reuses']} batches "
         f"and label vectors"
     )
+
+
+def _epochs(loader: Any, epochs: int, threads: int, prefix: str = "") -> int:
+    """Run ``epochs`` epochs of ``loader``; return the images of the last.
+
+    Prints each epoch's images/s (and per thread) and its time to the first batch.
+    """
+    images = 0
+    for epoch in range(epochs):
+        start = time.perf_counter()
+        first = None
+        images = 0
+        for batch in loader:
+            if first is None:
+                first = time.perf_counter() - start
+            images += len(batch[0])
+        took = time.perf_counter() - start
+        rate = images / took if took > 0 else float("inf")
+        print(
+            f"  {prefix}epoch {epoch}: {images} images in {took:.2f} s = {rate:,.0f} images/s "
+            f"({rate / threads:,.0f} per thread); first batch after "
+            f"{(first or 0) * 1e3:.0f} ms"
+        )
+    return images
+
+
+def write_tar_shards(
+    files: Sequence[tuple[str, int]], root: str, per_shard: int
+) -> tuple[list[str], list[str]]:
+    """Pack ``files`` (path, label), in order, as WebDataset tar shards in ``root``.
+
+    Sample ``i`` is two members: ``{i:06d}.<ext>`` (the file's bytes, its extension in
+    lower case) and ``{i:06d}.cls`` (the label as text); shard ``k`` is
+    ``root/shard-{k:06d}.tar``, ``per_shard`` samples each. Written with Python's
+    ``tarfile``, nothing else needed. Returns the shard paths and the image extensions
+    found (what ``image=`` names).
+
+    Example:
+        >>> import tempfile
+        >>> from ferrofeed.samples import image_folder
+        >>> files = image_folder(tempfile.mkdtemp(), 5, size=(32, 24))
+        >>> shards, exts = write_tar_shards(files, tempfile.mkdtemp(), 2)
+        >>> len(shards), exts
+        (3, ['jpg'])
+    """
+    os.makedirs(root, exist_ok=True)
+    paths: list[str] = []
+    exts: set[str] = set()
+    for k, start in enumerate(range(0, len(files), per_shard)):
+        path = os.path.join(root, f"shard-{k:06d}.tar")
+        with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+            for i, (src, label) in enumerate(files[start : start + per_shard], start):
+                ext = os.path.splitext(src)[1].lstrip(".").lower() or "img"
+                exts.add(ext)
+                tar.add(src, arcname=f"{i:06d}.{ext}")
+                text = str(label).encode()
+                info = tarfile.TarInfo(f"{i:06d}.cls")
+                info.size = len(text)
+                tar.addfile(info, io.BytesIO(text))
+        paths.append(path)
+    return paths, sorted(exts)
+
+
+def _shards(args: argparse.Namespace, files: list[tuple[str, int]], root: str) -> None:
+    """Part 2b: the images packed as WebDataset tar shards in ``root``, read back."""
+    from . import DataLoader, TarShards, ops
+
+    per_shard = max(1, min(args.shard_size, len(files)))
+    t0 = time.perf_counter()
+    paths, exts = write_tar_shards(files, root, per_shard)
+    packed_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    shards = TarShards(paths)
+    counted_s = time.perf_counter() - t0
+    print(
+        f"\nshards: the {len(files):,} images packed as {len(paths)} WebDataset tar shards of "
+        f"up to {per_shard} ({format_bytes(_folder_size(paths))}, in {packed_s:.2f} s) in "
+        f"{root}; TarShards counted {len(shards):,} samples in {counted_s * 1e3:.0f} ms"
+    )
+    threads = args.threads or min(os.cpu_count() or 1, 8)
+    window = 2 * per_shard
+    image = ";".join(exts)
+    shorter = round(args.size * 256 / 224)
+    loader = DataLoader(
+        shards,
+        batch_size=args.batch_size,
+        shuffle=True,
+        seed=args.seed,
+        shuffle_window=window,
+        transform=ops.decode_image(resize_shorter=shorter, crop=args.size),
+        image=image,
+        label="cls",
+        num_threads=threads,
+        on_error="skip",
+    )
+    print(
+        f"  read back: DataLoader(TarShards(...), batch_size={args.batch_size}, shuffle=True, "
+        f"shuffle_window={window}, image={image!r}, label='cls', num_threads={threads}), the "
+        "same decode_image; shard order permuted per epoch, samples shuffled within the window"
+    )
+    if _epochs(loader, args.epochs, threads, "shards, ") == 0:
+        raise SystemExit("ferrofeed demo: no image could be read back from the shards")
+    skipped = loader.stats()["skipped"]
+    if skipped:
+        print(f"  skipped {len(skipped)} unreadable image(s) in the shards")
 
 
 # --- part 3: loaders side by side ------------------------------------------------------------
@@ -522,6 +615,16 @@ def main(argv: list[str] | None = None) -> int:
         help="how workers start (default fork, as PyTorch's DataLoader on Linux)",
     )
     parser.add_argument(
+        "--shards",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="pack the images as WebDataset tar shards and read them back (default: for the "
+        "generated sample, not for --images)",
+    )
+    parser.add_argument(
+        "--shard-size", type=int, default=64, help="images per tar shard (default 64)"
+    )
+    parser.add_argument(
         "--no-compare",
         action="store_true",
         help="skip the side-by-side run of the loaders (and PyTorch's)",
@@ -541,7 +644,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(json.dumps(result))
         return 0
-    for name in ("n_images", "batch_size", "epochs", "size"):
+    for name in ("n_images", "batch_size", "epochs", "size", "shard_size"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
 
@@ -571,6 +674,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"{time.perf_counter() - t0:.1f} s)"
             )
         _load(args, files)
+        if args.shards if args.shards is not None else not args.images:
+            if tmp is None:
+                tmp = tempfile.mkdtemp(prefix="ferrofeed-demo-")
+            _shards(args, files, os.path.join(tmp, "shards"))
         if not args.no_compare:
             _side_by_side(args, files)
     finally:
