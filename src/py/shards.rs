@@ -215,11 +215,16 @@ fn count_all(
         .collect()
 }
 
+/// A sample of a window, or the error that kept it from being read. Behind a
+/// lock of its own: the native chain takes its image bytes out (a move, not a
+/// copy), while Python transforms only read it.
+type Entry = Mutex<Result<Sample, Arc<ShardError>>>;
+
 /// One piece of a window: the samples of a shard from global id `first`.
 struct Span {
     first: u64,
     shard: usize,
-    samples: Vec<Result<Sample, Arc<ShardError>>>,
+    samples: Vec<Entry>,
 }
 
 fn read_piece(
@@ -254,7 +259,7 @@ fn read_piece(
         shard,
         samples: samples
             .into_iter()
-            .map(|s| s.unwrap_or_else(|| Err(Arc::clone(&lost))))
+            .map(|s| Mutex::new(s.unwrap_or_else(|| Err(Arc::clone(&lost)))))
             .collect(),
     }
 }
@@ -268,7 +273,7 @@ struct PyShardWindow {
 }
 
 impl PyShardWindow {
-    fn entry(&self, id: u64) -> PyResult<(&Span, &Result<Sample, Arc<ShardError>>)> {
+    fn entry(&self, id: u64) -> PyResult<(&Span, &Entry)> {
         for span in &self.spans {
             if let Some(i) = id.checked_sub(span.first) {
                 if let Some(s) = span.samples.get(i as usize) {
@@ -300,6 +305,7 @@ impl PyShardWindow {
     /// error, naming the shard and where in it.
     fn sample<'py>(&self, py: Python<'py>, id: u64) -> PyResult<Bound<'py, PyAny>> {
         let (span, entry) = self.entry(id)?;
+        let entry = lock(entry);
         let sample = entry.as_ref().map_err(|e| shard_error(py, e))?;
         let shard = self.shard_name(span);
         match self.kind {
@@ -360,34 +366,34 @@ impl PyShardWindow {
                 Err(e) => return Err(e),
             }
         }
-        // The bytes are copied into the items without the GIL (a batch of photos is
-        // megabytes); the window stays alive meanwhile, borrowed by this call.
-        let items = py.detach(|| {
-            found
-                .into_iter()
-                .map(|(data, name, label)| Item::Bytes {
-                    data: data.to_vec(),
-                    name,
-                    label,
-                    pos: None,
-                })
-                .collect()
-        });
+        let items = found
+            .into_iter()
+            .map(|(data, name, label)| Item::Bytes {
+                data,
+                name,
+                label,
+                pos: None,
+            })
+            .collect();
         Ok((PyPlanGroup::from_items(batch_no, kept, items), skipped))
     }
 }
 
 impl PyShardWindow {
-    /// Sample `id`'s image bytes, their name for errors, and its label.
+    /// Sample `id`'s image bytes, their name for errors, and its label. The
+    /// bytes are taken out of the window (each sample of a window goes into
+    /// one batch, once): the batch decodes the very buffer the shard was read
+    /// into.
     fn image_item(
         &self,
         py: Python<'_>,
         id: u64,
         image: &[String],
         label: Option<&str>,
-    ) -> PyResult<(&[u8], String, Option<i64>)> {
+    ) -> PyResult<(Vec<u8>, String, Option<i64>)> {
         let (span, entry) = self.entry(id)?;
-        let sample = entry.as_ref().map_err(|e| shard_error(py, e))?;
+        let mut entry = lock(entry);
+        let sample = entry.as_mut().map_err(|e| shard_error(py, e))?;
         let shard = self.shard_name(span);
         let at = self.place(sample);
         let missing = |what: &str, names: &str| {
@@ -413,8 +419,8 @@ impl PyShardWindow {
         else {
             return Err(missing("image", &quoted(image)));
         };
-        let data = match value {
-            Value::Bytes(b) => b.as_slice(),
+        match value {
+            Value::Bytes(_) => {}
             other => {
                 return Err(shard_exception(
                     py,
@@ -427,7 +433,7 @@ impl PyShardWindow {
                     Some(&at),
                 ))
             }
-        };
+        }
         let label = match label {
             None => None,
             Some(name) => {
@@ -452,6 +458,15 @@ impl PyShardWindow {
             Kind::Tar => format!("{shard}: member {}.{field}", sample.key),
             _ => format!("{shard}: {at}, field {field:?}"),
         };
+        // Taken, not copied: checked above to be bytes.
+        let data = sample
+            .fields
+            .iter_mut()
+            .find_map(|(k, v)| match v {
+                Value::Bytes(b) if k == field => Some(std::mem::take(b)),
+                _ => None,
+            })
+            .unwrap_or_default();
         Ok((data, name, label))
     }
 
@@ -462,6 +477,12 @@ impl PyShardWindow {
             _ => sample.key.clone(),
         }
     }
+}
+
+/// Locks a window's entry (a panic elsewhere cannot leave one half-written:
+/// its lock is only held to read it or to take bytes out).
+fn lock(entry: &Entry) -> std::sync::MutexGuard<'_, Result<Sample, Arc<ShardError>>> {
+    entry.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn quoted(names: &[String]) -> String {
