@@ -21,7 +21,7 @@ from typing import Any
 import ferrofeed as ff
 import numpy as np
 import pytest
-from ferrofeed import ops
+from ferrofeed import _core, ops
 from ferrofeed._shards import expand_shards
 
 Member = tuple[str, bytes]
@@ -738,3 +738,28 @@ def test_a_named_pipe_as_a_shard_is_refused_at_once(tmp_path: Path, cls: type) -
     assert isinstance(e.value, OSError)
     with pytest.raises(ff.ShardReadError, match="Is a directory"):
         cls(tmp_path)
+
+
+def test_the_next_epochs_first_window_is_read_ahead(tars: list[Path]) -> None:
+    dl = loader(tars, shuffle=True, seed=7, shuffle_window=8)
+    source = dl.dataset
+    assert isinstance(source, ff.ShardedSource)
+    reads: list[list[tuple[int, int, int]]] = []
+    read = source._window
+
+    def counting(pieces: list[tuple[int, int, int]]) -> Any:
+        reads.append(pieces)
+        return read(pieces)
+
+    source._window = counting  # type: ignore[method-assign]
+    e0 = epoch_ids(dl)
+    plan1 = dl._plan(1)
+    assert isinstance(plan1, _core.ShardPlan)
+    # Every window of epoch 0, then epoch 1's first, before epoch 1 began.
+    assert len(reads) == dl._plan(0).windows + 1
+    assert reads[-1] == plan1.window_pieces(0)
+    e1 = epoch_ids(dl)
+    assert len(reads) == dl._plan(0).windows + plan1.windows + 1  # not read twice
+    fresh = loader(tars, shuffle=True, seed=7, shuffle_window=8)
+    assert epoch_ids(fresh) == e0
+    assert epoch_ids(fresh) == e1

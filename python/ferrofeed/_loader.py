@@ -793,7 +793,12 @@ class DataLoader:
         if isinstance(plan, _core.ShardPlan):
             assert isinstance(self.dataset, ShardedSource)
             groups = self.dataset._groups(
-                plan, bucket_by=self.bucket_by, seed=self.seed, epoch=epoch, shuffle=self.shuffle
+                plan,
+                bucket_by=self.bucket_by,
+                seed=self.seed,
+                epoch=epoch,
+                shuffle=self.shuffle,
+                next_plan=lambda: self._plan(epoch + 1),
             )
         else:
             groups = iter(plan)

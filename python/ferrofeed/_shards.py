@@ -123,6 +123,11 @@ class ShardedSource:
             self._offsets.append(total)
             total += n
         self._len = total
+        # The next epoch's first window, read ahead at the end of an epoch: its pieces and
+        # the read (see `_groups`).
+        self._ahead: (
+            tuple[list[tuple[int, int, int]], concurrent.futures.Future[_core._ShardWindow]] | None
+        ) = None
         self._check_splits()
 
     def _check_splits(self) -> None:
@@ -180,21 +185,40 @@ class ShardedSource:
         seed: int = 0,
         epoch: int = 0,
         shuffle: bool = False,
+        next_plan: Callable[[], _core.ShardPlan] | None = None,
     ) -> Iterator[tuple[int, ShardIds]]:
         """The plan's groups, each with the window holding its samples.
 
         Windows are read on a thread of their own, the next one while the current one's
         batches are loaded; a window is freed once no group in flight holds it. With
         ``bucket_by``, each window's batches are remade from its samples sorted by that key
-        (see `_buckets`).
+        (see `_buckets`). Once the last window is read, the first window of ``next_plan()``
+        (the next epoch's) is read ahead too, so that the next epoch's first batch does not
+        wait for a whole window to be read.
         """
         reader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ferrofeed-shards")
         reads: dict[int, concurrent.futures.Future[_core._ShardWindow]] = {}
         windows = plan.windows
+        ahead, self._ahead = self._ahead, None
 
         def ensure(w: int) -> None:
             if w < windows and w not in reads:
-                reads[w] = reader.submit(self._window, plan.window_pieces(w))
+                pieces = plan.window_pieces(w)
+                if ahead is not None and ahead[0] == pieces and not ahead[1].cancelled():
+                    reads[w] = ahead[1]  # read at the end of the last epoch
+                else:
+                    reads[w] = reader.submit(self._window, pieces)
+
+        def read_next_epoch() -> None:
+            if next_plan is None:
+                return
+            try:
+                following = next_plan()
+            except ValueError:
+                return  # the next epoch cannot be planned: it will say so itself
+            if following.windows > 0:
+                pieces = following.window_pieces(0)
+                self._ahead = (pieces, reader.submit(self._window, pieces))
 
         buckets: dict[int, list[int]] = {}
         bucketed = -1  # the window `buckets` holds
@@ -204,6 +228,8 @@ class ShardedSource:
                 ensure(w + 1)
                 for old in [k for k in reads if k < w]:
                     del reads[old]
+                if w == windows - 1 and self._ahead is None:
+                    read_next_epoch()
                 window = reads[w].result()
                 if bucket_by is not None:
                     if w != bucketed:
@@ -214,7 +240,11 @@ class ShardedSource:
                     ids = buckets[batch_no]
                 yield batch_no, ShardIds(ids, window)
         finally:
-            reader.shutdown(wait=False, cancel_futures=True)
+            # Reads no longer wanted are dropped; the next epoch's goes on, and the
+            # thread ends after it.
+            for future in reads.values():
+                future.cancel()
+            reader.shutdown(wait=False)
 
 
 def _buckets(
