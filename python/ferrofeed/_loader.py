@@ -530,6 +530,12 @@ class DataLoader:
         window = self.shuffle_window if self.shuffle else None
         return StreamSpec(self._batch, self.drop_last, window, self.seed)
 
+    def _shard_plan(self, epoch: int) -> _core.ShardPlan:
+        """A sharded source's plan of ``epoch`` from its start."""
+        plan = self._plan(epoch)
+        assert isinstance(plan, _core.ShardPlan)
+        return plan
+
     def _plan(self, epoch: int, start: int = 0) -> _core.EpochPlan | _core.ShardPlan | _SamplerPlan:
         """The core's plan of ``epoch`` for this rank, from its batch ``start``."""
         if self.batch_sampler is not None:
@@ -798,7 +804,7 @@ class DataLoader:
                 seed=self.seed,
                 epoch=epoch,
                 shuffle=self.shuffle,
-                next_plan=lambda: self._plan(epoch + 1),
+                next_plan=lambda: self._shard_plan(epoch + 1),
             )
         else:
             groups = iter(plan)
