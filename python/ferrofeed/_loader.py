@@ -164,8 +164,9 @@ class DataLoader:
             either ``on_error`` (the worker holding it is stuck). On the native image
             chain, one batch's decode: `TimeoutError`.
         shuffle_window: a sharded source's samples held for shuffling (default 2048; rounded
-            up to a multiple of ``batch_size``). Memory is bounded by it (two windows: the
-            one being loaded and the one read ahead) and the batches in flight. With an
+            up to a multiple of ``batch_size``). Memory is bounded by it (about three
+            windows: the one being batched, the one read ahead and the end of the one
+            before) and the batches in flight. With an
             iterable dataset, the shuffle buffer's samples (needed with ``shuffle=True``).
         image: with a sharded source and ``transform=ops.decode_image(...)``, the field
             holding the encoded image (``"jpg"``), or alternatives, the first a sample has
