@@ -198,8 +198,12 @@ pub fn fuzz_every_format(data: &[u8], dir: &Path) -> Result<(), String> {
     for (name, format) in formats {
         let path = dir.join(name);
         std::fs::write(&path, data).map_err(|e| format!("{}: {e}", path.display()))?;
-        let Ok(info) = format.count(&path) else {
-            continue;
+        let info = match format.count(&path) {
+            Ok(info) => info,
+            Err(e) => {
+                caught_panic(name, &e)?;
+                continue;
+            }
         };
         // Read everything, then the second half: what a rank reading from a
         // member on gets. Delivered numbers must be in order and in range.
@@ -215,6 +219,9 @@ pub fn fuzz_every_format(data: &[u8], dir: &Path) -> Result<(), String> {
             if let Some(bad) = bad {
                 return Err(bad);
             }
+            if let Err(e) = &result {
+                caught_panic(name, e)?;
+            }
             // A shard that counted must read to the end, or fail saying where.
             if result.is_ok() && next != info.samples {
                 return Err(format!(
@@ -224,6 +231,16 @@ pub fn fuzz_every_format(data: &[u8], dir: &Path) -> Result<(), String> {
                 ));
             }
         }
+    }
+    Ok(())
+}
+
+/// A panic of a decoder crate, caught and turned into an error by the
+/// reader's guard, is a finding all the same.
+fn caught_panic(name: &str, error: &ShardError) -> Result<(), String> {
+    let text = error.to_string();
+    if text.contains(parquet::DECODER_PANIC) {
+        return Err(format!("{name}: {text}"));
     }
     Ok(())
 }
