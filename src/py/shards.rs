@@ -482,7 +482,9 @@ impl PyShardWindow {
 /// Locks a window's entry (a panic elsewhere cannot leave one half-written:
 /// its lock is only held to read it or to take bytes out).
 fn lock(entry: &Entry) -> std::sync::MutexGuard<'_, Result<Sample, Arc<ShardError>>> {
-    entry.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    entry
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn quoted(names: &[String]) -> String {
