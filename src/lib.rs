@@ -41,6 +41,7 @@ pub mod fs;
 pub mod image;
 pub mod pipeline;
 pub mod plan;
+pub mod recycle;
 pub mod sampler;
 pub mod seed;
 pub mod shard_plan;

@@ -306,6 +306,12 @@ impl LoadBatch {
             &self.options,
             &mut buffer[..nbytes],
         )?;
+        // Bytes a sharded source read are given back for its next reads.
+        for item in batch {
+            if let Source::Owned(data) = item.source {
+                crate::recycle::give(data);
+            }
+        }
         let mut failed = report.failures.iter().map(|(i, _)| *i).peekable();
         let mut kept_labels = Vec::with_capacity(report.kept);
         for (i, label) in labels.iter().enumerate() {

@@ -368,7 +368,9 @@ impl<'p> Walker<'p> {
             Some(len) => size.min(len.saturating_sub(start)),
             None => size.min(STREAM_RESERVE),
         };
-        let mut data = Vec::with_capacity(usize::try_from(reserve).unwrap_or(0));
+        // A buffer the decode gave back, when one fits: still mapped, so no page
+        // of it is faulted in and zeroed again (see `crate::recycle`).
+        let mut data = crate::recycle::take(usize::try_from(reserve).unwrap_or(0));
         match entry.read_to_end(&mut data) {
             Ok(_) if data.len() as u64 == size => Ok(data),
             Ok(_) => Err(ShardError::corrupt(
