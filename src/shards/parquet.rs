@@ -434,6 +434,14 @@ fn row_fields(row: Row) -> Vec<(String, Value)> {
 }
 
 /// A Parquet field as a [`Value`] (the table in the module's docs).
+/// A binary value's bytes, in a buffer the native chain gave back when one
+/// fits (see `crate::recycle`).
+fn owned_bytes(data: &[u8]) -> Vec<u8> {
+    let mut out = crate::recycle::take(data.len());
+    out.extend_from_slice(data);
+    out
+}
+
 fn value(field: &Field) -> Value {
     match field {
         Field::Null => Value::Null,
@@ -456,7 +464,7 @@ fn value(field: &Field) -> Value {
         Field::Double(v) => Value::Float(*v),
         Field::Decimal(d) => Value::Float(decimal(d.data(), d.scale())),
         Field::Str(s) => Value::Str(s.clone()),
-        Field::Bytes(b) => Value::Bytes(b.data().to_vec()),
+        Field::Bytes(b) => Value::Bytes(owned_bytes(b.data())),
         Field::TimeMicros(v) | Field::TimestampMillis(v) | Field::TimestampMicros(v) => {
             Value::Int(*v)
         }
@@ -501,7 +509,7 @@ fn group(row: &Row) -> Value {
     if others == 0 {
         match (bytes, path) {
             (Some(Field::Bytes(b)), Some(Field::Str(_) | Field::Null)) => {
-                return Value::Bytes(b.data().to_vec())
+                return Value::Bytes(owned_bytes(b.data()))
             }
             (Some(Field::Null), Some(Field::Null)) => return Value::Null,
             _ => {}
