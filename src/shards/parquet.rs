@@ -1310,3 +1310,30 @@ mod tests {
         assert_eq!(decimal(&big, 0), 2f64.powi(136));
     }
 }
+
+#[cfg(test)]
+mod caught {
+    use super::*;
+
+    /// A fuzz input (`fuzz/caught/shards/`) on which the parquet crate
+    /// panics ("Decoder for dict should have been set": a data page that
+    /// says it is dictionary-encoded in a column chunk without a dictionary
+    /// page). The reader's guard catches it: the read ends with a
+    /// `ShardError` at its row group, never a panic out of the reader.
+    #[test]
+    fn a_known_decoder_panic_is_a_corrupt_shard() {
+        let input = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("fuzz/caught/shards/parquet-dict-decoder-not-set");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("shard.parquet");
+        std::fs::copy(&input, &path).unwrap();
+        let format = ParquetFormat::new(None);
+        let Ok(info) = format.count(&path) else {
+            return; // refused from the footer: no panic either
+        };
+        let result = format.read(&path, 0, info.samples, &mut |_, _| {});
+        let error = result.expect_err("the corrupt page ends the read");
+        assert!(matches!(error, ShardError::Corrupt { .. }), "{error}");
+        assert!(error.to_string().contains(DECODER_PANIC), "{error}");
+    }
+}
