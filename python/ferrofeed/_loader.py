@@ -442,6 +442,10 @@ class DataLoader:
             if batch_size is None and collate is not None:
                 raise TypeError("batch_size=None hands out samples as they are: no collate")
             self.collate = collate or (_single if batch_size is None else default_collate)
+        if self.sharded:
+            # The plan refuses, now rather than at the first batch, a split it cannot make
+            # (batches of 1 over an uneven split, fewer samples than ranks).
+            self._plan(0)
         self._executor = self._make_executor()
 
     def _check_native(self, source: Any, batch_size: int) -> None:
