@@ -10,6 +10,8 @@ use crate::arena::ArenaError;
 use crate::image::spec::SpecError;
 use crate::image::ImageError;
 use crate::plan::PlanError;
+use crate::shard_plan::ShardPlanError;
+use crate::shards::ShardError;
 use crate::staging::StagingError;
 
 /// Looks up (once) an exception class of `ferrofeed._errors`.
@@ -45,6 +47,9 @@ exception_classes! {
     dlpack_request => "DLPackError",
     image_decode => "ImageDecodeError",
     image_read => "ImageReadError",
+    shard_read => "ShardReadError",
+    shard_corrupt => "ShardCorruptError",
+    shard_field => "ShardFieldError",
 }
 
 /// Builds an exception of `cls` whose `str()` is `msg`; for `OSError`
@@ -169,4 +174,62 @@ impl From<SpecError> for PyErr {
     fn from(err: SpecError) -> PyErr {
         PyValueError::new_err(err.to_string())
     }
+}
+
+impl From<ShardPlanError> for PyErr {
+    /// Every [`ShardPlanError`] is an argument that does not fit: `ValueError`.
+    #[cold]
+    fn from(err: ShardPlanError) -> PyErr {
+        PyValueError::new_err(err.to_string())
+    }
+}
+
+/// Which `ferrofeed._errors` class a sharded source's error is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ShardClass {
+    /// `ShardReadError` (an `OSError`): the shard cannot be opened or read.
+    Read,
+    /// `ShardCorruptError` (a `ValueError`): its content is not what it should be.
+    Corrupt,
+    /// `ShardFieldError` (a `LookupError`): a sample lacks a field.
+    Field,
+}
+
+/// A shard exception of `class` whose `str()` is `msg`, with `shard` and
+/// `at` (where in the shard) as attributes.
+#[cold]
+pub(crate) fn shard_exception(
+    py: Python<'_>,
+    class: ShardClass,
+    msg: &str,
+    shard: &str,
+    at: Option<&str>,
+) -> PyErr {
+    let cls = match class {
+        ShardClass::Read => shard_read(py),
+        ShardClass::Corrupt => shard_corrupt(py),
+        ShardClass::Field => shard_field(py),
+    };
+    let build = || -> PyResult<PyErr> { Ok(PyErr::from_value(cls?.call1((msg, shard, at))?)) };
+    build().unwrap_or_else(|e| {
+        PyRuntimeError::new_err(format!("{msg} (and the exception class failed: {e})"))
+    })
+}
+
+/// A [`ShardError`] as its `ferrofeed` exception: `ShardReadError` for I/O,
+/// `ShardCorruptError` for the rest, naming the shard (and where in it).
+#[cold]
+pub(crate) fn shard_error(py: Python<'_>, err: &ShardError) -> PyErr {
+    let (class, shard, at) = match err {
+        ShardError::Io { shard, .. } => (ShardClass::Read, shard, None),
+        ShardError::Corrupt { shard, at, .. } => (ShardClass::Corrupt, shard, Some(at.as_str())),
+        ShardError::Changed { shard, .. } => (ShardClass::Corrupt, shard, None),
+    };
+    shard_exception(
+        py,
+        class,
+        &err.to_string(),
+        &shard.display().to_string(),
+        at,
+    )
 }

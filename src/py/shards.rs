@@ -16,70 +16,16 @@ use std::sync::{Arc, Mutex};
 
 use pyo3::exceptions::{PyIndexError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBytes, PyDict, PyList, PyType};
+use pyo3::types::{PyBytes, PyDict, PyList};
 
-use crate::shard_plan::{Segment, ShardPlan, ShardPlanConfig, ShardPlanError};
+use crate::shard_plan::{Segment, ShardPlan, ShardPlanConfig};
 use crate::shards::jsonl::JsonLinesFormat;
 use crate::shards::parquet::ParquetFormat;
 use crate::shards::tar::TarFormat;
 use crate::shards::{Sample, ShardError, ShardFormat, Value};
 
+use super::errors::{shard_error, shard_exception, ShardClass};
 use super::pipeline::{Item, PyPlanGroup};
-
-impl From<ShardPlanError> for PyErr {
-    /// Every [`ShardPlanError`] is an argument that does not fit: `ValueError`.
-    #[cold]
-    fn from(err: ShardPlanError) -> PyErr {
-        PyValueError::new_err(err.to_string())
-    }
-}
-
-/// Looks up (once) an exception class of `ferrofeed._errors`.
-fn error_class<'py>(
-    py: Python<'py>,
-    cell: &'static PyOnceLock<Py<PyType>>,
-    name: &str,
-) -> PyResult<&'py Bound<'py, PyType>> {
-    cell.import(py, "ferrofeed._errors", name)
-}
-
-/// Which exception a shard error is: `(class name, shard, at)`.
-fn describe(err: &ShardError) -> (&'static str, String, Option<String>) {
-    match err {
-        ShardError::Io { shard, .. } => ("ShardReadError", shard.display().to_string(), None),
-        ShardError::Corrupt { shard, at, .. } => (
-            "ShardCorruptError",
-            shard.display().to_string(),
-            Some(at.clone()),
-        ),
-        ShardError::Changed { shard, .. } => {
-            ("ShardCorruptError", shard.display().to_string(), None)
-        }
-    }
-}
-
-/// A `ferrofeed` shard exception of class `name` with `msg`, `shard` and `at`.
-fn shard_exception(py: Python<'_>, name: &str, msg: &str, shard: &str, at: Option<&str>) -> PyErr {
-    static READ: PyOnceLock<Py<PyType>> = PyOnceLock::new();
-    static CORRUPT: PyOnceLock<Py<PyType>> = PyOnceLock::new();
-    static FIELD: PyOnceLock<Py<PyType>> = PyOnceLock::new();
-    let cell = match name {
-        "ShardReadError" => &READ,
-        "ShardFieldError" => &FIELD,
-        _ => &CORRUPT,
-    };
-    let build = || -> PyResult<PyErr> {
-        let exc = error_class(py, cell, name)?.call1((msg, shard, at))?;
-        Ok(PyErr::from_value(exc))
-    };
-    build().unwrap_or_else(|e| PyValueError::new_err(format!("{msg} ({e})")))
-}
-
-fn shard_error(py: Python<'_>, err: &ShardError) -> PyErr {
-    let (name, shard, at) = describe(err);
-    shard_exception(py, name, &err.to_string(), &shard, at.as_deref())
-}
 
 /// The format of a source's shards.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -400,7 +346,7 @@ impl PyShardWindow {
             let have: Vec<&str> = sample.fields.iter().map(|(k, _)| k.as_str()).collect();
             shard_exception(
                 py,
-                "ShardFieldError",
+                ShardClass::Field,
                 &format!(
                     "{shard}: {at}: no {what} field {names} (the sample has: {})",
                     if have.is_empty() {
@@ -424,7 +370,7 @@ impl PyShardWindow {
             other => {
                 return Err(shard_exception(
                     py,
-                    "ShardCorruptError",
+                    ShardClass::Corrupt,
                     &format!(
                         "{shard}: {at}: field {field:?} holds {}, not image bytes",
                         value_kind(other)
@@ -443,7 +389,7 @@ impl PyShardWindow {
                 Some(int_label(v).ok_or_else(|| {
                     shard_exception(
                         py,
-                        "ShardCorruptError",
+                        ShardClass::Corrupt,
                         &format!(
                             "{shard}: {at}: label field {name:?} is not an integer ({})",
                             describe_value(v)
@@ -570,7 +516,7 @@ fn tar_sample<'py>(py: Python<'py>, sample: &Sample, shard: &str) -> PyResult<Bo
             let at = format!("member {}.{ext}", sample.key);
             shard_exception(
                 py,
-                "ShardCorruptError",
+                ShardClass::Corrupt,
                 &format!("{shard}: {at}: {what}"),
                 shard,
                 Some(&at),
