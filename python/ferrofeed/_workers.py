@@ -51,7 +51,7 @@ import threading
 import time
 import traceback
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterator, Sequence
 from multiprocessing import reduction
 from typing import Any
 
@@ -847,6 +847,32 @@ def _time_left(pool: WorkerPool, head: int, waited_since: float, timeout: float)
     return max(timeout, WORKER_START_TIMEOUT) - (time.monotonic() - waited_since)
 
 
+def _await_task(
+    pool: WorkerPool,
+    head: int,
+    done: Container[int],
+    arrived: Callable[[_Task, Loaded | BaseException], None],
+    timeout: float | None,
+) -> None:
+    """Receive results, each passed to ``arrived``, until task ``head``'s is in ``done``.
+
+    Raises:
+        WorkerTimeoutError: ``head`` did not come back within ``timeout`` (see
+            `_time_left`).
+    """
+    waited_since = time.monotonic()
+    while head not in done:
+        remaining = None
+        if timeout is not None:
+            remaining = _time_left(pool, head, waited_since, timeout)
+            if remaining <= 0:
+                raise WorkerTimeoutError(
+                    f"{pool.describe(head)} did not come back within timeout={timeout} s"
+                )
+        for task, result in pool.receive(remaining):
+            arrived(task, result)
+
+
 def worker_batches(
     pool: WorkerPool,
     epoch: int,
@@ -875,20 +901,13 @@ def worker_batches(
             batch_no, indices = group
             order.append((pool.submit(epoch, indices), batch_no, indices))
 
+    def arrived(task: _Task, result: Loaded | BaseException) -> None:
+        done[task.id] = result
+
     fill()
     while order:
         head, batch_no, indices = order[0]
-        waited_since = time.monotonic()
-        while head not in done:
-            remaining = None
-            if timeout is not None:
-                remaining = _time_left(pool, head, waited_since, timeout)
-                if remaining <= 0:
-                    raise WorkerTimeoutError(
-                        f"{pool.describe(head)} did not come back within timeout={timeout} s"
-                    )
-            for task, result in pool.receive(remaining):
-                done[task.id] = result
+        _await_task(pool, head, done, arrived, timeout)
         order.popleft()
         result = done.pop(head)
         fill()
@@ -926,22 +945,16 @@ def stream_batches(
     for _ in range(pool.prefetch_factor):
         for wid in range(len(pool.workers)):
             request(wid)
+
+    def arrived(task: _Task, result: Loaded | BaseException) -> None:
+        if task.id in dropped:
+            dropped.discard(task.id)
+        else:
+            done[task.id] = (task, result)
+
     while order:
         head, wid = order[0]
-        waited_since = time.monotonic()
-        while head not in done:
-            remaining = None
-            if timeout is not None:
-                remaining = _time_left(pool, head, waited_since, timeout)
-                if remaining <= 0:
-                    raise WorkerTimeoutError(
-                        f"{pool.describe(head)} did not come back within timeout={timeout} s"
-                    )
-            for task, result in pool.receive(remaining):
-                if task.id in dropped:
-                    dropped.discard(task.id)
-                else:
-                    done[task.id] = (task, result)
+        _await_task(pool, head, done, arrived, timeout)
         order.popleft()
         task, result = done.pop(head)
         if isinstance(result, BaseException):
