@@ -63,29 +63,20 @@
 //! assert_eq!(batches[0], vec![0, 1]); // no shuffle: stored order
 //! ```
 
+use crate::plan::{PlanConfig, PlanError};
 use crate::sampler::Permutation;
 use crate::seed::{finalize, mix, Stream};
 
 /// What a sharded plan cannot be made from.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ShardPlanError {
-    /// `batch_size` is 0.
-    #[error("batch_size must be at least 1")]
-    ZeroBatchSize,
-    /// `world_size` is 0.
-    #[error("world_size must be at least 1")]
-    ZeroWorldSize,
+    /// A batch size or world size of 0, or a rank outside the world: the
+    /// checks of the map-style plan ([`PlanConfig::validate`]).
+    #[error(transparent)]
+    Shape(#[from] PlanError),
     /// `window` is 0.
     #[error("shuffle_window must be at least 1")]
     ZeroWindow,
-    /// `rank` is not below `world_size`.
-    #[error("rank {rank} is not in [0, world_size={world_size})")]
-    RankOutOfRange {
-        /// The rank given.
-        rank: u64,
-        /// The world size given.
-        world_size: u64,
-    },
     /// Without `drop_last`, some rank would have fewer samples than batches.
     #[error(
         "{samples} samples cannot give each of {world_size} ranks the same number of \
@@ -169,20 +160,15 @@ impl Default for ShardPlanConfig {
 
 impl ShardPlanConfig {
     fn validate(&self) -> Result<(), ShardPlanError> {
-        if self.batch_size == 0 {
-            return Err(ShardPlanError::ZeroBatchSize);
+        PlanConfig {
+            batch_size: self.batch_size,
+            rank: self.rank,
+            world_size: self.world_size,
+            ..PlanConfig::default()
         }
-        if self.world_size == 0 {
-            return Err(ShardPlanError::ZeroWorldSize);
-        }
+        .validate()?;
         if self.window == 0 {
             return Err(ShardPlanError::ZeroWindow);
-        }
-        if self.rank >= self.world_size {
-            return Err(ShardPlanError::RankOutOfRange {
-                rank: self.rank,
-                world_size: self.world_size,
-            });
         }
         Ok(())
     }
@@ -469,7 +455,7 @@ impl ShardPlan {
         });
         for (g, seg) in history.iter().enumerate() {
             if seg.world_size == 0 {
-                return Err(ShardPlanError::ZeroWorldSize);
+                return Err(PlanError::ZeroWorldSize.into());
             }
             let mut taken = Vec::new();
             for rank in 0..seg.world_size {
@@ -979,7 +965,7 @@ mod tests {
         let c = config(&[5], 2, 4, 2, 2);
         assert!(matches!(
             ShardPlan::new(&c, 0, &[], 0),
-            Err(ShardPlanError::RankOutOfRange { .. })
+            Err(ShardPlanError::Shape(PlanError::RankOutOfRange { .. }))
         ));
         let c = config(&[5], 2, 4, 1, 0);
         assert!(matches!(
