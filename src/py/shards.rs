@@ -10,7 +10,7 @@
 //!   native image chain takes image bytes straight from here
 //!   (`plan_group`), so they never become Python objects.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -18,14 +18,16 @@ use pyo3::exceptions::{PyIndexError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
+use crate::remote::{RemoteError, RemoteShards};
 use crate::shard_plan::{Segment, ShardPlan, ShardPlanConfig};
 use crate::shards::jsonl::JsonLinesFormat;
 use crate::shards::parquet::ParquetFormat;
 use crate::shards::tar::TarFormat;
-use crate::shards::{Sample, ShardError, ShardFormat, Value};
+use crate::shards::{Sample, Shard, ShardError, ShardFormat, Value};
 
 use super::errors::{shard_error, shard_exception, ShardClass};
 use super::pipeline::{Item, PyPlanGroup};
+use super::remote::PyRemoteShards;
 
 /// The format of a source's shards.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,19 +40,85 @@ enum Kind {
 /// `(samples, first_key, last_key)` of a shard, as `count` returns it.
 type Counted = (u64, Option<String>, Option<String>);
 
+/// Bytes of a remote Parquet file's tail fetched to count it: its footer, in
+/// one GET for most files (a second one fetches a larger footer whole).
+const PARQUET_TAIL: u64 = 64 << 10;
+
+/// Where the shards' bytes are: local files, or remote objects fetched
+/// through [`RemoteShards`].
+#[derive(Clone)]
+struct Sources {
+    kind: Kind,
+    paths: Arc<Vec<PathBuf>>,
+    remote: Option<Arc<RemoteShards>>,
+}
+
+impl Sources {
+    fn remote_error(&self, shard: usize, e: Arc<RemoteError>) -> ShardError {
+        ShardError::Remote {
+            shard: self.paths[shard].clone(),
+            source: e,
+        }
+    }
+
+    /// Shard `shard` for counting: a Parquet file's footer alone, a whole
+    /// tar or JSON lines shard (through the cache, if any).
+    fn for_count(&self, shard: usize) -> Result<Shard, ShardError> {
+        let name = &self.paths[shard];
+        let Some(remote) = &self.remote else {
+            return Ok(Shard::file(name));
+        };
+        let fail = |e| self.remote_error(shard, Arc::new(e));
+        if self.kind == Kind::Parquet {
+            let (mut tail, size) = remote.tail(shard, PARQUET_TAIL).map_err(fail)?;
+            // The footer's length is in the 4 bytes before the closing "PAR1".
+            if let Some(at) = tail.len().checked_sub(8) {
+                let footer = u64::from(u32::from_le_bytes(
+                    tail[at..at + 4].try_into().expect("4 bytes"),
+                ));
+                let need = footer + 8;
+                if need > tail.len() as u64 && need <= size {
+                    tail = remote.tail(shard, need).map_err(fail)?.0;
+                }
+            }
+            return Ok(Shard::tail(name, tail, size));
+        }
+        let bytes = remote.fetch_now(shard).map_err(fail)?;
+        Ok(Shard::memory(name, bytes))
+    }
+
+    /// Shard `shard` for reading: its file, or its bytes once fetched
+    /// (blocking until they are).
+    fn for_read(&self, shard: usize) -> Result<Shard, ShardError> {
+        let name = &self.paths[shard];
+        match &self.remote {
+            None => Ok(Shard::file(name)),
+            Some(remote) => match remote.get(shard) {
+                Ok(bytes) => Ok(Shard::memory(name, bytes)),
+                Err(e) => Err(self.remote_error(shard, e)),
+            },
+        }
+    }
+}
+
 /// Counts shards and reads windows of them.
 #[pyclass(name = "_ShardReader", module = "ferrofeed._core", frozen)]
 struct PyShardReader {
     kind: Kind,
     format: Arc<dyn ShardFormat>,
-    paths: Arc<Vec<PathBuf>>,
+    sources: Sources,
 }
 
 #[pymethods]
 impl PyShardReader {
     #[new]
-    #[pyo3(signature = (kind, paths, columns=None))]
-    fn new(kind: &str, paths: Vec<PathBuf>, columns: Option<Vec<String>>) -> PyResult<Self> {
+    #[pyo3(signature = (kind, paths, columns=None, remote=None))]
+    fn new(
+        kind: &str,
+        paths: Vec<PathBuf>,
+        columns: Option<Vec<String>>,
+        remote: Option<PyRef<'_, PyRemoteShards>>,
+    ) -> PyResult<Self> {
         let (kind, format): (Kind, Arc<dyn ShardFormat>) = match kind {
             "tar" => (Kind::Tar, Arc::new(TarFormat)),
             "jsonl" => (Kind::JsonLines, Arc::new(JsonLinesFormat)),
@@ -61,10 +129,24 @@ impl PyShardReader {
                 )))
             }
         };
+        let remote = remote.map(|r| Arc::clone(&r.inner));
+        if let Some(r) = &remote {
+            if r.objects().len() != paths.len() {
+                return Err(PyValueError::new_err(format!(
+                    "{} remote shards for {} paths",
+                    r.objects().len(),
+                    paths.len()
+                )));
+            }
+        }
         Ok(Self {
             kind,
             format,
-            paths: Arc::new(paths),
+            sources: Sources {
+                kind,
+                paths: Arc::new(paths),
+                remote,
+            },
         })
     }
 
@@ -72,9 +154,9 @@ impl PyShardReader {
     /// `threads` threads without the GIL. The first error (in shard order)
     /// is raised, naming its shard.
     fn count(&self, py: Python<'_>, threads: usize) -> PyResult<Vec<Counted>> {
-        let paths = Arc::clone(&self.paths);
+        let sources = self.sources.clone();
         let format = Arc::clone(&self.format);
-        let results = py.detach(move || count_all(&*format, &paths, threads.max(1)));
+        let results = py.detach(move || count_all(&*format, &sources, threads.max(1)));
         let mut out = Vec::with_capacity(results.len());
         for r in results {
             match r {
@@ -97,54 +179,62 @@ impl PyShardReader {
         if pieces.len() != first_ids.len() {
             return Err(PyValueError::new_err("one first id per piece"));
         }
+        let paths = &self.sources.paths;
         for &(shard, lo, hi) in &pieces {
-            if shard >= self.paths.len() || lo > hi {
+            if shard >= paths.len() || lo > hi {
                 return Err(PyIndexError::new_err(format!(
                     "no piece {lo}..{hi} of shard {shard} (of {})",
-                    self.paths.len()
+                    paths.len()
                 )));
             }
         }
-        let paths = Arc::clone(&self.paths);
+        let sources = self.sources.clone();
         let format = Arc::clone(&self.format);
         let spans = py.detach(move || {
             pieces
                 .iter()
                 .zip(first_ids)
                 .map(|(&(shard, lo, hi), first)| {
-                    read_piece(&*format, &paths[shard], shard, lo, hi, first)
+                    read_piece(&*format, &sources, shard, lo, hi, first)
                 })
                 .collect()
         });
         Ok(PyShardWindow {
             kind: self.kind,
-            paths: Arc::clone(&self.paths),
+            paths: Arc::clone(&self.sources.paths),
             spans,
         })
     }
 
-    /// The shards' paths.
+    /// The shards' paths (or URLs).
     #[getter]
     fn paths(&self) -> Vec<String> {
-        self.paths.iter().map(|p| p.display().to_string()).collect()
+        self.sources
+            .paths
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect()
     }
 }
 
 /// Counts every shard on up to `threads` threads; results in shard order.
 fn count_all(
     format: &dyn ShardFormat,
-    paths: &[PathBuf],
+    sources: &Sources,
     threads: usize,
 ) -> Vec<Result<crate::shards::ShardInfo, ShardError>> {
     let next = AtomicUsize::new(0);
+    let n = sources.paths.len();
     let results: Vec<Mutex<Option<Result<crate::shards::ShardInfo, ShardError>>>> =
-        paths.iter().map(|_| Mutex::new(None)).collect();
+        (0..n).map(|_| Mutex::new(None)).collect();
     std::thread::scope(|s| {
-        for _ in 0..threads.min(paths.len()) {
+        for _ in 0..threads.min(n) {
             s.spawn(|| loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(path) = paths.get(i) else { break };
-                let r = format.count(path);
+                if i >= n {
+                    break;
+                }
+                let r = sources.for_count(i).and_then(|shard| format.count(&shard));
                 *results[i]
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(r);
@@ -175,19 +265,22 @@ struct Span {
 
 fn read_piece(
     format: &dyn ShardFormat,
-    path: &Path,
+    sources: &Sources,
     shard: usize,
     lo: u64,
     hi: u64,
     first: u64,
 ) -> Span {
     let n = (hi - lo) as usize;
+    let path = &sources.paths[shard];
     let mut samples: Vec<Option<Result<Sample, Arc<ShardError>>>> = Vec::with_capacity(n);
     samples.resize_with(n, || None);
-    let result = format.read(path, lo, hi, &mut |k, sample| {
-        if let Some(slot) = k.checked_sub(lo).and_then(|i| samples.get_mut(i as usize)) {
-            *slot = Some(sample.map_err(Arc::new));
-        }
+    let result = sources.for_read(shard).and_then(|data| {
+        format.read(&data, lo, hi, &mut |k, sample| {
+            if let Some(slot) = k.checked_sub(lo).and_then(|i| samples.get_mut(i as usize)) {
+                *slot = Some(sample.map_err(Arc::new));
+            }
+        })
     });
     // What the reader did not deliver is lost with the error that ended it
     // (the rest of the shard), or, should a reader stop short without one,
@@ -195,7 +288,7 @@ fn read_piece(
     let lost = match result {
         Err(e) => Arc::new(e),
         Ok(()) => Arc::new(ShardError::Changed {
-            shard: path.to_path_buf(),
+            shard: path.clone(),
             expected: hi,
             found: lo + samples.iter().filter(|s| s.is_some()).count() as u64,
         }),

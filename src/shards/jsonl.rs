@@ -2,7 +2,8 @@
 //!
 //! A shard is plain text, or gzip or zstd compressed text, told apart by the
 //! file's first bytes (gzip `1f 8b`, zstd `28 b5 2f fd`), not by its name, and
-//! decompressed on the fly: a shard is never held in memory whole.
+//! decompressed on the fly: a shard file is never held in memory whole (a
+//! shard in memory, [`Shard::memory`], is read the same way).
 //!
 //! - **Samples.** Every line that holds something other than JSON whitespace
 //!   (space, tab, CR, LF) is one sample; blank lines are skipped and not
@@ -38,7 +39,7 @@ use std::path::Path;
 
 use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 
-use super::{Sample, ShardError, ShardFormat, ShardInfo, Value};
+use super::{not_fetched, Sample, Shard, ShardError, ShardFormat, ShardInfo, Value};
 
 /// Buffer size for reading a shard and its decompressed text.
 const BUFFER: usize = 64 * 1024;
@@ -94,11 +95,10 @@ pub(super) fn sniff(reader: &mut impl BufRead) -> io::Result<Codec> {
 }
 
 /// Opens `shard` as decompressed text.
-fn open(shard: &Path) -> Result<(Codec, Box<dyn BufRead>), ShardError> {
-    let file = crate::fs::open_regular(shard)
-        .map_err(|e| ShardError::io(shard, e))?
-        .0;
-    let mut reader = BufReader::with_capacity(BUFFER, file);
+fn open(shard: &Shard) -> Result<(Codec, Box<dyn BufRead>), ShardError> {
+    let reader = shard.open()?;
+    let mut reader = BufReader::with_capacity(BUFFER, reader);
+    let shard = shard.name.as_path();
     let codec = sniff(&mut reader).map_err(|e| ShardError::io(shard, e))?;
     let text: Box<dyn BufRead> = match codec {
         Codec::Plain => Box::new(reader),
@@ -116,10 +116,11 @@ fn open(shard: &Path) -> Result<(Codec, Box<dyn BufRead>), ShardError> {
 }
 
 /// The error of reading `shard`'s text at physical line `line`: an OS error
-/// is [`ShardError::Io`]; anything else is the decompressor's, so the shard
-/// is corrupt there.
+/// (or bytes of a shard in memory that were not fetched) is
+/// [`ShardError::Io`]; anything else is the decompressor's, so the shard is
+/// corrupt there.
 fn stream_error(shard: &Path, codec: Codec, line: u64, e: io::Error) -> ShardError {
-    if e.raw_os_error().is_some() {
+    if e.raw_os_error().is_some() || not_fetched(&e) {
         ShardError::io(shard, e)
     } else {
         let what = match (e.kind(), codec) {
@@ -210,8 +211,9 @@ fn parse_line(shard: &Path, line: u64, bytes: &[u8]) -> Result<Sample, ShardErro
 }
 
 impl ShardFormat for JsonLinesFormat {
-    fn count(&self, path: &Path) -> Result<ShardInfo, ShardError> {
-        let (codec, mut text) = open(path)?;
+    fn count(&self, shard: &Shard) -> Result<ShardInfo, ShardError> {
+        let (codec, mut text) = open(shard)?;
+        let path = shard.name.as_path();
         let mut samples = 0u64;
         let mut line = 1u64;
         while let Some(filled) =
@@ -229,7 +231,7 @@ impl ShardFormat for JsonLinesFormat {
 
     fn read(
         &self,
-        path: &Path,
+        shard: &Shard,
         lo: u64,
         hi: u64,
         each: &mut dyn FnMut(u64, Result<Sample, ShardError>),
@@ -237,7 +239,8 @@ impl ShardFormat for JsonLinesFormat {
         if lo >= hi {
             return Ok(());
         }
-        let (codec, mut text) = open(path)?;
+        let (codec, mut text) = open(shard)?;
+        let path = shard.name.as_path();
         // `n`: samples (non-blank lines) before `line`, the physical line
         // about to be read.
         let mut n = 0u64;
@@ -406,9 +409,25 @@ mod tests {
 
     /// Everything `read(lo, hi)` delivers, and how it ended.
     fn read(path: &Path, lo: u64, hi: u64) -> (Got, Result<(), ShardError>) {
+        read_shard(&Shard::file(path), lo, hi)
+    }
+
+    fn read_shard(shard: &Shard, lo: u64, hi: u64) -> (Got, Result<(), ShardError>) {
         let mut got = Vec::new();
-        let end = JsonLinesFormat.read(path, lo, hi, &mut |n, s| got.push((n, s)));
+        let end = JsonLinesFormat.read(shard, lo, hi, &mut |n, s| got.push((n, s)));
         (got, end)
+    }
+
+    /// What counting `shard` and reading `lo..hi` of it give, errors as
+    /// text (which names the shard).
+    fn outcome(shard: &Shard, lo: u64, hi: u64) -> String {
+        let count = JsonLinesFormat.count(shard).map_err(|e| e.to_string());
+        let (got, end) = read_shard(shard, lo, hi);
+        let got: Vec<_> = got
+            .into_iter()
+            .map(|(n, s)| (n, s.map_err(|e| e.to_string())))
+            .collect();
+        format!("{count:?} {got:?} {:?}", end.map_err(|e| e.to_string()))
     }
 
     fn ok_samples(got: Got) -> Vec<(u64, Sample)> {
@@ -430,7 +449,7 @@ mod tests {
     #[test]
     fn counts_non_blank_lines() {
         let file = shard(TEXT);
-        let info = JsonLinesFormat.count(file.path()).unwrap();
+        let info = JsonLinesFormat.count(&Shard::file(file.path())).unwrap();
         assert_eq!(info.samples, 5);
         assert_eq!(info.first_key, None);
         for (text, n) in [
@@ -443,7 +462,13 @@ mod tests {
             (b"not json\n", 1),
         ] {
             let file = shard(text);
-            assert_eq!(JsonLinesFormat.count(file.path()).unwrap().samples, n);
+            assert_eq!(
+                JsonLinesFormat
+                    .count(&Shard::file(file.path()))
+                    .unwrap()
+                    .samples,
+                n
+            );
         }
     }
 
@@ -584,7 +609,13 @@ mod tests {
     #[test]
     fn malformed_lines_are_per_sample_errors() {
         let file = shard(b"{\"a\": 1}\n{\"a\": \n\n[1, 2] 3\n{\"a\": \"\xff\"}\n{\"a\": 5}\n");
-        assert_eq!(JsonLinesFormat.count(file.path()).unwrap().samples, 5);
+        assert_eq!(
+            JsonLinesFormat
+                .count(&Shard::file(file.path()))
+                .unwrap()
+                .samples,
+            5
+        );
         let (got, end) = read(file.path(), 0, 5);
         end.unwrap();
         assert_eq!(got.len(), 5);
@@ -652,7 +683,13 @@ mod tests {
         zst.extend(zstd(&TEXT[cut..]));
         for bytes in [gzip(TEXT), gz, zstd(TEXT), zst] {
             let file = shard(&bytes);
-            assert_eq!(JsonLinesFormat.count(file.path()).unwrap().samples, 5);
+            assert_eq!(
+                JsonLinesFormat
+                    .count(&Shard::file(file.path()))
+                    .unwrap()
+                    .samples,
+                5
+            );
             let (got, end) = read(file.path(), 0, 5);
             end.unwrap();
             assert_eq!(ok_samples(got), want);
@@ -677,7 +714,7 @@ mod tests {
     /// delivered before the break is the one written (not so for corrupt
     /// data, which may decompress into garbage before it is found out).
     fn expect_stream_error(path: &Path, codec: &str, whole: bool) {
-        let err = JsonLinesFormat.count(path).unwrap_err();
+        let err = JsonLinesFormat.count(&Shard::file(path)).unwrap_err();
         assert!(
             matches!(&err, ShardError::Corrupt { message, .. } if message.starts_with(codec)),
             "{err:?}"
@@ -731,11 +768,88 @@ mod tests {
     }
 
     #[test]
+    fn a_shard_in_memory_reads_as_its_file_plain_gzip_and_zstd() {
+        let text = long_text();
+        let mut with_errors = TEXT.to_vec();
+        with_errors.extend_from_slice(b"\n{\"a\": \n[1] 2\n{\"b\": \"\xff\"}\n{\"c\": 3}\n");
+        for plain in [&with_errors[..], &text[..]] {
+            for data in [plain.to_vec(), gzip(plain), zstd(plain)] {
+                let file = shard(&data);
+                let memory = Shard::memory(file.path(), data.clone());
+                let lines = JsonLinesFormat.count(&memory).unwrap().samples;
+                assert!(lines == 9 || lines == 20_000, "{lines}");
+                let (got, end) = read_shard(&memory, 0, lines);
+                end.unwrap();
+                assert_eq!(got.len() as u64, lines);
+                for (lo, hi) in [(0, lines), (0, 1), (4, 8), (lines - 1, lines + 2)] {
+                    assert_eq!(
+                        outcome(&memory, lo, hi),
+                        outcome(&Shard::file(file.path()), lo, hi),
+                        "{lo}..{hi}"
+                    );
+                }
+            }
+        }
+        // Broken streams break the same way.
+        let gz = gzip(&text);
+        let zst = zstd_checked(&text);
+        let mut bad = zst.clone();
+        let mid = bad.len() / 2;
+        for b in &mut bad[mid..mid + 64] {
+            *b = !*b;
+        }
+        for data in [
+            gz[..gz.len() / 2].to_vec(),
+            zst[..zst.len() / 3].to_vec(),
+            bad,
+        ] {
+            let file = shard(&data);
+            let memory = Shard::memory(file.path(), data);
+            let from_memory = outcome(&memory, 0, 20_000);
+            assert!(from_memory.contains("stream"), "{from_memory}");
+            assert_eq!(from_memory, outcome(&Shard::file(file.path()), 0, 20_000));
+        }
+    }
+
+    #[test]
+    fn a_shard_in_memory_without_its_start_is_an_io_error() {
+        let text = long_text();
+        let name = Path::new("gs://bucket/shard.jsonl.gz");
+        let gz = gzip(&text);
+        let tail = Shard::tail(name, gz[100..].to_vec(), gz.len() as u64);
+        match JsonLinesFormat.count(&tail) {
+            Err(ShardError::Io { shard, source }) => {
+                assert_eq!(shard, name);
+                assert!(source.to_string().contains("not fetched"), "{source}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // Its start only: the lines past it are not fetched, not cut.
+        let head = Shard {
+            name: name.to_path_buf(),
+            data: super::super::ShardData::Memory {
+                bytes: bytes::Bytes::from(gz[..gz.len() / 2].to_vec()),
+                offset: 0,
+                len: gz.len() as u64,
+            },
+        };
+        let (got, end) = read_shard(&head, 0, 20_000);
+        assert!(!got.is_empty() && got.len() < 20_000, "{}", got.len());
+        match end {
+            Err(ShardError::Io { shard, source }) => {
+                assert_eq!(shard, name);
+                assert!(source.to_string().contains("not fetched"), "{source}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
     fn missing_shard_is_io() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("absent.jsonl");
         assert!(matches!(
-            JsonLinesFormat.count(&path),
+            JsonLinesFormat.count(&Shard::file(&path)),
             Err(ShardError::Io { shard, .. }) if shard == path
         ));
         assert!(matches!(read(&path, 0, 1).1, Err(ShardError::Io { .. })));

@@ -9,6 +9,11 @@
 //!   a source is opened (from the tar headers, the Parquet footer, the lines);
 //! - [`ShardFormat::read`]: the samples `lo..hi` of a shard, in stored order.
 //!
+//! A [`Shard`] is a local file or bytes in memory ([`ShardData`]): shards
+//! fetched from object storage go through the same readers as local ones,
+//! which read either through [`ShardReader`] (a [`Read`] + [`Seek`] over the
+//! shard's bytes, and the parquet crate's `ChunkReader`).
+//!
 //! Which shards, which ranges of them and in what order is the sharded plan's
 //! business (`crate::shard_plan`); turning a [`Sample`] into a Python dict is
 //! the bindings' (`src/py/shards.rs`).
@@ -26,7 +31,278 @@ pub mod jsonl;
 pub mod parquet;
 pub mod tar;
 
+use std::fs::File;
+use std::io::{self, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+
+/// Where a shard's bytes are.
+#[derive(Debug, Clone)]
+pub enum ShardData {
+    /// A local file (opened with [`crate::fs::open_regular`]: a FIFO or
+    /// directory is refused).
+    File(PathBuf),
+    /// Bytes in memory: the shard's bytes from `offset` on, of a shard of
+    /// `len` bytes in all. A whole shard has offset 0 and `len ==
+    /// bytes.len()`; counting a remote Parquet file fetches only its tail
+    /// (the footer). A read of a byte outside them is an I/O error
+    /// (`UnexpectedEof`, saying the range was not fetched), never a panic;
+    /// reading at or past `len` finds the end of the shard, as in a file (and
+    /// bytes past `len`, if any, are not part of the shard).
+    Memory {
+        /// The bytes fetched.
+        bytes: Bytes,
+        /// Where in the shard they start.
+        offset: u64,
+        /// The shard's length.
+        len: u64,
+    },
+}
+
+/// A shard to count or read.
+#[derive(Debug, Clone)]
+pub struct Shard {
+    /// What errors name: the shard's path, or the URL it was fetched from.
+    pub name: PathBuf,
+    /// Where its bytes are.
+    pub data: ShardData,
+}
+
+impl Shard {
+    /// The local file at `path` (also its name).
+    pub fn file(path: impl Into<PathBuf>) -> Self {
+        let path = path.into();
+        Self {
+            name: path.clone(),
+            data: ShardData::File(path),
+        }
+    }
+
+    /// A whole shard in memory, named `name`.
+    pub fn memory(name: impl Into<PathBuf>, bytes: impl Into<Bytes>) -> Self {
+        let bytes = bytes.into();
+        Self {
+            name: name.into(),
+            data: ShardData::Memory {
+                len: bytes.len() as u64,
+                bytes,
+                offset: 0,
+            },
+        }
+    }
+
+    /// The last `bytes.len()` bytes of a shard of `len` bytes, named `name`
+    /// (a `len` below `bytes.len()` is taken as `bytes.len()`: the bytes are
+    /// then the whole shard).
+    pub fn tail(name: impl Into<PathBuf>, bytes: impl Into<Bytes>, len: u64) -> Self {
+        let bytes = bytes.into();
+        let len = len.max(bytes.len() as u64);
+        Self {
+            name: name.into(),
+            data: ShardData::Memory {
+                offset: len - bytes.len() as u64,
+                bytes,
+                len,
+            },
+        }
+    }
+
+    /// Opens the shard for reading, at its start.
+    ///
+    /// # Errors
+    ///
+    /// [`ShardError::Io`] naming the shard when its file cannot be opened
+    /// (or is not a regular file).
+    pub fn open(&self) -> Result<ShardReader, ShardError> {
+        match &self.data {
+            ShardData::File(path) => {
+                let (file, len) =
+                    crate::fs::open_regular(path).map_err(|e| ShardError::io(&self.name, e))?;
+                Ok(ShardReader::File { file, len })
+            }
+            ShardData::Memory { bytes, offset, len } => Ok(ShardReader::Memory(MemoryReader {
+                bytes: bytes.clone(),
+                offset: *offset,
+                len: *len,
+                pos: 0,
+            })),
+        }
+    }
+}
+
+/// A shard opened for reading ([`Shard::open`]): [`Read`] + [`Seek`] at
+/// absolute positions in the shard, and the parquet crate's `ChunkReader`
+/// (`shards::parquet`).
+#[derive(Debug)]
+pub enum ShardReader {
+    /// An open file.
+    File {
+        /// The file.
+        file: File,
+        /// Its length when it was opened.
+        len: u64,
+    },
+    /// Bytes in memory.
+    Memory(MemoryReader),
+}
+
+impl ShardReader {
+    /// The shard's length in bytes.
+    pub fn len(&self) -> u64 {
+        match self {
+            ShardReader::File { len, .. } => *len,
+            ShardReader::Memory(m) => m.len,
+        }
+    }
+
+    /// Whether the shard is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Read for ShardReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            ShardReader::File { file, .. } => file.read(buf),
+            ShardReader::Memory(m) => m.read(buf),
+        }
+    }
+}
+
+impl Seek for ShardReader {
+    fn seek(&mut self, to: SeekFrom) -> io::Result<u64> {
+        match self {
+            ShardReader::File { file, .. } => file.seek(to),
+            ShardReader::Memory(m) => m.seek(to),
+        }
+    }
+}
+
+/// A cursor over a shard's bytes in memory ([`ShardData::Memory`]), at
+/// absolute positions in the shard.
+#[derive(Debug, Clone)]
+pub struct MemoryReader {
+    bytes: Bytes,
+    /// Where `bytes` start in the shard.
+    offset: u64,
+    /// The shard's length.
+    len: u64,
+    /// The position of the next read.
+    pos: u64,
+}
+
+impl MemoryReader {
+    /// The end of the bytes held, in the shard (never past its end).
+    fn end(&self) -> u64 {
+        self.offset
+            .saturating_add(self.bytes.len() as u64)
+            .min(self.len)
+    }
+
+    /// The same bytes, with the next read at `pos`.
+    #[must_use]
+    pub fn at(&self, pos: u64) -> Self {
+        Self {
+            pos,
+            ..self.clone()
+        }
+    }
+
+    /// The error for a read of the bytes from `at` that were not fetched.
+    fn not_fetched(&self, at: u64) -> io::Error {
+        io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            NotFetched {
+                at,
+                held: self.offset..self.end(),
+                len: self.len,
+            },
+        )
+    }
+
+    /// The `length` bytes from `start`, without a copy: `None` when they run
+    /// past the shard's end (the shard then holds only `len - start` of
+    /// them).
+    ///
+    /// # Errors
+    ///
+    /// [`io::ErrorKind::UnexpectedEof`], saying so, when a byte of them
+    /// within the shard was not fetched.
+    pub fn slice(&self, start: u64, length: usize) -> io::Result<Option<Bytes>> {
+        if length == 0 {
+            return Ok(Some(Bytes::new()));
+        }
+        let stop = start.saturating_add(length as u64);
+        if start < self.len {
+            if start < self.offset {
+                return Err(self.not_fetched(start));
+            }
+            if stop.min(self.len) > self.end() {
+                return Err(self.not_fetched(start.max(self.end())));
+            }
+        }
+        if stop > self.len {
+            return Ok(None);
+        }
+        let from = (start - self.offset) as usize;
+        Ok(Some(self.bytes.slice(from..from + length)))
+    }
+}
+
+impl Read for MemoryReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if buf.is_empty() || self.pos >= self.len {
+            return Ok(0);
+        }
+        if self.pos < self.offset || self.pos >= self.end() {
+            return Err(self.not_fetched(self.pos));
+        }
+        let from = (self.pos - self.offset) as usize;
+        let n = buf.len().min((self.end() - self.pos) as usize);
+        buf[..n].copy_from_slice(&self.bytes[from..from + n]);
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
+
+impl Seek for MemoryReader {
+    fn seek(&mut self, to: SeekFrom) -> io::Result<u64> {
+        let pos = match to {
+            SeekFrom::Start(pos) => Some(pos),
+            SeekFrom::End(by) => self.len.checked_add_signed(by),
+            SeekFrom::Current(by) => self.pos.checked_add_signed(by),
+        };
+        let Some(pos) = pos else {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "invalid seek to a negative or overflowing position",
+            ));
+        };
+        self.pos = pos;
+        Ok(pos)
+    }
+}
+
+/// A read of bytes of a shard in memory that were not fetched (the
+/// `UnexpectedEof` error of [`MemoryReader`]).
+#[derive(Debug, thiserror::Error)]
+#[error("byte {at} of the shard was not fetched (only bytes {}..{} of its {len})", held.start, held.end)]
+struct NotFetched {
+    /// The first byte asked for that is not held.
+    at: u64,
+    /// The bytes held.
+    held: std::ops::Range<u64>,
+    /// The shard's length.
+    len: u64,
+}
+
+/// Whether `e` is a read of bytes of a shard in memory that were not
+/// fetched (an I/O error of the source, not corruption of the shard).
+fn not_fetched(e: &io::Error) -> bool {
+    matches!(e.get_ref(), Some(inner) if inner.is::<NotFetched>())
+}
 
 /// A value of a sample's field, as read from a shard.
 ///
@@ -125,6 +401,16 @@ pub enum ShardError {
         /// Samples found now.
         found: u64,
     },
+    /// The shard could not be fetched from object storage (its message
+    /// starts with the URL).
+    #[error("{source}")]
+    Remote {
+        /// The shard's URL.
+        shard: PathBuf,
+        /// What went wrong.
+        #[source]
+        source: std::sync::Arc<crate::remote::RemoteError>,
+    },
 }
 
 impl ShardError {
@@ -151,19 +437,18 @@ impl ShardError {
 /// Implementations are cheap to share between threads: every call opens the
 /// shard itself.
 pub trait ShardFormat: Send + Sync {
-    /// Counts the samples of the shard at `path` (and, for tar, the keys at
-    /// its ends).
+    /// Counts the samples of `shard` (and, for tar, the keys at its ends).
     ///
     /// # Errors
     ///
     /// [`ShardError`] when the shard cannot be opened or is corrupt where
     /// counting reads it.
-    fn count(&self, path: &Path) -> Result<ShardInfo, ShardError>;
+    fn count(&self, shard: &Shard) -> Result<ShardInfo, ShardError>;
 
-    /// Reads samples `lo..hi` (0-based, in stored order) of the shard at
-    /// `path`, calling `each(n, sample)` for each, in order, with `n` its
-    /// number in the shard. A sample that cannot be parsed on its own comes
-    /// as `Err` and reading goes on.
+    /// Reads samples `lo..hi` (0-based, in stored order) of `shard`, calling
+    /// `each(n, sample)` for each, in order, with `n` its number in the
+    /// shard. A sample that cannot be parsed on its own comes as `Err` and
+    /// reading goes on.
     ///
     /// # Errors
     ///
@@ -172,7 +457,7 @@ pub trait ShardFormat: Send + Sync {
     /// the shard has fewer than `hi` samples ([`ShardError::Changed`]).
     fn read(
         &self,
-        path: &Path,
+        shard: &Shard,
         lo: u64,
         hi: u64,
         each: &mut dyn FnMut(u64, Result<Sample, ShardError>),
@@ -181,58 +466,109 @@ pub trait ShardFormat: Send + Sync {
 
 /// Counts and reads `data` as a shard of every format, for the fuzz target
 /// `shards` (`fuzz/fuzz_targets/shards.rs`) and the unit test that replays
-/// its committed inputs. The bytes are written to a file under `dir` (the
-/// readers take paths). Every error is fine (the input is arbitrary); a panic
-/// is a finding, and so is a read that disagrees with the count.
+/// its committed inputs: once from a file under `dir` (the bytes are written
+/// there) and once from memory. Every error is fine (the input is
+/// arbitrary); a panic is a finding, and so is a read that disagrees with
+/// the count, or a file and memory that give different samples or errors.
 ///
 /// # Errors
 ///
-/// A description of the first disagreement between `count` and `read`.
+/// A description of the first disagreement.
 #[doc(hidden)]
 pub fn fuzz_every_format(data: &[u8], dir: &Path) -> Result<(), String> {
-    let formats: [(&str, Box<dyn ShardFormat>); 3] = [
-        ("shard.tar", Box::new(tar::TarFormat)),
-        ("shard.jsonl", Box::new(jsonl::JsonLinesFormat)),
-        ("shard.parquet", Box::new(parquet::ParquetFormat::new(None))),
-    ];
-    for (name, format) in formats {
+    let parquet = parquet::ParquetFormat::new(None);
+    fuzz_formats(
+        data,
+        dir,
+        &[
+            ("shard.tar", &tar::TarFormat),
+            ("shard.jsonl", &jsonl::JsonLinesFormat),
+            ("shard.parquet", &parquet),
+        ],
+    )
+}
+
+/// [`fuzz_every_format`] of `formats`, a file name for each.
+fn fuzz_formats(
+    data: &[u8],
+    dir: &Path,
+    formats: &[(&str, &dyn ShardFormat)],
+) -> Result<(), String> {
+    let memory_data = Bytes::copy_from_slice(data);
+    for &(name, format) in formats {
         let path = dir.join(name);
         std::fs::write(&path, data).map_err(|e| format!("{}: {e}", path.display()))?;
-        let info = match format.count(&path) {
-            Ok(info) => info,
-            Err(e) => {
-                caught_panic(name, &e)?;
-                continue;
-            }
-        };
-        // Read everything, then the second half: what a rank reading from a
-        // member on gets. Delivered numbers must be in order and in range.
-        for lo in [0, info.samples / 2] {
-            let mut next = lo;
-            let mut bad = None;
-            let result = format.read(&path, lo, info.samples, &mut |n, _| {
-                if n != next && bad.is_none() {
-                    bad = Some(format!("{name}: sample {n} delivered where {next} was due"));
-                }
-                next = n + 1;
-            });
-            if let Some(bad) = bad {
-                return Err(bad);
-            }
-            if let Err(e) = &result {
-                caught_panic(name, e)?;
-            }
-            // A shard that counted must read to the end, or fail saying where.
-            if result.is_ok() && next != info.samples {
-                return Err(format!(
-                    "{name}: counted {} samples, read {} from {lo} without an error",
-                    info.samples,
-                    next - lo
-                ));
-            }
+        let from_file = fuzz_one(name, format, &Shard::file(&path))?;
+        // Named as the file, so that their errors read the same.
+        let memory = Shard::memory(&path, memory_data.clone());
+        let from_memory = fuzz_one(&format!("{name} from memory"), format, &memory)?;
+        if let Some((file, memory)) = from_file
+            .iter()
+            .zip(&from_memory)
+            .find(|(file, memory)| file != memory)
+        {
+            return Err(format!(
+                "{name}: a file and memory disagree: {file} from the file, {memory} from memory"
+            ));
+        }
+        if from_file.len() != from_memory.len() {
+            return Err(format!(
+                "{name}: a file and memory disagree: {} results from the file, {} from memory",
+                from_file.len(),
+                from_memory.len()
+            ));
         }
     }
     Ok(())
+}
+
+/// Counts and reads `shard` for [`fuzz_every_format`]; returns what it
+/// found, one line a result (the count, each sample or error delivered, how
+/// each read ended), to compare the same bytes read from a file and from
+/// memory.
+fn fuzz_one(name: &str, format: &dyn ShardFormat, shard: &Shard) -> Result<Vec<String>, String> {
+    let mut found = Vec::new();
+    let info = match format.count(shard) {
+        Ok(info) => info,
+        Err(e) => {
+            caught_panic(name, &e)?;
+            found.push(format!("count: {e}"));
+            return Ok(found);
+        }
+    };
+    found.push(format!("count: {info:?}"));
+    // Read everything, then the second half: what a rank reading from a
+    // member on gets. Delivered numbers must be in order and in range.
+    for lo in [0, info.samples / 2] {
+        let mut next = lo;
+        let mut bad = None;
+        let result = format.read(shard, lo, info.samples, &mut |n, sample| {
+            if n != next && bad.is_none() {
+                bad = Some(format!("{name}: sample {n} delivered where {next} was due"));
+            }
+            next = n + 1;
+            found.push(match sample {
+                Ok(sample) => format!("sample {n}: {sample:?}"),
+                Err(e) => format!("sample {n}: {e}"),
+            });
+        });
+        if let Some(bad) = bad {
+            return Err(bad);
+        }
+        if let Err(e) = &result {
+            caught_panic(name, e)?;
+            found.push(format!("read {lo}..: {e}"));
+        }
+        // A shard that counted must read to the end, or fail saying where.
+        if result.is_ok() && next != info.samples {
+            return Err(format!(
+                "{name}: counted {} samples, read {} from {lo} without an error",
+                info.samples,
+                next - lo
+            ));
+        }
+    }
+    Ok(found)
 }
 
 /// A panic of a decoder crate, caught and turned into an error by the
@@ -247,6 +583,179 @@ fn caught_panic(name: &str, error: &ShardError) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    /// 256 bytes, each its own position.
+    fn positions() -> Vec<u8> {
+        (0..=255).collect()
+    }
+
+    #[test]
+    fn memory_reads_and_seeks_as_a_file_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("shard");
+        std::fs::write(&path, positions()).unwrap();
+        for shard in [Shard::file(&path), Shard::memory(&path, positions())] {
+            assert_eq!(shard.name, path);
+            let mut r = shard.open().unwrap();
+            assert_eq!((r.len(), r.is_empty()), (256, false));
+            let mut buf = [0; 10];
+            r.read_exact(&mut buf).unwrap();
+            assert_eq!(buf, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]);
+            assert_eq!(r.seek(SeekFrom::Current(100)).unwrap(), 110);
+            r.read_exact(&mut buf).unwrap();
+            assert_eq!(buf[0], 110);
+            assert_eq!(r.seek(SeekFrom::End(-6)).unwrap(), 250);
+            let mut rest = Vec::new();
+            r.read_to_end(&mut rest).unwrap();
+            assert_eq!(rest, [250, 251, 252, 253, 254, 255]);
+            assert_eq!(r.read(&mut buf).unwrap(), 0);
+            // Past the end: nothing to read, as in a file.
+            assert_eq!(r.seek(SeekFrom::Start(1000)).unwrap(), 1000);
+            assert_eq!(r.read(&mut buf).unwrap(), 0);
+            let e = r.seek(SeekFrom::Current(-2000)).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
+            assert_eq!(r.stream_position().unwrap(), 1000);
+            assert_eq!(r.seek(SeekFrom::Start(3)).unwrap(), 3);
+            r.read_exact(&mut buf[..1]).unwrap();
+            assert_eq!(buf[0], 3);
+        }
+        let empty = Shard::memory("empty", Vec::new()).open().unwrap();
+        assert!(empty.is_empty());
+    }
+
+    #[test]
+    fn bytes_not_fetched_are_an_error_not_a_panic() {
+        let data = positions();
+        let shard = Shard::tail("s3://bucket/key", data[200..].to_vec(), 256);
+        assert!(matches!(
+            shard.data,
+            ShardData::Memory { offset: 200, len: 256, ref bytes } if bytes.len() == 56
+        ));
+        let mut r = shard.open().unwrap();
+        assert_eq!(r.len(), 256);
+        let e = r.read(&mut [0; 4]).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
+        assert!(not_fetched(&e));
+        assert!(e.to_string().contains("byte 0 "), "{e}");
+        assert!(e.to_string().contains("200..256"), "{e}");
+        r.seek(SeekFrom::Start(199)).unwrap();
+        assert!(not_fetched(&r.read_exact(&mut [0; 4]).unwrap_err()));
+        r.seek(SeekFrom::Start(200)).unwrap();
+        let mut rest = Vec::new();
+        r.read_to_end(&mut rest).unwrap();
+        assert_eq!(rest, data[200..]);
+        // Bytes held but not fetched in the middle of a shard: the end of
+        // what is held is not the end of the shard.
+        let middle = Shard {
+            name: "middle".into(),
+            data: ShardData::Memory {
+                bytes: Bytes::from(data[10..20].to_vec()),
+                offset: 10,
+                len: 256,
+            },
+        };
+        let mut r = middle.open().unwrap();
+        r.seek(SeekFrom::Start(15)).unwrap();
+        let mut got = [0; 8];
+        let e = r.read_exact(&mut got).unwrap_err();
+        assert!(not_fetched(&e), "{e}");
+        assert!(e.to_string().contains("byte 20 "), "{e}");
+        let ShardReader::Memory(m) = r else {
+            unreachable!("a memory shard")
+        };
+        assert_eq!(&m.slice(12, 8).unwrap().unwrap()[..], &data[12..20]);
+        assert!(not_fetched(&m.slice(5, 8).unwrap_err()));
+        assert!(not_fetched(&m.slice(12, 9).unwrap_err()));
+        assert!(m
+            .slice(250, 10)
+            .unwrap_err()
+            .to_string()
+            .contains("byte 250"));
+        assert!(m.slice(256, 1).unwrap().is_none());
+        assert!(m.slice(0, 0).unwrap().unwrap().is_empty());
+        // Bytes past the shard's length are not part of it.
+        let long = Shard {
+            name: "long".into(),
+            data: ShardData::Memory {
+                bytes: Bytes::from(data.clone()),
+                offset: 0,
+                len: 5,
+            },
+        };
+        let mut all = Vec::new();
+        long.open().unwrap().read_to_end(&mut all).unwrap();
+        assert_eq!(all, [0, 1, 2, 3, 4]);
+        // A tail longer than the shard is the whole shard.
+        let whole = Shard::tail("t", data.clone(), 4);
+        assert!(matches!(
+            whole.data,
+            ShardData::Memory {
+                offset: 0,
+                len: 256,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn a_file_that_cannot_be_opened_is_io_naming_the_shard() {
+        let dir = tempfile::tempdir().unwrap();
+        let shard = Shard {
+            name: "https://host/shard.tar".into(),
+            data: ShardData::File(dir.path().to_path_buf()),
+        };
+        match shard.open() {
+            Err(ShardError::Io { shard, .. }) => {
+                assert_eq!(shard, Path::new("https://host/shard.tar"));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// Counts one sample from a file and two from memory.
+    struct Moody;
+
+    impl ShardFormat for Moody {
+        fn count(&self, shard: &Shard) -> Result<ShardInfo, ShardError> {
+            let samples = match shard.data {
+                ShardData::File(_) => 1,
+                ShardData::Memory { .. } => 2,
+            };
+            Ok(ShardInfo {
+                samples,
+                ..ShardInfo::default()
+            })
+        }
+
+        fn read(
+            &self,
+            _shard: &Shard,
+            lo: u64,
+            hi: u64,
+            each: &mut dyn FnMut(u64, Result<Sample, ShardError>),
+        ) -> Result<(), ShardError> {
+            for n in lo..hi {
+                each(
+                    n,
+                    Ok(Sample {
+                        key: n.to_string(),
+                        fields: Vec::new(),
+                    }),
+                );
+            }
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn the_fuzz_check_finds_a_file_and_memory_that_disagree() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = fuzz_formats(b"abc", dir.path(), &[("moody", &Moody)]).unwrap_err();
+        assert!(e.contains("disagree"), "{e}");
+        fuzz_formats(b"abc", dir.path(), &[("tar", &tar::TarFormat)]).unwrap();
+    }
+
     /// The fuzz target's committed inputs (seeds and regressions) replay
     /// without a panic or a disagreement.
     #[test]

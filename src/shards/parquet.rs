@@ -1,7 +1,8 @@
 //! Parquet shards, read row by row through the `parquet` crate's record API
 //! (no arrow).
 //!
-//! [`ParquetFormat::count`] reads the footer only. [`ParquetFormat::read`]
+//! [`ParquetFormat::count`] reads the footer only (of a shard in memory,
+//! the footer is all it needs: [`Shard::tail`]). [`ParquetFormat::read`]
 //! reads the row groups that overlap the requested range, one at a time (the
 //! others are skipped by the footer's row counts), and decodes only the
 //! projected top-level columns. A sample is a row: its key is `"row N"` (`N`
@@ -64,6 +65,7 @@
 
 use std::any::Any;
 use std::fs::File;
+use std::io::{self, BufReader, Read};
 use std::panic::{self, AssertUnwindSafe};
 use std::path::Path;
 use std::sync::Arc;
@@ -71,12 +73,16 @@ use std::sync::Arc;
 use ::parquet::basic::{ConvertedType, Type as PhysicalType};
 use ::parquet::errors::ParquetError;
 use ::parquet::file::metadata::ParquetMetaData;
-use ::parquet::file::reader::{FileReader, SerializedFileReader};
+use ::parquet::file::reader::{ChunkReader, FileReader, Length, SerializedFileReader};
 use ::parquet::record::reader::RowIter;
 use ::parquet::record::{Field, Row};
 use ::parquet::schema::types::{SchemaDescriptor, Type};
+use bytes::Bytes;
 
-use super::{Sample, ShardError, ShardFormat, ShardInfo, Value};
+use super::{
+    not_fetched, MemoryReader, Sample, Shard, ShardError, ShardFormat, ShardInfo, ShardReader,
+    Value,
+};
 
 /// Values each leaf column decodes ahead of the row being assembled (the
 /// record API's batch size, 1024 by default): 64 images of a Hugging Face
@@ -162,8 +168,9 @@ impl ParquetFormat {
 }
 
 impl ShardFormat for ParquetFormat {
-    fn count(&self, path: &Path) -> Result<ShardInfo, ShardError> {
-        let (reader, len) = open(path)?;
+    fn count(&self, shard: &Shard) -> Result<ShardInfo, ShardError> {
+        let (reader, len) = open(shard)?;
+        let path = shard.name.as_path();
         let groups = group_rows(path, reader.metadata(), len)?;
         self.projection(path, reader.metadata().file_metadata().schema_descr())?;
         Ok(ShardInfo {
@@ -175,12 +182,13 @@ impl ShardFormat for ParquetFormat {
 
     fn read(
         &self,
-        path: &Path,
+        shard: &Shard,
         lo: u64,
         hi: u64,
         each: &mut dyn FnMut(u64, Result<Sample, ShardError>),
     ) -> Result<(), ShardError> {
-        let (reader, len) = open(path)?;
+        let (reader, len) = open(shard)?;
+        let path = shard.name.as_path();
         let groups = group_rows(path, reader.metadata(), len)?;
         let projection = self.projection(path, reader.metadata().file_metadata().schema_descr())?;
         let total: u64 = groups.iter().sum();
@@ -232,13 +240,71 @@ impl ShardFormat for ParquetFormat {
 }
 
 /// Opens the shard and decodes its footer; returns the reader and the
-/// file's length.
-fn open(path: &Path) -> Result<(SerializedFileReader<File>, u64), ShardError> {
-    let (file, len) = crate::fs::open_regular(path).map_err(|e| ShardError::io(path, e))?;
+/// shard's length.
+fn open(shard: &Shard) -> Result<(SerializedFileReader<ShardReader>, u64), ShardError> {
+    let reader = shard.open()?;
+    let len = reader.len();
     Ok((
-        guarded(path, "footer", || SerializedFileReader::new(file))?,
+        guarded(&shard.name, "footer", || SerializedFileReader::new(reader))?,
         len,
     ))
+}
+
+impl Length for ShardReader {
+    fn len(&self) -> u64 {
+        ShardReader::len(self)
+    }
+}
+
+/// The parquet crate's reads of a shard: for a file, what the crate does for
+/// a [`File`] (a clone of the handle, sought, buffered; the bytes copied
+/// out); for a shard in memory, a cursor and slices of its bytes, without a
+/// copy. A byte of a shard in memory that was not fetched is an I/O error
+/// (and so a [`ShardError::Io`]), never a panic.
+impl ChunkReader for ShardReader {
+    type T = ChunkRead;
+
+    fn get_read(&self, start: u64) -> ::parquet::errors::Result<ChunkRead> {
+        match self {
+            ShardReader::File { file, .. } => file.get_read(start).map(ChunkRead::File),
+            ShardReader::Memory(memory) => Ok(ChunkRead::Memory(memory.at(start))),
+        }
+    }
+
+    fn get_bytes(&self, start: u64, length: usize) -> ::parquet::errors::Result<Bytes> {
+        match self {
+            ShardReader::File { file, .. } => file.get_bytes(start, length),
+            ShardReader::Memory(memory) => match memory.slice(start, length)? {
+                Some(bytes) => Ok(bytes),
+                // As the crate says it of a file.
+                None => Err(ParquetError::EOF(format!(
+                    "Expected to read {length} bytes, read only {}",
+                    ShardReader::len(self)
+                        .saturating_sub(start)
+                        .min(length as u64)
+                ))),
+            },
+        }
+    }
+}
+
+/// A reader of a shard from a byte on, as the parquet crate asks for one
+/// ([`ChunkReader::get_read`]).
+#[derive(Debug)]
+pub enum ChunkRead {
+    /// A file's.
+    File(BufReader<File>),
+    /// A shard in memory's.
+    Memory(MemoryReader),
+}
+
+impl Read for ChunkRead {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            ChunkRead::File(file) => file.read(buf),
+            ChunkRead::Memory(memory) => memory.read(buf),
+        }
+    }
 }
 
 /// The rows of each row group, checked against the file's row count (so
@@ -328,12 +394,15 @@ fn guarded<T>(
     }
 }
 
-/// A parquet error as a [`ShardError`]: an OS error is [`ShardError::Io`],
-/// anything else (an early end of file included) is corruption at `at`.
+/// A parquet error as a [`ShardError`]: an OS error (or bytes of a shard in
+/// memory that were not fetched) is [`ShardError::Io`], anything else (an
+/// early end of file included) is corruption at `at`.
 fn shard_error(path: &Path, at: &str, error: ParquetError) -> ShardError {
     match error {
         ParquetError::External(inner) => match inner.downcast::<std::io::Error>() {
-            Ok(io) if io.kind() != std::io::ErrorKind::UnexpectedEof => ShardError::io(path, *io),
+            Ok(io) if io.kind() != std::io::ErrorKind::UnexpectedEof || not_fetched(&io) => {
+                ShardError::io(path, *io)
+            }
             Ok(io) => ShardError::corrupt(path, at, io.to_string()),
             Err(other) => ShardError::corrupt(path, at, other.to_string()),
         },
@@ -791,9 +860,19 @@ mod tests {
         lo: u64,
         hi: u64,
     ) -> (Vec<Sample>, Result<(), ShardError>) {
+        read_shard(format, &Shard::file(path), lo, hi)
+    }
+
+    /// [`read`] of any shard.
+    fn read_shard(
+        format: &ParquetFormat,
+        shard: &Shard,
+        lo: u64,
+        hi: u64,
+    ) -> (Vec<Sample>, Result<(), ShardError>) {
         let mut got = Vec::new();
         let mut next = lo;
-        let result = format.read(path, lo, hi, &mut |n, sample| {
+        let result = format.read(shard, lo, hi, &mut |n, sample| {
             assert_eq!(n, next, "samples out of order");
             next += 1;
             got.push(sample.unwrap());
@@ -813,7 +892,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         for compression in compressions() {
             let path = basic(dir.path(), compression);
-            let info = ParquetFormat::new(None).count(&path).unwrap();
+            let info = ParquetFormat::new(None).count(&Shard::file(&path)).unwrap();
             assert_eq!(info.samples, ROWS);
             assert_eq!((info.first_key, info.last_key), (None, None));
         }
@@ -875,7 +954,7 @@ mod tests {
         let path = basic(dir.path(), Compression::SNAPPY);
         let format = ParquetFormat::new(Some(vec!["image".into(), "id".into(), "image".into()]));
         assert_eq!(format.columns(), Some(&["image".into(), "id".into()][..]));
-        assert_eq!(format.count(&path).unwrap().samples, ROWS);
+        assert_eq!(format.count(&Shard::file(&path)).unwrap().samples, ROWS);
         let (rows, result) = read(&format, &path, 5, 12);
         result.unwrap();
         let want: Vec<Sample> = (5..12)
@@ -898,7 +977,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = basic(dir.path(), Compression::SNAPPY);
         let format = ParquetFormat::new(Some(vec!["id".into(), "label".into()]));
-        let error = format.count(&path).unwrap_err();
+        let error = format.count(&Shard::file(&path)).unwrap_err();
         let (at, message) = corrupt_at(&error);
         assert_eq!(at, "schema");
         assert!(message.contains("\"label\""), "{message}");
@@ -909,7 +988,10 @@ mod tests {
         assert_eq!(corrupt_at(&result.unwrap_err()).0, "schema");
         // A nested field is not a top-level column.
         let nested = ParquetFormat::new(Some(vec!["bytes".into()]));
-        assert_eq!(corrupt_at(&nested.count(&path).unwrap_err()).0, "schema");
+        assert_eq!(
+            corrupt_at(&nested.count(&Shard::file(&path)).unwrap_err()).0,
+            "schema"
+        );
     }
 
     #[test]
@@ -944,7 +1026,7 @@ mod tests {
         file.set_len(len - 20).unwrap();
         drop(file);
         let format = ParquetFormat::new(None);
-        let error = format.count(&path).unwrap_err();
+        let error = format.count(&Shard::file(&path)).unwrap_err();
         assert_eq!(corrupt_at(&error).0, "footer", "{error}");
         let (rows, result) = read(&format, &path, 0, 3);
         assert!(rows.is_empty());
@@ -952,13 +1034,150 @@ mod tests {
 
         let text = dir.path().join("text.parquet");
         fs::write(&text, "id,name\n1,a\n2,b\n".repeat(10)).unwrap();
-        assert_eq!(corrupt_at(&format.count(&text).unwrap_err()).0, "footer");
+        assert_eq!(
+            corrupt_at(&format.count(&Shard::file(&text)).unwrap_err()).0,
+            "footer"
+        );
         let tiny = dir.path().join("tiny.parquet");
         fs::write(&tiny, b"PAR1").unwrap();
-        assert_eq!(corrupt_at(&format.count(&tiny).unwrap_err()).0, "footer");
+        assert_eq!(
+            corrupt_at(&format.count(&Shard::file(&tiny)).unwrap_err()).0,
+            "footer"
+        );
 
         let missing = dir.path().join("missing.parquet");
-        assert!(matches!(format.count(&missing), Err(ShardError::Io { .. })));
+        assert!(matches!(
+            format.count(&Shard::file(&missing)),
+            Err(ShardError::Io { .. })
+        ));
+    }
+
+    /// The footer of the Parquet file `bytes` and the 8 bytes after it
+    /// (its length and `PAR1`).
+    fn footer(bytes: &[u8]) -> &[u8] {
+        let len = bytes.len();
+        assert_eq!(&bytes[len - 4..], b"PAR1");
+        let meta = u32::from_le_bytes(bytes[len - 8..len - 4].try_into().unwrap()) as usize;
+        &bytes[len - 8 - meta..]
+    }
+
+    #[test]
+    fn a_shard_in_memory_reads_as_its_file() {
+        let dir = tempfile::tempdir().unwrap();
+        for compression in compressions() {
+            let path = basic(dir.path(), compression);
+            let memory = Shard::memory(&path, fs::read(&path).unwrap());
+            let projected = ParquetFormat::new(Some(vec!["image".into(), "id".into()]));
+            for format in [ParquetFormat::new(None), projected] {
+                assert_eq!(
+                    format.count(&memory).unwrap(),
+                    format.count(&Shard::file(&path)).unwrap()
+                );
+                for (lo, hi) in [(0, ROWS), (3, 5), (6, 15), (20, 21), (18, 25)] {
+                    let (rows, result) = read_shard(&format, &memory, lo, hi);
+                    let (want, want_result) = read(&format, &path, lo, hi);
+                    assert_eq!(rows, want, "{lo}..{hi}");
+                    assert_eq!(
+                        result.map_err(|e| e.to_string()),
+                        want_result.map_err(|e| e.to_string())
+                    );
+                }
+            }
+            let (rows, result) = read_shard(&ParquetFormat::new(None), &memory, 0, ROWS);
+            result.unwrap();
+            assert_eq!(rows, (0..ROWS).map(expected).collect::<Vec<_>>());
+        }
+        // A cut footer, or no Parquet at all, is refused the same way.
+        let path = basic(dir.path(), Compression::SNAPPY);
+        let bytes = fs::read(&path).unwrap();
+        let format = ParquetFormat::new(None);
+        for data in [&bytes[..bytes.len() - 20], &bytes[..4], b"id,name\n1,a\n"] {
+            fs::write(&path, data).unwrap();
+            let from_file = format.count(&Shard::file(&path)).unwrap_err();
+            let from_memory = format
+                .count(&Shard::memory(&path, data.to_vec()))
+                .unwrap_err();
+            assert_eq!(corrupt_at(&from_memory).0, "footer");
+            assert_eq!(from_memory.to_string(), from_file.to_string());
+        }
+    }
+
+    #[test]
+    fn a_tail_in_memory_counts_from_the_footer_and_reads_no_row() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = basic(dir.path(), Compression::SNAPPY);
+        let bytes = fs::read(&path).unwrap();
+        let len = bytes.len() as u64;
+        let name = Path::new("s3://bucket/basic.parquet");
+        let tail = Shard::tail(name, footer(&bytes).to_vec(), len);
+        let format = ParquetFormat::new(None);
+        let info = format.count(&tail).unwrap();
+        assert_eq!(info.samples, ROWS);
+        // The schema is in the footer: a missing column is found from it.
+        let label = ParquetFormat::new(Some(vec!["label".into()]));
+        assert_eq!(corrupt_at(&label.count(&tail).unwrap_err()).0, "schema");
+        // Rows are not in it: their read is an I/O error naming the shard.
+        for (lo, hi) in [(0, ROWS), (15, 16)] {
+            let (rows, result) = read_shard(&format, &tail, lo, hi);
+            assert!(rows.is_empty());
+            match result {
+                Err(ShardError::Io { shard, source }) => {
+                    assert_eq!(shard, name);
+                    assert!(source.to_string().contains("not fetched"), "{source}");
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        // A tail one byte short of the footer cannot be counted.
+        let short = Shard::tail(name, footer(&bytes)[1..].to_vec(), len);
+        match format.count(&short) {
+            Err(ShardError::Io { shard, source }) => {
+                assert_eq!(shard, name);
+                assert!(source.to_string().contains("not fetched"), "{source}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn chunk_reads_of_memory_are_slices_and_end_as_a_file_does() {
+        let data: Vec<u8> = (0..100).collect();
+        let bytes = Bytes::from(data.clone());
+        let reader = Shard::tail("t", bytes.slice(60..), 100).open().unwrap();
+        assert_eq!(Length::len(&reader), 100);
+        let got = reader.get_bytes(70, 10).unwrap();
+        assert_eq!(&got[..], &data[70..80]);
+        assert_eq!(got.as_ptr(), bytes[70..].as_ptr(), "a slice, not a copy");
+        let mut rest = Vec::new();
+        reader.get_read(90).unwrap().read_to_end(&mut rest).unwrap();
+        assert_eq!(rest, &data[90..]);
+        let not_fetched = |e: ParquetError| match e {
+            ParquetError::External(e) => e.to_string().contains("not fetched"),
+            _ => false,
+        };
+        assert!(not_fetched(reader.get_bytes(50, 20).unwrap_err()));
+        let mut start = reader.get_read(10).unwrap();
+        assert!(start
+            .read(&mut [0; 4])
+            .unwrap_err()
+            .to_string()
+            .contains("not fetched"));
+        // Past the end: the error a file gives.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t");
+        fs::write(&path, &data).unwrap();
+        let file = Shard::file(&path).open().unwrap();
+        assert_eq!(Length::len(&file), 100);
+        assert_eq!(&file.get_bytes(70, 10).unwrap()[..], &data[70..80]);
+        for (start, length) in [(95, 10), (100, 1), (150, 3)] {
+            assert_eq!(
+                reader.get_bytes(start, length).unwrap_err().to_string(),
+                file.get_bytes(start, length).unwrap_err().to_string(),
+            );
+        }
+        let mut end = Vec::new();
+        reader.get_read(100).unwrap().read_to_end(&mut end).unwrap();
+        assert!(end.is_empty());
     }
 
     #[test]
@@ -967,7 +1186,7 @@ mod tests {
         for compression in compressions() {
             let path = basic(dir.path(), compression);
             // Garbage over the pages of row group 1's `score` column chunk.
-            let (reader, _) = open(&path).unwrap();
+            let (reader, _) = open(&Shard::file(&path)).unwrap();
             let (start, len) = reader.metadata().row_group(1).column(2).byte_range();
             drop(reader);
             let mut file = OpenOptions::new().write(true).open(&path).unwrap();
@@ -977,7 +1196,7 @@ mod tests {
 
             let format = ParquetFormat::new(None);
             // The footer is intact: counting does not read pages.
-            assert_eq!(format.count(&path).unwrap().samples, ROWS);
+            assert_eq!(format.count(&Shard::file(&path)).unwrap().samples, ROWS);
             let (rows, result) = read(&format, &path, 2, ROWS);
             assert_eq!(rows, (2..7).map(expected).collect::<Vec<_>>());
             let error = result.unwrap_err();
@@ -1066,7 +1285,7 @@ mod tests {
             })
             .collect();
         let format = ParquetFormat::new(None);
-        assert_eq!(format.count(&path).unwrap().samples, total);
+        assert_eq!(format.count(&Shard::file(&path)).unwrap().samples, total);
         for (lo, hi) in [(0, total), (63, 65), (100, 250), (149, 151), (200, total)] {
             let (rows, result) = read(&format, &path, lo, hi);
             result.unwrap();
@@ -1252,7 +1471,7 @@ mod tests {
             vec![vec![Col::I64(vec![1], None), Col::Fixed(vec![vec![0; 12]])]],
         );
         let all = ParquetFormat::new(None);
-        let error = all.count(&path).unwrap_err();
+        let error = all.count(&Shard::file(&path)).unwrap_err();
         let (at, message) = corrupt_at(&error);
         assert_eq!(at, "schema");
         assert!(
@@ -1264,7 +1483,7 @@ mod tests {
         assert_eq!(corrupt_at(&result.unwrap_err()).0, "schema");
         // Projected away, it is no obstacle.
         let ids = ParquetFormat::new(Some(vec!["id".into()]));
-        assert_eq!(ids.count(&path).unwrap().samples, 1);
+        assert_eq!(ids.count(&Shard::file(&path)).unwrap().samples, 1);
         let (rows, result) = read(&ids, &path, 0, 1);
         result.unwrap();
         assert_eq!(rows[0].fields, vec![("id".to_owned(), Value::Int(1))]);
@@ -1328,10 +1547,10 @@ mod caught {
         let path = dir.path().join("shard.parquet");
         std::fs::copy(&input, &path).unwrap();
         let format = ParquetFormat::new(None);
-        let Ok(info) = format.count(&path) else {
+        let Ok(info) = format.count(&Shard::file(&path)) else {
             return; // refused from the footer: no panic either
         };
-        let result = format.read(&path, 0, info.samples, &mut |_, _| {});
+        let result = format.read(&Shard::file(&path), 0, info.samples, &mut |_, _| {});
         let error = result.expect_err("the corrupt page ends the read");
         assert!(matches!(error, ShardError::Corrupt { .. }), "{error}");
         assert!(error.to_string().contains(DECODER_PANIC), "{error}");

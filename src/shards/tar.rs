@@ -2,7 +2,8 @@
 //!
 //! The compression is told from the file's first bytes (gzip `1f 8b`, zstd
 //! `28 b5 2f fd`), not from its name, so `.tar.gz`, `.tgz` and a misnamed
-//! `.tar` all read. A shard is streamed, never held in memory whole. A plain
+//! `.tar` all read. A shard file is streamed, never held in memory whole (a
+//! shard in memory, [`Shard::memory`], is read the same way). A plain
 //! shard is read with seeks over member data that is not wanted: counting
 //! reads its headers only (with the few KiB of buffer after each), and [`ShardFormat::read`] of `lo..hi` reads the
 //! headers before `lo`, the members of `lo..hi` and one header after them. A
@@ -57,9 +58,9 @@ use std::path::Path;
 use std::rc::Rc;
 
 use super::jsonl::{sniff, Codec};
-use super::{Sample, ShardError, ShardFormat, ShardInfo, Value};
+use super::{not_fetched, Sample, Shard, ShardError, ShardFormat, ShardInfo, Value};
 
-/// Buffer for reading a shard file: small, as counting a plain shard reads a
+/// Buffer for reading a shard: small, as counting a plain shard reads a
 /// header and seeks; a member read goes around it when larger.
 const FILE_BUFFER: usize = 8 * 1024;
 
@@ -73,15 +74,15 @@ const STREAM_RESERVE: u64 = 1 << 20;
 pub struct TarFormat;
 
 impl ShardFormat for TarFormat {
-    fn count(&self, path: &Path) -> Result<ShardInfo, ShardError> {
+    fn count(&self, shard: &Shard) -> Result<ShardInfo, ShardError> {
         let mut info = ShardInfo::default();
-        walk(path, &mut Job::Count(&mut info))?;
+        walk(shard, &mut Job::Count(&mut info))?;
         Ok(info)
     }
 
     fn read(
         &self,
-        path: &Path,
+        shard: &Shard,
         lo: u64,
         hi: u64,
         each: &mut dyn FnMut(u64, Result<Sample, ShardError>),
@@ -90,7 +91,7 @@ impl ShardFormat for TarFormat {
             return Ok(());
         }
         let found = walk(
-            path,
+            shard,
             &mut Job::Read {
                 range: lo..hi,
                 each,
@@ -98,7 +99,7 @@ impl ShardFormat for TarFormat {
         )?;
         if found < hi {
             return Err(ShardError::Changed {
-                shard: path.to_path_buf(),
+                shard: shard.name.clone(),
                 expected: hi,
                 found,
             });
@@ -121,12 +122,11 @@ enum Job<'a> {
 
 /// Opens `shard` and walks its members for `job`, returning the number of
 /// samples walked over (all of them, or up to the end of a read's range).
-fn walk(shard: &Path, job: &mut Job<'_>) -> Result<u64, ShardError> {
-    let file = crate::fs::open_regular(shard)
-        .map_err(|e| ShardError::io(shard, e))?
-        .0;
-    let len = file.metadata().map_err(|e| ShardError::io(shard, e))?.len();
-    let mut reader = BufReader::with_capacity(FILE_BUFFER, file);
+fn walk(shard: &Shard, job: &mut Job<'_>) -> Result<u64, ShardError> {
+    let reader = shard.open()?;
+    let len = reader.len();
+    let mut reader = BufReader::with_capacity(FILE_BUFFER, reader);
+    let shard = shard.name.as_path();
     let codec = sniff(&mut reader).map_err(|e| ShardError::io(shard, e))?;
     match codec {
         Codec::Plain => walk_seekable(shard, reader, len, job),
@@ -382,7 +382,9 @@ impl<'p> Walker<'p> {
                     data.len()
                 ),
             )),
-            Err(e) if e.raw_os_error().is_some() => Err(ShardError::io(self.shard, e)),
+            Err(e) if e.raw_os_error().is_some() || not_fetched(&e) => {
+                Err(ShardError::io(self.shard, e))
+            }
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Err(self.truncated(Some(&e))),
             Err(e) => Err(ShardError::corrupt(
                 self.shard,
@@ -395,7 +397,7 @@ impl<'p> Walker<'p> {
     /// The error for `e`, met by the tar reader between members (skipping
     /// the last one's data or reading the next header).
     fn broken(&self, e: io::Error) -> ShardError {
-        if e.raw_os_error().is_some() {
+        if e.raw_os_error().is_some() || not_fetched(&e) {
             return ShardError::io(self.shard, e);
         }
         if self.state.eof.get() || e.kind() == io::ErrorKind::UnexpectedEof {
@@ -517,6 +519,7 @@ mod tests {
 
     use proptest::prelude::*;
 
+    use super::super::ShardData;
     use super::*;
 
     /// A member to write: its name and content (`None`: a directory).
@@ -565,14 +568,30 @@ mod tests {
     type Got = Vec<(u64, Result<Sample, ShardError>)>;
 
     fn read(path: &Path, lo: u64, hi: u64) -> (Got, Result<(), ShardError>) {
+        read_shard(&Shard::file(path), lo, hi)
+    }
+
+    fn read_shard(shard: &Shard, lo: u64, hi: u64) -> (Got, Result<(), ShardError>) {
         let mut got = Vec::new();
-        let end = TarFormat.read(path, lo, hi, &mut |n, s| got.push((n, s)));
+        let end = TarFormat.read(shard, lo, hi, &mut |n, s| got.push((n, s)));
         (got, end)
+    }
+
+    /// What counting `shard` and reading `lo..hi` of it give, errors as
+    /// text (which names the shard).
+    fn outcome(shard: &Shard, lo: u64, hi: u64) -> String {
+        let count = TarFormat.count(shard).map_err(|e| e.to_string());
+        let (got, end) = read_shard(shard, lo, hi);
+        let got: Vec<_> = got
+            .into_iter()
+            .map(|(n, s)| (n, s.map_err(|e| e.to_string())))
+            .collect();
+        format!("{count:?} {got:?} {:?}", end.map_err(|e| e.to_string()))
     }
 
     /// All samples of a good shard, numbered.
     fn read_all(path: &Path) -> Vec<(u64, Sample)> {
-        let n = TarFormat.count(path).unwrap().samples;
+        let n = TarFormat.count(&Shard::file(path)).unwrap().samples;
         let (got, end) = read(path, 0, n);
         end.unwrap();
         got.into_iter().map(|(n, s)| (n, s.unwrap())).collect()
@@ -613,7 +632,7 @@ mod tests {
             file("000002.", b"empty ext"),
         ]);
         let path = shard(&bytes);
-        let info = TarFormat.count(path.path()).unwrap();
+        let info = TarFormat.count(&Shard::file(path.path())).unwrap();
         assert_eq!(
             info,
             ShardInfo {
@@ -655,9 +674,15 @@ mod tests {
     #[test]
     fn empty_archive_has_no_samples() {
         let path = shard(&tar_bytes(&[]));
-        assert_eq!(TarFormat.count(path.path()).unwrap(), ShardInfo::default());
+        assert_eq!(
+            TarFormat.count(&Shard::file(path.path())).unwrap(),
+            ShardInfo::default()
+        );
         let path = shard(&tar_bytes(&[dir("d/"), file("README", b"x")]));
-        assert_eq!(TarFormat.count(path.path()).unwrap().samples, 0);
+        assert_eq!(
+            TarFormat.count(&Shard::file(path.path())).unwrap().samples,
+            0
+        );
         let (got, end) = read(path.path(), 0, 1);
         assert!(got.is_empty());
         assert!(matches!(
@@ -670,7 +695,7 @@ mod tests {
         ));
         // An empty file is not a tar.
         let path = shard(b"");
-        let err = TarFormat.count(path.path()).unwrap_err();
+        let err = TarFormat.count(&Shard::file(path.path())).unwrap_err();
         assert!(
             matches!(&err, ShardError::Corrupt { at, .. } if at == "end of file"),
             "{err:?}"
@@ -703,7 +728,7 @@ mod tests {
         assert_eq!(all.len(), 7);
         assert_eq!(read_all(gz.path()), all);
         for path in [plain.path(), gz.path()] {
-            let info = TarFormat.count(path).unwrap();
+            let info = TarFormat.count(&Shard::file(path)).unwrap();
             assert_eq!(info.samples, 7);
             assert_eq!(info.first_key.as_deref(), Some("part/000000"));
             assert_eq!(info.last_key.as_deref(), Some("part/000006"));
@@ -797,7 +822,7 @@ mod tests {
             file("c.jpg", b"c"),
         ]);
         let path = shard(&bytes);
-        let err = TarFormat.count(path.path()).unwrap_err();
+        let err = TarFormat.count(&Shard::file(path.path())).unwrap_err();
         match &err {
             ShardError::Corrupt { shard, at, message } => {
                 assert_eq!(shard, path.path());
@@ -826,7 +851,10 @@ mod tests {
             file("c.jpg", b"c"),
         ]);
         let path = shard(&bytes);
-        assert_eq!(TarFormat.count(path.path()).unwrap().samples, 3);
+        assert_eq!(
+            TarFormat.count(&Shard::file(path.path())).unwrap().samples,
+            3
+        );
         let (got, end) = read(path.path(), 0, 3);
         end.unwrap();
         assert_eq!(got[0].0, 0);
@@ -898,7 +926,7 @@ mod tests {
             let delivered = (1..4).filter(|s| places[s * 2].data.start <= cut).count();
             for (kind, data) in [("plain", cut_bytes.to_vec()), ("gzip", gzip(cut_bytes))] {
                 let path = shard(&data);
-                let count = TarFormat.count(path.path()).map(|_| ());
+                let count = TarFormat.count(&Shard::file(path.path())).map(|_| ());
                 assert_eq!(corrupt_at(&count).0, want_at, "count {kind} cut {cut}");
                 for lo in [0, 1] {
                     let (got, end) = read(path.path(), lo, 4);
@@ -928,7 +956,7 @@ mod tests {
         // loses nothing and is not looked for.)
         for cut in [10, gz.len() / 3, gz.len() / 2, gz.len() * 2 / 3] {
             let path = shard(&gz[..cut]);
-            let count = TarFormat.count(path.path());
+            let count = TarFormat.count(&Shard::file(path.path()));
             assert!(
                 matches!(count, Err(ShardError::Corrupt { .. })),
                 "cut {cut}: {count:?}"
@@ -952,7 +980,7 @@ mod tests {
         let places = placed(&entries);
         bytes[places[1].header as usize + 20] ^= 0x55;
         let path = shard(&bytes);
-        let count = TarFormat.count(path.path()).map(|_| ());
+        let count = TarFormat.count(&Shard::file(path.path())).map(|_| ());
         assert_eq!(corrupt_at(&count).0, "header after member part/000000.jpg");
         let (got, end) = read(path.path(), 0, 3);
         assert_eq!(corrupt_at(&end).0, "header after member part/000000.jpg");
@@ -1015,6 +1043,116 @@ mod tests {
             read >= wanted && read < wanted + 64 * FILE_BUFFER as u64,
             "read {read} bytes"
         );
+    }
+
+    #[test]
+    fn a_shard_in_memory_reads_as_its_file_plain_gzip_and_zstd() {
+        let entries = layout(9, 3, |s, m| (s * 900 + m * 257) % 2000);
+        let bytes = tar_bytes(&entries);
+        let zst = zstd::encode_all(&bytes[..], 3).unwrap();
+        for data in [bytes.clone(), gzip(&bytes), zst] {
+            let file = shard(&data);
+            let memory = Shard::memory(file.path(), data.clone());
+            let all = read_all(file.path());
+            assert_eq!(all.len(), 9);
+            let info = TarFormat.count(&memory).unwrap();
+            assert_eq!(info, TarFormat.count(&Shard::file(file.path())).unwrap());
+            assert_eq!(info.samples, 9);
+            let (got, end) = read_shard(&memory, 0, 9);
+            end.unwrap();
+            let got: Vec<_> = got.into_iter().map(|(n, s)| (n, s.unwrap())).collect();
+            assert_eq!(got, all);
+            for (lo, hi) in [(0, 1), (3, 7), (8, 9), (2, 12), (9, 10)] {
+                assert_eq!(
+                    outcome(&memory, lo, hi),
+                    outcome(&Shard::file(file.path()), lo, hi),
+                    "{lo}..{hi}"
+                );
+            }
+        }
+        // Sample errors (a split key, a repeated field) come the same way.
+        let bytes = tar_bytes(&[
+            file("a.jpg", b"a"),
+            file("b.jpg", b"b"),
+            file("b.JPG", b"B"),
+            file("a.cls", b"1"),
+            file("c.jpg", b"c"),
+        ]);
+        let path = shard(&bytes);
+        let memory = Shard::memory(path.path(), bytes);
+        let from_memory = outcome(&memory, 0, 4);
+        assert!(from_memory.contains("comes back"), "{from_memory}");
+        assert!(from_memory.contains("a second"), "{from_memory}");
+        assert_eq!(from_memory, outcome(&Shard::file(path.path()), 0, 4));
+    }
+
+    #[test]
+    fn a_truncated_tar_in_memory_is_corrupt_as_its_file_is() {
+        let entries = layout(4, 2, |s, m| [0, 1, 511, 512, 513, 700, 3, 1030][s * 2 + m]);
+        let bytes = tar_bytes(&entries);
+        let marker = placed(&entries).last().unwrap().next as usize;
+        let mut checked = 0;
+        for cut in (0..marker).step_by(61).chain([512, 1024, marker - 1]) {
+            for data in [bytes[..cut].to_vec(), gzip(&bytes[..cut])] {
+                let file = shard(&data);
+                let memory = Shard::memory(file.path(), data);
+                let count = TarFormat.count(&memory).map(|_| ());
+                let (at, message) = corrupt_at(&count);
+                assert!(cut == 0 || message.contains("truncated"), "{at}: {message}");
+                for lo in [0, 2] {
+                    assert_eq!(
+                        outcome(&memory, lo, 4),
+                        outcome(&Shard::file(file.path()), lo, 4),
+                        "cut {cut}"
+                    );
+                }
+                checked += 1;
+            }
+        }
+        assert!(checked > 100, "{checked}");
+    }
+
+    #[test]
+    fn a_tar_in_memory_without_its_start_is_an_io_error() {
+        let bytes = tar_bytes(&layout(3, 2, |_, _| 700));
+        let len = bytes.len() as u64;
+        let name = Path::new("s3://bucket/shard.tar");
+        let tail = Shard::tail(name, bytes[1024..].to_vec(), len);
+        let error = TarFormat.count(&tail).unwrap_err();
+        match &error {
+            ShardError::Io { shard, source } => {
+                assert_eq!(shard, name);
+                assert!(source.to_string().contains("not fetched"), "{source}");
+            }
+            other => panic!("{other:?}"),
+        }
+        let (got, end) = read_shard(&tail, 0, 3);
+        assert!(got.is_empty());
+        assert!(matches!(end, Err(ShardError::Io { .. })), "{end:?}");
+        // Its start only: the members past it are not fetched, not cut.
+        let head = Shard {
+            name: name.to_path_buf(),
+            data: ShardData::Memory {
+                bytes: bytes::Bytes::from(bytes[..3700].to_vec()),
+                offset: 0,
+                len,
+            },
+        };
+        for count in [true, false] {
+            let end = if count {
+                TarFormat.count(&head).map(|_| ())
+            } else {
+                let (got, end) = read_shard(&head, 0, 3);
+                assert_eq!(got.len(), 1);
+                end
+            };
+            match end {
+                Err(ShardError::Io { source, .. }) => {
+                    assert!(source.to_string().contains("not fetched"), "{source}");
+                }
+                other => panic!("{other:?}"),
+            }
+        }
     }
 
     #[test]
