@@ -29,6 +29,11 @@
 //!   exported by `DLPack`.
 //! - [`pipeline`]: the engine: a source, stages on a tokio runtime linked by
 //!   bounded channels, stats, clean failure and shutdown.
+//! - [`shards`], [`shard_plan`]: sharded sources (tar, Parquet, JSON lines)
+//!   and their plan across epochs and ranks.
+//! - [`remote`]: shards in object storage (S3, GCS, Azure, HTTP), fetched
+//!   ahead within a byte budget and cached on local disk; the readers of
+//!   [`shards`] read the fetched bytes.
 //!
 //! The Python bindings (`py`) are built on all of these.
 
@@ -42,6 +47,7 @@ pub mod image;
 pub mod pipeline;
 pub mod plan;
 pub mod recycle;
+pub mod remote;
 pub mod sampler;
 pub mod seed;
 pub mod shard_plan;

@@ -488,6 +488,7 @@ class _ShardReader:
         kind: Literal["tar", "jsonl", "parquet"],
         paths: Sequence[str],
         columns: Sequence[str] | None = None,
+        remote: _RemoteShards | None = None,
     ) -> Self: ...
     def count(self, threads: int) -> list[tuple[int, str | None, str | None]]:
         """Return ``(samples, first_key, last_key)`` of every shard (on ``threads`` threads)."""
@@ -498,6 +499,39 @@ class _ShardReader:
     @property
     def paths(self) -> list[str]:
         """The shards' paths."""
+
+@final
+class _RemoteShards:
+    """A source's shards in object storage, fetched ahead and cached, in Rust (internal)."""
+
+    def __new__(
+        cls,
+        objects: Sequence[tuple[str, int, str | None]],
+        storage_options: Sequence[tuple[str, str]],
+        prefetch_bytes: int,
+        part_size: int,
+        concurrency: int,
+        cache_dir: str | None = None,
+        cache_limit: int = 0,
+    ) -> Self: ...
+    def prefetch(self, order: Sequence[int], append: bool = False) -> None:
+        """Set the shards the reader wants next, in order, and fetch ahead."""
+    @property
+    def objects(self) -> list[tuple[str, int, str | None]]:
+        """``(url, size, etag)`` of every shard."""
+
+def _remote_list(
+    prefix: str, storage_options: Sequence[tuple[str, str]]
+) -> list[tuple[str, int, str | None]]:
+    """List the objects under the directory URL ``prefix`` (one listing), sorted by key."""
+
+def _remote_head(
+    urls: Sequence[str], storage_options: Sequence[tuple[str, str]], concurrency: int
+) -> list[tuple[str, int, str | None]]:
+    """Return ``(url, size, etag)`` of each URL (one HEAD each)."""
+
+def _remote_stats() -> dict[str, Any]:
+    """Return this process's counters of remote reads."""
 
 @final
 class _ShardWindow:

@@ -32,6 +32,8 @@ __all__ = [
     "ShardCorruptError",
     "ShardError",
     "ShardFieldError",
+    "ShardNotFoundError",
+    "ShardPermissionError",
     "ShardReadError",
     "StagingError",
 ]
@@ -219,6 +221,20 @@ class ShardError(FerrofeedError):
 
 class ShardReadError(ShardError, OSError):
     """A shard cannot be opened or read (missing, unreadable)."""
+
+
+class ShardNotFoundError(ShardReadError, FileNotFoundError):
+    """A remote shard, or its bucket, does not exist (HTTP 404): raised at once, not retried.
+
+    ``shard`` is the URL.
+    """
+
+
+class ShardPermissionError(ShardReadError, PermissionError):
+    """The store refused the credentials for a remote shard (HTTP 401, 403): not retried.
+
+    ``shard`` is the URL.
+    """
 
 
 class ShardCorruptError(ShardError, ValueError):

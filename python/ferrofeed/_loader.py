@@ -254,6 +254,12 @@ class DataLoader:
         if isinstance(source, str | os.PathLike):
             source = ImageFolder(source)
         self.sharded = isinstance(source, ShardedSource)
+        # The process's remote counters when this loader was made: stats() reports since then.
+        self._remote_base = (
+            _core._remote_stats()
+            if isinstance(source, ShardedSource) and source._remote is not None
+            else None
+        )
         # An iterable dataset (as PyTorch's IterableDataset): see ferrofeed._iterable.
         self.iterable = not self.sharded and is_iterable_dataset(source)
         if self.iterable and isinstance(source, Iterator):
@@ -751,13 +757,22 @@ class DataLoader:
         ``pipeline``: the current (or last) pass's per-stage figures; ``skipped``: the
         samples left out under ``on_error="skip"``, as (index, reason); ``buffers``: the
         batch buffer pool's counters with the native image chain (see
-        `BufferPool.stats`), else empty.
+        `BufferPool.stats`), else empty. With shards in object storage, ``remote``: since
+        the loader was made, in this process, ``requests`` sent, ``retries`` (requests that
+        failed and were retried, or resumed), ``bytes`` received, shards ``fetched`` from
+        the store and found in the cache (``cache_hits``), and ``wait_s``, the time the
+        reader waited for a shard's bytes.
         """
         with self._skipped_lock:
             skipped = list(self._skipped)
         pipeline = self._executor.pipeline
+        remote: dict[str, Any] = {}
+        if self._remote_base is not None:
+            now = _core._remote_stats()
+            remote = {k: now[k] - self._remote_base[k] for k in now}
         return {
             "pipeline": pipeline.stats() if pipeline is not None else {},
+            "remote": remote,
             "skipped": skipped,
             "skipped_count": len(skipped),
             "buffers": {},

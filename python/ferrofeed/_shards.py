@@ -15,10 +15,10 @@ import concurrent.futures
 import glob
 import os
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
-from . import _core
+from . import _core, _remote
 from ._errors import ShardCorruptError, ShardError
 
 __all__ = ["JsonLines", "ParquetShards", "ShardedSource", "TarShards", "expand_shards"]
@@ -55,40 +55,55 @@ def _braces(pattern: str) -> list[str]:
     return [p for part in parts for p in _braces(head + part + tail)]
 
 
-def expand_shards(urls: Urls) -> list[str]:
-    """The shard paths that ``urls`` names, in the order given.
+def _patterns(urls: Urls) -> list[str]:
+    """``urls`` as a list of patterns, brace ranges and lists expanded (globs kept)."""
+    items = [urls] if isinstance(urls, str | os.PathLike) else list(urls)
+    if not items:
+        raise ValueError("no shards given")
+    return [p for item in items for p in _braces(os.fspath(item))]
 
-    ``urls`` is a path, a pattern or a list of them. A pattern may hold brace ranges
-    (``train-{000000..000099}.tar``, zero padding kept) or lists (``{train,val}``) and
-    glob wildcards (``*``, ``?``, ``[...]``: matches sorted by name). A pattern that names
-    no existing file is an error, naming it.
+
+def expand_shards(urls: Urls, *, storage_options: Mapping[str, str] | None = None) -> list[str]:
+    """The shard paths (or URLs) that ``urls`` names, in the order given.
+
+    ``urls`` is a path, a URL, a pattern or a list of them. A pattern may hold brace ranges
+    (``train-{000000..000099}.tar``, zero padding kept) or lists (``{train,val}``) and glob
+    wildcards (``*``, ``?``, ``[...]``: matches sorted by name; in a URL they do not cross a
+    ``/``, and the directory is listed once). A pattern that names nothing is an error,
+    naming it. URLs are looked up in their store (``storage_options`` as for `TarShards`).
 
     Example:
         >>> expand_shards("shard-{0..2}.tar")  # doctest: +SKIP
         ['shard-0.tar', 'shard-1.tar', 'shard-2.tar']
     """
-    items = [urls] if isinstance(urls, str | os.PathLike) else list(urls)
-    if not items:
-        raise ValueError("no shards given")
+    patterns = _patterns(urls)
+    remote = [_remote.is_url(p) for p in patterns]
+    if any(remote):
+        _all_or_none(patterns, remote)
+        config = _remote.RemoteConfig(storage_options=dict(storage_options or {}))
+        return [url for url, _, _ in _remote.list_objects(patterns, config)]
     out: list[str] = []
-    for item in items:
-        text = os.fspath(item)
-        if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", text):
-            raise ValueError(
-                f"{text!r}: URLs are not read yet (object storage is the next step); "
-                "give local paths"
-            )
-        for pattern in _braces(text):
-            if glob.has_magic(pattern):
-                matches = sorted(glob.glob(pattern))
-                if not matches:
-                    raise FileNotFoundError(f"no shard matches {pattern!r}")
-                out.extend(matches)
-            else:
-                if not os.path.exists(pattern):
-                    raise FileNotFoundError(f"shard {pattern!r} does not exist")
-                out.append(pattern)
+    for pattern in patterns:
+        if glob.has_magic(pattern):
+            matches = sorted(glob.glob(pattern))
+            if not matches:
+                raise FileNotFoundError(f"no shard matches {pattern!r}")
+            out.extend(matches)
+        else:
+            if not os.path.exists(pattern):
+                raise FileNotFoundError(f"shard {pattern!r} does not exist")
+            out.append(pattern)
     return out
+
+
+def _all_or_none(patterns: list[str], remote: list[bool]) -> None:
+    """Refuse a source that mixes URLs and local paths."""
+    if not all(remote):
+        local = patterns[remote.index(False)]
+        url = patterns[remote.index(True)]
+        raise ValueError(
+            f"a source's shards are all URLs or all local paths: {url!r} and {local!r} mix them"
+        )
 
 
 class ShardedSource:
@@ -107,11 +122,65 @@ class ShardedSource:
         *,
         columns: Sequence[str] | None = None,
         count_threads: int | None = None,
+        storage_options: Mapping[str, str] | None = None,
+        prefetch_bytes: int | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | None = None,
         _counted: list[tuple[int, str | None, str | None]] | None = None,
+        _objects: list[_remote.Listed] | None = None,
+        _config: _remote.RemoteConfig | None = None,
     ) -> None:
-        self._paths = expand_shards(urls)
         self._columns = list(columns) if columns is not None else None
-        self._reader = _core._ShardReader(self._kind, self._paths, self._columns)
+        # Remote shards: how they are reached, `(url, size, etag)` of each, and the Rust side.
+        self._config = _config
+        self._objects = _objects
+        self._remote: _core._RemoteShards | None = None
+        if _objects is None:
+            patterns = _patterns(urls)
+            flags = [_remote.is_url(p) for p in patterns]
+            remote_args = (storage_options, prefetch_bytes, cache_dir, cache_limit)
+            if any(flags):
+                _all_or_none(patterns, flags)
+                self._config = _remote.RemoteConfig(
+                    storage_options=dict(storage_options or {}),
+                    prefetch_bytes=(
+                        prefetch_bytes
+                        if prefetch_bytes is not None
+                        else _remote.RemoteConfig.prefetch_bytes
+                    ),
+                    cache_dir=os.fspath(cache_dir) if cache_dir is not None else None,
+                    cache_limit=cache_limit,
+                )
+            elif any(a is not None for a in remote_args):
+                raise ValueError(
+                    "storage_options=, prefetch_bytes=, cache_dir= and cache_limit= are for "
+                    "shards in object storage (URLs); these are local paths"
+                )
+        if self._config is not None:
+            config = self._config
+            if _objects is None:
+
+                def count(
+                    objects: list[_remote.Listed],
+                ) -> list[tuple[int, str | None, str | None]]:
+                    threads = count_threads or min(16, len(objects))
+                    reader = _core._ShardReader(
+                        self._kind,
+                        [u for u, _, _ in objects],
+                        self._columns,
+                        config.shards(objects),
+                    )
+                    return reader.count(threads)
+
+                self._objects, _counted = _remote.resolve(
+                    self._kind, self._columns, patterns, config, count
+                )
+            assert self._objects is not None
+            self._paths = [u for u, _, _ in self._objects]
+            self._remote = config.shards(self._objects)
+        else:
+            self._paths = expand_shards(urls) if _objects is None else []
+        self._reader = _core._ShardReader(self._kind, self._paths, self._columns, self._remote)
         if _counted is None:
             threads = count_threads or min(8, os.cpu_count() or 2, len(self._paths))
             _counted = self._reader.count(threads)
@@ -151,10 +220,12 @@ class ShardedSource:
 
     @property
     def shards(self) -> list[tuple[str, int]]:
-        """``(path, samples)`` of every shard, in stored order."""
+        """``(path or URL, samples)`` of every shard, in stored order."""
         return list(zip(self._paths, self._counts, strict=True))
 
     def __iter__(self) -> Iterator[Any]:
+        if self._remote is not None:
+            self._remote.prefetch(list(range(len(self._counts))))
         for shard, n in enumerate(self._counts):
             for lo in range(0, n, _ITER_CHUNK):
                 hi = min(n, lo + _ITER_CHUNK)
@@ -167,8 +238,11 @@ class ShardedSource:
         return f"{type(self).__name__}({len(self._paths)} shards, {self._len} samples)"
 
     def __reduce__(self) -> tuple[Any, ...]:
-        # To worker processes (spawn) without counting the shards again.
-        return (_restore, (type(self), self._paths, self._columns, self._counted))
+        # To worker processes (spawn) without listing or counting the shards again.
+        return (
+            _restore,
+            (type(self), self._paths, self._columns, self._counted, self._objects, self._config),
+        )
 
     # -- for the DataLoader -----------------------------------------------------------------
 
@@ -218,7 +292,15 @@ class ShardedSource:
                 return  # the next epoch cannot be planned: it will say so itself
             if following.windows > 0:
                 pieces = following.window_pieces(0)
+                if self._remote is not None:
+                    self._remote.prefetch([s for s, _, _ in pieces], append=True)
                 self._ahead = (pieces, reader.submit(self._window, pieces))
+
+        if self._remote is not None and len(plan) > plan.start:
+            # The shards this rank reads, in order, fetched ahead within the budget.
+            first = plan.window_of(plan.start)
+            order = [s for w in range(first, windows) for s, _, _ in plan.window_pieces(w)]
+            self._remote.prefetch(order)
 
         buckets: dict[int, list[int]] = {}
         bucketed = -1  # the window `buckets` holds
@@ -306,9 +388,13 @@ def _restore(
     paths: list[str],
     columns: list[str] | None,
     counted: list[tuple[int, str | None, str | None]],
+    objects: list[_remote.Listed] | None = None,
+    config: _remote.RemoteConfig | None = None,
 ) -> ShardedSource:
     source = cls.__new__(cls)
-    ShardedSource.__init__(source, paths, columns=columns, _counted=counted)
+    ShardedSource.__init__(
+        source, paths, columns=columns, _counted=counted, _objects=objects, _config=config
+    )
     return source
 
 
@@ -368,15 +454,30 @@ class TarShards(ShardedSource):
     not code).
 
     Args:
-        urls: a path, a pattern with brace ranges (``train-{000000..000099}.tar``) or
-            globs, or a list of them.
-        count_threads: threads that count the shards' samples (default: up to 8).
+        urls: a path or URL (``s3://``, ``gs://``, ``az://``, ``http(s)://``), a pattern
+            with brace ranges (``train-{000000..000099}.tar``) or globs, or a list of them.
+        count_threads: threads that count the shards' samples (default: up to 8; 16 for
+            URLs).
+        storage_options: for shards in object storage (URLs): options of the store, over
+            its environment (``AWS_*`` with ``AWS_ENDPOINT_URL`` for an S3-compatible
+            server, ``GOOGLE_*``, ``AZURE_*``): the keys of the ``object_store`` crate
+            (``endpoint``, ``region``, ``access_key_id``, ``allow_http``, ``timeout``, ...)
+            and ``max_retries`` / ``retry_timeout`` (seconds).
+        prefetch_bytes: bytes of the next shards fetched ahead of the one being read
+            (default 512 MiB; at least the next shard unless 0).
+        cache_dir: a local directory keeping fetched shards, shared by the node's ranks and
+            workers (one download per shard); without it, shards are fetched again each
+            epoch.
+        cache_limit: the cache's size limit in bytes, least recently used evicted past it
+            (default: half the free space of its disk when the source is made).
 
     Raises:
-        FileNotFoundError: a pattern names no file.
+        FileNotFoundError: a pattern names no file (`ShardNotFoundError` for a missing
+            object or bucket).
+        ShardPermissionError: the store refused the credentials.
         ShardCorruptError: a shard is not a tar (or is truncated where counting reads
             it), or a sample's members straddle two shards.
-        ShardReadError: a shard cannot be read.
+        ShardReadError: a shard cannot be read (or fetched, once retries are spent).
 
     Example:
         >>> shards = TarShards("data/train-{000000..000009}.tar")  # doctest: +SKIP
@@ -386,8 +487,24 @@ class TarShards(ShardedSource):
 
     _kind = "tar"
 
-    def __init__(self, urls: Urls, *, count_threads: int | None = None) -> None:
-        super().__init__(urls, count_threads=count_threads)
+    def __init__(
+        self,
+        urls: Urls,
+        *,
+        count_threads: int | None = None,
+        storage_options: Mapping[str, str] | None = None,
+        prefetch_bytes: int | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | None = None,
+    ) -> None:
+        super().__init__(
+            urls,
+            count_threads=count_threads,
+            storage_options=storage_options,
+            prefetch_bytes=prefetch_bytes,
+            cache_dir=cache_dir,
+            cache_limit=cache_limit,
+        )
 
 
 class ParquetShards(ShardedSource):
@@ -400,7 +517,9 @@ class ParquetShards(ShardedSource):
     Args:
         urls: paths, patterns or a list of them (as for `TarShards`).
         columns: the columns to read (default: all).
-        count_threads: threads that read the footers (default: up to 8).
+        count_threads: threads that read the footers (default: up to 8; 16 for URLs).
+        storage_options, prefetch_bytes, cache_dir, cache_limit: for URLs, as for
+            `TarShards`.
 
     Raises:
         ShardCorruptError: a file is not Parquet (a corrupt footer), or lacks a column.
@@ -419,10 +538,22 @@ class ParquetShards(ShardedSource):
         *,
         columns: Sequence[str] | None = None,
         count_threads: int | None = None,
+        storage_options: Mapping[str, str] | None = None,
+        prefetch_bytes: int | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | None = None,
     ) -> None:
         if columns is not None and (isinstance(columns, str) or not columns):
             raise TypeError("columns must be a non-empty list of column names, or None")
-        super().__init__(urls, columns=columns, count_threads=count_threads)
+        super().__init__(
+            urls,
+            columns=columns,
+            count_threads=count_threads,
+            storage_options=storage_options,
+            prefetch_bytes=prefetch_bytes,
+            cache_dir=cache_dir,
+            cache_limit=cache_limit,
+        )
 
 
 class JsonLines(ShardedSource):
@@ -433,7 +564,9 @@ class JsonLines(ShardedSource):
 
     Args:
         urls: paths, patterns or a list of them (as for `TarShards`).
-        count_threads: threads that count the lines (default: up to 8).
+        count_threads: threads that count the lines (default: up to 8; 16 for URLs).
+        storage_options, prefetch_bytes, cache_dir, cache_limit: for URLs, as for
+            `TarShards`.
 
     Example:
         >>> corpus = JsonLines("corpus/part-*.jsonl.zst")  # doctest: +SKIP
@@ -443,5 +576,21 @@ class JsonLines(ShardedSource):
 
     _kind = "jsonl"
 
-    def __init__(self, urls: Urls, *, count_threads: int | None = None) -> None:
-        super().__init__(urls, count_threads=count_threads)
+    def __init__(
+        self,
+        urls: Urls,
+        *,
+        count_threads: int | None = None,
+        storage_options: Mapping[str, str] | None = None,
+        prefetch_bytes: int | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | None = None,
+    ) -> None:
+        super().__init__(
+            urls,
+            count_threads=count_threads,
+            storage_options=storage_options,
+            prefetch_bytes=prefetch_bytes,
+            cache_dir=cache_dir,
+            cache_limit=cache_limit,
+        )

@@ -51,7 +51,7 @@ mod error;
 pub mod format;
 mod lock;
 mod reader;
-mod sweep;
+pub(crate) mod sweep;
 mod writer;
 
 pub use error::{ArenaError, Result};

@@ -56,7 +56,8 @@ fn classify(name: &str) -> Option<Candidate> {
         .then_some(Candidate::Partial { pid })
 }
 
-fn process_is_dead(pid: i32) -> bool {
+/// Whether no process `pid` exists (on this machine, in this PID namespace).
+pub(crate) fn process_is_dead(pid: i32) -> bool {
     match rustix::process::Pid::from_raw(pid) {
         Some(p) => matches!(rustix::process::test_kill_process(p), Err(Errno::SRCH)),
         None => false,

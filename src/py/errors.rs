@@ -10,6 +10,7 @@ use crate::arena::ArenaError;
 use crate::image::spec::SpecError;
 use crate::image::ImageError;
 use crate::plan::PlanError;
+use crate::remote::RemoteError;
 use crate::shard_plan::ShardPlanError;
 use crate::shards::ShardError;
 use crate::staging::StagingError;
@@ -50,6 +51,8 @@ exception_classes! {
     shard_read => "ShardReadError",
     shard_corrupt => "ShardCorruptError",
     shard_field => "ShardFieldError",
+    shard_not_found => "ShardNotFoundError",
+    shard_denied => "ShardPermissionError",
 }
 
 /// Builds an exception of `cls` whose `str()` is `msg`; for `OSError`
@@ -193,6 +196,12 @@ pub(crate) enum ShardClass {
     Corrupt,
     /// `ShardFieldError` (a `LookupError`): a sample lacks a field.
     Field,
+    /// `ShardNotFoundError` (a `ShardReadError` and `FileNotFoundError`): a
+    /// remote object or its bucket does not exist.
+    NotFound,
+    /// `ShardPermissionError` (a `ShardReadError` and `PermissionError`):
+    /// the store refused the credentials.
+    Denied,
 }
 
 /// A shard exception of `class` whose `str()` is `msg`, with `shard` and
@@ -209,6 +218,8 @@ pub(crate) fn shard_exception(
         ShardClass::Read => shard_read(py),
         ShardClass::Corrupt => shard_corrupt(py),
         ShardClass::Field => shard_field(py),
+        ShardClass::NotFound => shard_not_found(py),
+        ShardClass::Denied => shard_denied(py),
     };
     let build = || -> PyResult<PyErr> { Ok(PyErr::from_value(cls?.call1((msg, shard, at))?)) };
     build().unwrap_or_else(|e| {
@@ -224,6 +235,7 @@ pub(crate) fn shard_error(py: Python<'_>, err: &ShardError) -> PyErr {
         ShardError::Io { shard, .. } => (ShardClass::Read, shard, None),
         ShardError::Corrupt { shard, at, .. } => (ShardClass::Corrupt, shard, Some(at.as_str())),
         ShardError::Changed { shard, .. } => (ShardClass::Corrupt, shard, None),
+        ShardError::Remote { shard, source } => (remote_class(source), shard, None),
     };
     shard_exception(
         py,
@@ -232,4 +244,27 @@ pub(crate) fn shard_error(py: Python<'_>, err: &ShardError) -> PyErr {
         &shard.display().to_string(),
         at,
     )
+}
+
+/// The class of a [`RemoteError`]: missing and denied objects as their own
+/// classes, a changed object as corrupt, the rest as a read error.
+fn remote_class(err: &RemoteError) -> ShardClass {
+    match err {
+        RemoteError::NotFound { .. } => ShardClass::NotFound,
+        RemoteError::Denied { .. } => ShardClass::Denied,
+        RemoteError::Changed { .. } => ShardClass::Corrupt,
+        _ => ShardClass::Read,
+    }
+}
+
+/// A [`RemoteError`] as its `ferrofeed` exception, naming the URL; a bad
+/// URL or storage option is a plain `ValueError`.
+#[cold]
+pub(crate) fn remote_error(py: Python<'_>, err: &RemoteError) -> PyErr {
+    match err {
+        RemoteError::BadUrl { .. } | RemoteError::BadOption { .. } => {
+            PyValueError::new_err(err.to_string())
+        }
+        _ => shard_exception(py, remote_class(err), &err.to_string(), &err.url(), None),
+    }
 }

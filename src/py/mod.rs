@@ -13,6 +13,7 @@ mod image;
 mod ops;
 mod pipeline;
 mod plan;
+mod remote;
 mod sampler;
 mod shards;
 mod slots;
@@ -40,6 +41,7 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     sampler::register(m)?;
     plan::register(m)?;
     shards::register(m)?;
+    remote::register(m)?;
     dlpack::register(m)?;
     staging::register(m)?;
     slots::register(m)?;

@@ -1,0 +1,296 @@
+"""Sharded sources in object storage: which objects a source's URLs name, counted once per node.
+
+A remote source's shards are listed (a glob pattern: one listing per directory) or looked up
+(explicit URLs: one HEAD each), then counted (a Parquet footer: one or two ranged GETs; a tar
+or JSON lines shard: fetched whole, into the cache directory when there is one). Every rank
+and worker of a node would do the same, so the result is kept in a node-local index file
+(under the cache directory, else ``$FERROFEED_CACHE_DIR`` or ``~/.cache/ferrofeed``) behind a
+lock: the first process of a node lists and counts, the others wait and read its result. A
+listing is trusted for `LIST_TTL` seconds (the ranks of one launch start within them); counts
+are kept for as long as the object's URL, size and ETag are the same.
+
+Fetching the shards while a source is read is Rust's business (`_core._RemoteShards`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import glob
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import _core
+
+_log = logging.getLogger("ferrofeed")
+
+# How long a node's listing of a source is reused by the node's other processes.
+LIST_TTL = 60.0
+_SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "azure", "abfs", "abfss", "adl", "http", "https")
+_URL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
+
+Listed = tuple[str, int, str | None]
+Counted = tuple[int, str | None, str | None]
+
+
+def is_url(text: str) -> bool:
+    """Whether ``text`` is a URL (``scheme://...``) rather than a local path."""
+    return _URL.match(text) is not None
+
+
+def check_scheme(url: str) -> None:
+    """Refuse a URL whose scheme no store here reads, naming the ones that are."""
+    m = _URL.match(url)
+    if m is None or m.group(1).lower() not in _SCHEMES:
+        raise ValueError(
+            f"{url!r}: not a URL of object storage (s3://, gs://, az://, abfs[s]://, "
+            "http://, https://) nor a local path"
+        )
+
+
+@dataclass(frozen=True)
+class RemoteConfig:
+    """How a source reaches its remote shards (the arguments of the source)."""
+
+    storage_options: Mapping[str, str] = field(default_factory=dict)
+    prefetch_bytes: int = 512 << 20
+    cache_dir: str | None = None
+    cache_limit: int | None = None
+    part_size: int = 8 << 20
+    concurrency: int = 8
+
+    def __post_init__(self) -> None:
+        for key, value in self.storage_options.items():
+            if not isinstance(key, str) or not isinstance(value, str | int | float | bool):
+                raise TypeError(
+                    f"storage_options: {key!r}: keys are strings, values strings or numbers"
+                )
+        if self.prefetch_bytes < 0:
+            raise ValueError(f"prefetch_bytes must be 0 or more, not {self.prefetch_bytes}")
+        if self.cache_limit is not None and self.cache_limit <= 0:
+            raise ValueError(
+                f"cache_limit must be a positive number of bytes, not {self.cache_limit}"
+            )
+        if self.cache_limit is not None and self.cache_dir is None:
+            raise ValueError("cache_limit= needs cache_dir=")
+
+    def options(self) -> list[tuple[str, str]]:
+        """The storage options as sorted ``(key, value)`` strings (booleans as true/false)."""
+        out = []
+        for key, value in self.storage_options.items():
+            text = str(value).lower() if isinstance(value, bool) else str(value)
+            out.append((key, text))
+        return sorted(out)
+
+    def shards_dir(self) -> str | None:
+        """Where fetched shards are kept (``cache_dir/shards``), if anywhere."""
+        return os.path.join(self.cache_dir, "shards") if self.cache_dir is not None else None
+
+    def limit(self) -> int:
+        """The cache's size limit: ``cache_limit``, else half the free space of its disk now."""
+        if self.cache_limit is not None:
+            return self.cache_limit
+        assert self.cache_dir is not None
+        os.makedirs(self.cache_dir, exist_ok=True)
+        return max(1, shutil.disk_usage(self.cache_dir).free // 2)
+
+    def shards(self, objects: Sequence[Listed]) -> _core._RemoteShards:
+        """The Rust side: ``objects`` with this prefetch, cache and client."""
+        shards_dir = self.shards_dir()
+        return _core._RemoteShards(
+            list(objects),
+            self.options(),
+            self.prefetch_bytes,
+            self.part_size,
+            self.concurrency,
+            shards_dir,
+            self.limit() if shards_dir is not None else 0,
+        )
+
+
+def _glob_regex(pattern: str) -> re.Pattern[str]:
+    """A glob pattern over object keys as a regex: ``*`` and ``?`` do not cross ``/``."""
+    out, i = [], 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "*":
+            out.append("[^/]*")
+        elif c == "?":
+            out.append("[^/]")
+        elif c == "[":
+            j = pattern.find("]", i + 2)
+            if j < 0:
+                out.append(re.escape(c))
+            else:
+                body = pattern[i + 1 : j]
+                if body.startswith("!"):
+                    body = "^" + body[1:]
+                out.append("[" + body.replace("\\", "\\\\") + "]")
+                i = j
+        else:
+            out.append(re.escape(c))
+        i += 1
+    return re.compile("".join(out) + r"\Z")
+
+
+def list_objects(patterns: Sequence[str], config: RemoteConfig) -> list[Listed]:
+    """The objects ``patterns`` (brace-expanded URLs) name, in the order given.
+
+    A URL with glob characters is matched against one listing of its directory (sorted by
+    key); a URL without is looked up with a HEAD. A pattern that matches nothing, or a
+    missing object, is an error naming it.
+    """
+    options = config.options()
+    out: list[Listed] = []
+    plain: list[str] = []
+
+    def flush() -> None:
+        if plain:
+            out.extend(_core._remote_head(list(plain), options, 16))
+            plain.clear()
+
+    listings: dict[str, list[Listed]] = {}
+    for url in patterns:
+        check_scheme(url)
+        if not glob.has_magic(url.split("://", 1)[1]):
+            plain.append(url)
+            continue
+        flush()
+        if url.lower().startswith(("http://", "https://")):
+            raise ValueError(
+                f"{url!r}: a plain HTTP server cannot be listed: give the shards' URLs, "
+                "with brace ranges ({000..099}) for many"
+            )
+        scheme, rest = url.split("://", 1)
+        bucket, _, key = rest.partition("/")
+        first = min((key.find(c) for c in "*?[" if c in key), default=len(key))
+        directory = key[:first].rpartition("/")[0]
+        prefix = f"{scheme}://{bucket}/{directory}" if directory else f"{scheme}://{bucket}"
+        if prefix not in listings:
+            listings[prefix] = _core._remote_list(prefix, options)
+        regex = _glob_regex(key)
+        matched = [
+            o for o in listings[prefix] if regex.match(o[0].split("://", 1)[1].partition("/")[2])
+        ]
+        if not matched:
+            raise FileNotFoundError(f"no shard matches {url!r}")
+        out.extend(matched)
+    flush()
+    return out
+
+
+def _key_of(url: str) -> str:
+    """The object key of ``scheme://bucket/key``."""
+    return url.split("://", 1)[1].partition("/")[2]
+
+
+def index_dir(config: RemoteConfig) -> Path | None:
+    """The node-local directory of index files, or None if none can be made."""
+    if config.cache_dir is not None:
+        base = Path(config.cache_dir)
+    elif os.environ.get("FERROFEED_CACHE_DIR"):
+        base = Path(os.environ["FERROFEED_CACHE_DIR"])
+    else:
+        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        base = Path(xdg) / "ferrofeed"
+    d = base / "index"
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        _log.warning("no index of remote shards kept on this node (%s: %s)", d, e)
+        return None
+    return d
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (made if missing) for the block."""
+    with open(path, "a+b") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _read_index(path: Path) -> dict[str, Any] | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("version") == 1 else None
+
+
+def _write_index(path: Path, data: dict[str, Any]) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-index-")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def resolve(
+    kind: str,
+    columns: Sequence[str] | None,
+    patterns: Sequence[str],
+    config: RemoteConfig,
+    count: Callable[[list[Listed]], list[Counted]],
+) -> tuple[list[Listed], list[Counted]]:
+    """The objects ``patterns`` name and their counts, made once per node.
+
+    ``count(objects)`` counts the given objects' samples (a fresh reader over them). The first
+    process of a node to get here lists and counts, and writes the node's index; the others
+    wait on its lock and reuse the index while its listing is younger than `LIST_TTL`.
+    Counts of objects whose URL, size and ETag did not change are reused from an older index.
+    """
+    key_text = json.dumps(
+        [kind, list(columns) if columns is not None else None, list(patterns), config.options()]
+    )
+    key = hashlib.sha256(key_text.encode()).hexdigest()[:32]
+    where = index_dir(config)
+    if where is None:
+        objects = list_objects(patterns, config)
+        return objects, count(objects)
+    path = where / f"{key}.json"
+    with _locked(where / f".{key}.lock"):
+        old = _read_index(path)
+        if old is not None and time.time() - float(old.get("listed_at", 0)) < LIST_TTL:
+            shards = old["shards"]
+            return (
+                [(u, int(n), e) for u, n, e, *_ in shards],
+                [(int(c), f, la) for *_, c, f, la in shards],
+            )
+        objects = list_objects(patterns, config)
+        known: dict[tuple[str, int, str | None], Counted] = {}
+        if old is not None:
+            for u, n, e, c, f, la in old["shards"]:
+                known[(u, int(n), e)] = (int(c), f, la)
+        missing = [o for o in objects if o not in known]
+        if missing:
+            known.update(zip(missing, count(missing), strict=True))
+        counted = [known[o] for o in objects]
+        _write_index(
+            path,
+            {
+                "version": 1,
+                "listed_at": time.time(),
+                "patterns": list(patterns),
+                "shards": [[*o, *c] for o, c in zip(objects, counted, strict=True)],
+            },
+        )
+        return objects, counted

@@ -1,0 +1,187 @@
+//! The Python face of remote shards ([`crate::remote`]).
+//!
+//! - `_core._RemoteShards`: a source's remote shards, with their prefetch
+//!   and cache; `_core._ShardReader` reads through it.
+//! - `_core._remote_list`, `_core._remote_head`: the objects a pattern names
+//!   (one listing) or the metadata of given URLs (one HEAD each).
+//! - `_core._remote_stats`: the process's counters.
+//!
+//! Every call that waits on the network releases the GIL.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use futures_util::StreamExt;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::remote::store::Process;
+use crate::remote::{stats, Object, ObjectUrl, RemoteError, RemoteOptions, RemoteShards};
+
+use super::errors::remote_error;
+
+/// `(url, size, etag)` of an object, as Python sees it.
+type Listed = (String, u64, Option<String>);
+
+fn listed(o: &Object) -> Listed {
+    (o.url.url.clone(), o.size, o.etag.clone())
+}
+
+/// Sorted storage options, so that equal options share a client.
+fn sorted(mut options: Vec<(String, String)>) -> Vec<(String, String)> {
+    options.sort();
+    options
+}
+
+/// The runtime of this process, or the error naming `url`.
+fn process(url: &str) -> Result<Arc<Process>, RemoteError> {
+    Process::current().map_err(|e| RemoteError::Failed {
+        url: url.to_string(),
+        message: format!("cannot start the I/O runtime: {e}"),
+    })
+}
+
+/// A source's remote shards.
+#[pyclass(name = "_RemoteShards", module = "ferrofeed._core", frozen)]
+pub(crate) struct PyRemoteShards {
+    pub(crate) inner: Arc<RemoteShards>,
+}
+
+#[pymethods]
+impl PyRemoteShards {
+    #[new]
+    #[allow(clippy::too_many_arguments)] // the source's options, as Python passes them
+    #[pyo3(signature = (objects, storage_options, prefetch_bytes, part_size, concurrency, cache_dir=None, cache_limit=0))]
+    fn new(
+        py: Python<'_>,
+        objects: Vec<Listed>,
+        storage_options: Vec<(String, String)>,
+        prefetch_bytes: u64,
+        part_size: u64,
+        concurrency: usize,
+        cache_dir: Option<PathBuf>,
+        cache_limit: u64,
+    ) -> PyResult<Self> {
+        if part_size == 0 || concurrency == 0 {
+            return Err(PyValueError::new_err(
+                "part_size and concurrency must be at least 1",
+            ));
+        }
+        let mut parsed = Vec::with_capacity(objects.len());
+        for (url, size, etag) in objects {
+            let url = ObjectUrl::parse(&url).map_err(|e| remote_error(py, &e))?;
+            parsed.push(Object { url, size, etag });
+        }
+        let options = RemoteOptions {
+            storage: sorted(storage_options),
+            prefetch_bytes,
+            part_size,
+            concurrency,
+            cache: cache_dir.map(|d| (d, cache_limit)),
+        };
+        let inner = py
+            .detach(|| RemoteShards::new(parsed, options))
+            .map_err(|e| remote_error(py, &e))?;
+        Ok(Self { inner })
+    }
+
+    /// Sets the shards (by index) the reader will want next, in order, and
+    /// starts fetching ahead; `append` adds them after those queued.
+    #[pyo3(signature = (order, append=false))]
+    fn prefetch(&self, py: Python<'_>, order: Vec<usize>, append: bool) -> PyResult<()> {
+        let inner = Arc::clone(&self.inner);
+        py.detach(move || inner.prefetch(&order, append))
+            .map_err(|e| remote_error(py, &e))
+    }
+
+    /// `(url, size, etag)` of every shard.
+    #[getter]
+    fn objects(&self) -> Vec<Listed> {
+        self.inner.objects().iter().map(listed).collect()
+    }
+}
+
+/// The objects under the directory URL `prefix` (recursively), sorted by
+/// key, as `(url, size, etag)`: one listing.
+#[pyfunction]
+#[pyo3(name = "_remote_list")]
+fn remote_list(
+    py: Python<'_>,
+    prefix: &str,
+    storage_options: Vec<(String, String)>,
+) -> PyResult<Vec<Listed>> {
+    let options = sorted(storage_options);
+    let result = py.detach(|| -> Result<Vec<Object>, RemoteError> {
+        let url = ObjectUrl::parse_prefix(prefix)?;
+        let p = process(prefix)?;
+        let store = p.client(&url, &options)?;
+        p.runtime().block_on(Object::list(&*store, &url))
+    });
+    match result {
+        Ok(objects) => Ok(objects.iter().map(listed).collect()),
+        Err(e) => Err(remote_error(py, &e)),
+    }
+}
+
+/// `(url, size, etag)` of each of `urls`, in order: one HEAD each, up to
+/// `concurrency` at a time. The first failure (in order) is raised.
+#[pyfunction]
+#[pyo3(name = "_remote_head")]
+#[allow(clippy::needless_pass_by_value)] // pyo3 extracts arguments by value
+fn remote_head(
+    py: Python<'_>,
+    urls: Vec<String>,
+    storage_options: Vec<(String, String)>,
+    concurrency: usize,
+) -> PyResult<Vec<Listed>> {
+    let options = sorted(storage_options);
+    let result = py.detach(|| -> Result<Vec<Object>, RemoteError> {
+        let Some(first) = urls.first() else {
+            return Ok(Vec::new());
+        };
+        let p = process(first)?;
+        let mut heads = Vec::with_capacity(urls.len());
+        for text in &urls {
+            let url = ObjectUrl::parse(text)?;
+            let store = p.client(&url, &options)?;
+            heads.push(async move { Object::head(&*store, url).await });
+        }
+        let results: Vec<Result<Object, RemoteError>> = p.runtime().block_on(
+            futures_util::stream::iter(heads)
+                .buffered(concurrency.max(1))
+                .collect(),
+        );
+        results.into_iter().collect()
+    });
+    match result {
+        Ok(objects) => Ok(objects.iter().map(listed).collect()),
+        Err(e) => Err(remote_error(py, &e)),
+    }
+}
+
+/// This process's counters of remote reads: `requests`, `retries`, `bytes`
+/// (received), `fetched` (shards), `cache_hits` (shards), `wait_s` (time
+/// readers waited for a shard's bytes).
+#[pyfunction]
+#[pyo3(name = "_remote_stats")]
+fn remote_stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let s = stats().snapshot();
+    let d = PyDict::new(py);
+    d.set_item("requests", s.requests)?;
+    d.set_item("retries", s.retries)?;
+    d.set_item("bytes", s.bytes)?;
+    d.set_item("fetched", s.fetched)?;
+    d.set_item("cache_hits", s.cache_hits)?;
+    #[allow(clippy::cast_precision_loss)] // nanoseconds to seconds
+    d.set_item("wait_s", s.wait_ns as f64 / 1e9)?;
+    Ok(d)
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyRemoteShards>()?;
+    m.add_function(wrap_pyfunction!(remote_list, m)?)?;
+    m.add_function(wrap_pyfunction!(remote_head, m)?)?;
+    m.add_function(wrap_pyfunction!(remote_stats, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,252 @@
+//! Fetching an object, or a range of it, in parts run concurrently.
+//!
+//! Each part is one ranged GET. `object_store` retries a request that fails
+//! before its body (and, for an object with an `ETag`, a body that breaks
+//! off); a part whose body still breaks off here (a server without `ETag`s,
+//! retries spent) is asked for again from the byte where it stopped, up to
+//! [`MAX_RESUMES`] times with backoff, so a dropped connection costs the
+//! bytes not yet received, not the part, and never a sample.
+
+use std::ops::Range;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::{StreamExt, TryStreamExt};
+
+use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt};
+
+use super::url::ObjectUrl;
+use super::RemoteError;
+
+/// Times a part is resumed after its body broke off, before it fails.
+pub const MAX_RESUMES: u32 = 10;
+
+/// A remote object as listed: where it is, its size and its `ETag`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Object {
+    /// Its URL.
+    pub url: ObjectUrl,
+    /// Its size in bytes.
+    pub size: u64,
+    /// Its `ETag`, if the store gives one: every later GET asks for this one
+    /// version (`If-Match`), so an object replaced while a source reads it
+    /// fails as [`RemoteError::Changed`] instead of mixing two versions.
+    pub etag: Option<String>,
+}
+
+impl Object {
+    /// The object's metadata, by one HEAD request.
+    ///
+    /// # Errors
+    ///
+    /// [`RemoteError::NotFound`] (a missing object or bucket),
+    /// [`RemoteError::Denied`], or the failure once retries are spent.
+    pub async fn head(store: &dyn ObjectStore, url: ObjectUrl) -> Result<Self, RemoteError> {
+        let meta = again(|| async {
+            store
+                .head(&url.path)
+                .await
+                .map_err(|e| RemoteError::from_store(&url.url, &e))
+        })
+        .await?;
+        Ok(Self {
+            size: meta.size,
+            etag: meta.e_tag,
+            url,
+        })
+    }
+
+    /// The objects under `prefix`'s directory (recursively), in the store's
+    /// order (by key), as one listing (one request per thousand objects on
+    /// S3).
+    ///
+    /// # Errors
+    ///
+    /// As [`Object::head`], for the listing.
+    pub async fn list(
+        store: &dyn ObjectStore,
+        prefix: &ObjectUrl,
+    ) -> Result<Vec<Self>, RemoteError> {
+        let dir = prefix.path.clone();
+        let metas: Vec<object_store::ObjectMeta> = again(|| async {
+            store
+                .list(Some(&dir))
+                .try_collect()
+                .await
+                .map_err(|e| RemoteError::from_store(&prefix.url, &e))
+        })
+        .await?;
+        let mut out = Vec::with_capacity(metas.len());
+        for meta in metas {
+            let url = ObjectUrl::parse(&prefix.sibling(&meta.location))?;
+            out.push(Self {
+                url,
+                size: meta.size,
+                etag: meta.e_tag,
+            });
+        }
+        out.sort_by(|a, b| a.url.path.as_ref().cmp(b.url.path.as_ref()));
+        Ok(out)
+    }
+
+    /// The bytes `range` of the object, fetched as ranged GETs of at most
+    /// `part` bytes, each holding a permit of `requests` while it runs (the
+    /// semaphore is fair: the parts of an object asked for first go first).
+    ///
+    /// # Errors
+    ///
+    /// The first part's failure: [`RemoteError::NotFound`],
+    /// [`RemoteError::Denied`], [`RemoteError::Changed`] (its size or `ETag`
+    /// differ from this object's), or the failure once retries and resumes
+    /// are spent.
+    pub async fn get(
+        &self,
+        store: &dyn ObjectStore,
+        range: Range<u64>,
+        part: u64,
+        requests: &tokio::sync::Semaphore,
+    ) -> Result<Bytes, RemoteError> {
+        if range.end > self.size || range.start > range.end {
+            return Err(RemoteError::Changed {
+                url: self.url.url.clone(),
+                message: format!(
+                    "bytes {}..{} asked of an object of {} bytes",
+                    range.start, range.end, self.size
+                ),
+            });
+        }
+        let len = usize::try_from(range.end - range.start).map_err(|_| RemoteError::Failed {
+            url: self.url.url.clone(),
+            message: "larger than this machine's address space".into(),
+        })?;
+        let part = usize::try_from(part.max(1)).unwrap_or(usize::MAX);
+        let mut buf = vec![0u8; len];
+        let parts = buf.chunks_mut(part).enumerate().map(|(k, out)| async move {
+            let _permit = requests.acquire().await.map_err(|_| RemoteError::Failed {
+                url: self.url.url.clone(),
+                message: "the source was closed".into(),
+            })?;
+            self.part(store, range.start + (k * part) as u64, out).await
+        });
+        futures_util::future::try_join_all(parts).await?;
+        Ok(Bytes::from(buf))
+    }
+
+    /// Fills `out` with the bytes from `start`, resuming a broken body.
+    async fn part(
+        &self,
+        store: &dyn ObjectStore,
+        start: u64,
+        out: &mut [u8],
+    ) -> Result<(), RemoteError> {
+        let mut done = 0usize;
+        let mut resumes = 0u32;
+        while done < out.len() {
+            let from = start + done as u64;
+            let options = GetOptions {
+                range: Some(GetRange::Bounded(from..start + out.len() as u64)),
+                if_match: self.etag.clone(),
+                ..GetOptions::default()
+            };
+            let result = store
+                .get_opts(&self.url.path, options)
+                .await
+                .map_err(|e| RemoteError::from_store(&self.url.url, &e))?;
+            if result.meta.size != self.size {
+                return Err(RemoteError::Changed {
+                    url: self.url.url.clone(),
+                    message: format!("{} bytes, {} when listed", result.meta.size, self.size),
+                });
+            }
+            let mut body = result.into_stream();
+            let mut broke: Option<object_store::Error> = None;
+            while let Some(chunk) = body.next().await {
+                match chunk {
+                    Ok(bytes) => {
+                        let n = bytes.len();
+                        let Some(slot) = out.get_mut(done..done + n) else {
+                            return Err(RemoteError::Failed {
+                                url: self.url.url.clone(),
+                                message: format!(
+                                    "the server sent more than the {} bytes asked from byte {from}",
+                                    out.len() - (from - start) as usize
+                                ),
+                            });
+                        };
+                        slot.copy_from_slice(&bytes);
+                        done += n;
+                    }
+                    Err(e) => {
+                        broke = Some(e);
+                        break;
+                    }
+                }
+            }
+            if done == out.len() {
+                break;
+            }
+            // The body broke off (or ended short): ask again from `done`.
+            resumes += 1;
+            if resumes > MAX_RESUMES {
+                let message = match broke {
+                    Some(e) => format!(
+                        "the body broke off {MAX_RESUMES} times (the last at byte {}): {e}",
+                        start + done as u64
+                    ),
+                    None => format!("the body ended short at byte {}", start + done as u64),
+                };
+                return Err(RemoteError::Failed {
+                    url: self.url.url.clone(),
+                    message,
+                });
+            }
+            if broke.is_none() {
+                // A clean short end is a failed attempt the client did not
+                // see as one: count it here.
+                super::store::Stats::add(&super::store::stats().retries, 1);
+            }
+            tokio::time::sleep(backoff(resumes)).await;
+        }
+        Ok(())
+    }
+}
+
+/// Runs `attempt` again (after a backoff) while it fails with
+/// [`RemoteError::Interrupted`], up to [`MAX_RESUMES`] times: a listing
+/// whose response body broke off, which `object_store` does not retry
+/// itself. Anything else fails at once (`object_store` has already retried
+/// what it retries).
+async fn again<T, F, Fut>(mut attempt: F) -> Result<T, RemoteError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, RemoteError>>,
+{
+    let mut n = 0;
+    loop {
+        match attempt().await {
+            Err(RemoteError::Interrupted { .. }) if n < MAX_RESUMES => {
+                n += 1;
+                tokio::time::sleep(backoff(n)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// The wait before resume `n` (from 1): 50 ms, doubling up to 3.2 s.
+fn backoff(n: u32) -> Duration {
+    Duration::from_millis(50 << (n.clamp(1, 7) - 1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_and_is_capped() {
+        assert_eq!(backoff(1), Duration::from_millis(50));
+        assert_eq!(backoff(2), Duration::from_millis(100));
+        assert_eq!(backoff(7), Duration::from_millis(3200));
+        assert_eq!(backoff(30), Duration::from_millis(3200));
+    }
+}

@@ -1,0 +1,185 @@
+//! Shards in object storage: S3 (and S3-compatible servers), Google Cloud
+//! Storage, Azure Blob Storage and plain HTTP(S), through the `object_store`
+//! crate (its clients, credential chains and request retries).
+//!
+//! A remote shard is fetched whole, with large ranged GETs run concurrently,
+//! into memory (and, with a cache directory, onto local disk), and then read
+//! by the same readers as a local file (`crate::shards`). Which shards are
+//! fetched when is [`RemoteShards`]' business: the one a reader asks for now,
+//! and the next ones in the plan's order within a byte budget, so that once
+//! warm the decode never waits for the network.
+//!
+//! - [`url`]: which store and which object a URL names.
+//! - [`store`]: the process's tokio runtime and its clients, made in the
+//!   process that uses them (never inherited across `fork`), one per store
+//!   and options, so credentials are fetched once per process, not per
+//!   shard; and the process-wide counters ([`Stats`]).
+//! - [`fetch`]: an object or a range of it, in parts, each part resumed from
+//!   the byte where a dropped body stopped.
+//! - [`cache`]: fetched shards on local disk, shared by every process of a
+//!   node (one download per shard, no half-written file ever read, least
+//!   recently used evicted past a size cap).
+//! - [`shards`]: the per-source set of remote shards with its prefetch.
+//!
+//! # What is retried, what fails fast
+//!
+//! `object_store` retries a request that fails with a 5xx status, 429 or
+//! 408 (S3's 503 `SlowDown` among them), a connection error or a timeout,
+//! with exponential backoff, up to `max_retries` times within
+//! `retry_timeout` (storage options of the same names; 10 and 180 s by
+//! default), and a body that breaks off when the object has an `ETag`;
+//! [`fetch`] resumes a body that breaks off past that from the byte where it
+//! stopped. A 404 (a missing object or bucket), 403 or 401 is not retried:
+//! it fails at once, as [`RemoteError::NotFound`] or [`RemoteError::Denied`]
+//! naming the URL.
+
+pub mod cache;
+pub mod fetch;
+pub mod shards;
+pub mod store;
+pub mod url;
+
+pub use cache::Cache;
+pub use fetch::Object;
+pub use shards::{RemoteOptions, RemoteShards};
+pub use store::{stats, Stats, StatsSnapshot};
+pub use url::ObjectUrl;
+
+/// What went wrong reaching a remote shard. Every variant names the URL.
+#[derive(Debug, thiserror::Error)]
+pub enum RemoteError {
+    /// The URL is not one this module reads, or is malformed.
+    #[error("{url}: {why}")]
+    BadUrl {
+        /// The URL.
+        url: String,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// A storage option is unknown to the URL's store, or its value is bad.
+    #[error("{url}: storage option {key:?}: {why}")]
+    BadOption {
+        /// The URL whose store the option was for.
+        url: String,
+        /// The option.
+        key: String,
+        /// What is wrong.
+        why: String,
+    },
+    /// The object, or its bucket, does not exist (HTTP 404).
+    #[error("{url}: not found ({message})")]
+    NotFound {
+        /// The URL.
+        url: String,
+        /// The store's words.
+        message: String,
+    },
+    /// The credentials were refused or lack the permission (HTTP 401, 403).
+    #[error("{url}: access denied ({message})")]
+    Denied {
+        /// The URL.
+        url: String,
+        /// The store's words.
+        message: String,
+    },
+    /// The object changed while it was read (its `ETag` or size is not the
+    /// one it had when the source was opened).
+    #[error("{url}: {message} (it changed since the source was opened)")]
+    Changed {
+        /// The URL.
+        url: String,
+        /// What differs.
+        message: String,
+    },
+    /// A response body broke off in a request `object_store` does not
+    /// retry itself (a listing); [`fetch`] retries it.
+    #[error("{url}: {message}")]
+    Interrupted {
+        /// The URL.
+        url: String,
+        /// What happened.
+        message: String,
+    },
+    /// Any other failure, once the retries are spent.
+    #[error("{url}: {message}")]
+    Failed {
+        /// The URL.
+        url: String,
+        /// What happened.
+        message: String,
+    },
+    /// The cache directory could not be used.
+    #[error("cache {path}: {source}")]
+    Cache {
+        /// The file or directory.
+        path: std::path::PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl RemoteError {
+    /// The error of `object_store` for `url`, sorted into the variants.
+    pub(crate) fn from_store(url: &str, e: &object_store::Error) -> Self {
+        let message = store_message(e);
+        match e {
+            object_store::Error::NotFound { .. } => Self::NotFound {
+                url: url.to_string(),
+                message,
+            },
+            object_store::Error::PermissionDenied { .. }
+            | object_store::Error::Unauthenticated { .. } => Self::Denied {
+                url: url.to_string(),
+                message,
+            },
+            object_store::Error::Precondition { .. } => Self::Changed {
+                url: url.to_string(),
+                message: "its ETag no longer matches".into(),
+            },
+            // A body that broke off, outside object_store's retry loop (whose
+            // errors read "Error performing GET ... after N retries").
+            _ if message.contains("response body") && !message.contains("Error performing") => {
+                Self::Interrupted {
+                    url: url.to_string(),
+                    message,
+                }
+            }
+            _ => Self::Failed {
+                url: url.to_string(),
+                message,
+            },
+        }
+    }
+
+    /// The URL (or cache path) the error names.
+    pub fn url(&self) -> String {
+        match self {
+            Self::BadUrl { url, .. }
+            | Self::BadOption { url, .. }
+            | Self::NotFound { url, .. }
+            | Self::Denied { url, .. }
+            | Self::Changed { url, .. }
+            | Self::Interrupted { url, .. }
+            | Self::Failed { url, .. } => url.clone(),
+            Self::Cache { path, .. } => path.display().to_string(),
+        }
+    }
+}
+
+/// `e` with its chain of sources, without repeating a source's text that the
+/// one above already holds (the store's errors often embed their source).
+fn store_message(e: &object_store::Error) -> String {
+    use std::error::Error as _;
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let part = s.to_string();
+        if !text.contains(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        source = s.source();
+    }
+    text
+}

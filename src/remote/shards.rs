@@ -1,0 +1,346 @@
+//! A source's remote shards: fetched when a reader asks for one, and the
+//! next ones in the plan's order fetched ahead within a byte budget.
+//!
+//! The reader of a sharded source reads its windows in order, on one thread,
+//! and each window's pieces in order; the shards it will want, in order, are
+//! known from the plan ([`RemoteShards::prefetch`]). So this keeps:
+//!
+//! - the shard being read (a window may end inside it and the next one go
+//!   on with it);
+//! - the next shards of the queue, fetched ahead while their bytes add up to
+//!   at most `prefetch_bytes` (and always the next one, whatever its size, if
+//!   `prefetch_bytes` is not 0).
+//!
+//! A shard the reader moved past is dropped from memory (a cache directory
+//! keeps it on disk). Fetches share one pool of `concurrency` requests, handed
+//! out first come, first served, so the shard wanted first arrives first.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Instant;
+
+use bytes::Bytes;
+
+use super::cache::Cache;
+use super::fetch::Object;
+use super::store::{stats, Process, Stats, StorageOptions};
+use super::RemoteError;
+
+/// How a source reaches its remote shards.
+#[derive(Debug, Clone)]
+pub struct RemoteOptions {
+    /// Options of the store (`storage_options=`), sorted by key.
+    pub storage: StorageOptions,
+    /// Bytes of shards fetched ahead of the one being read.
+    pub prefetch_bytes: u64,
+    /// Bytes of one ranged GET.
+    pub part_size: u64,
+    /// Requests in flight at once, for all of the source's fetches.
+    pub concurrency: usize,
+    /// The cache directory and its size limit in bytes.
+    pub cache: Option<(PathBuf, u64)>,
+}
+
+impl Default for RemoteOptions {
+    fn default() -> Self {
+        Self {
+            storage: Vec::new(),
+            prefetch_bytes: 512 << 20,
+            part_size: 8 << 20,
+            concurrency: 8,
+            cache: None,
+        }
+    }
+}
+
+/// The state of one shard's bytes.
+enum Slot {
+    Fetching,
+    Ready(Bytes),
+    Failed(Arc<RemoteError>),
+}
+
+/// What [`RemoteShards`] holds, behind its lock.
+struct State {
+    /// The process this state belongs to: a forked child starts afresh (the
+    /// parent's fetches run on threads the child does not have).
+    pid: u32,
+    slots: HashMap<usize, Slot>,
+    /// The shards the reader will ask for, in order, after the current one.
+    queue: VecDeque<usize>,
+    /// The shard the reader asked for last.
+    current: Option<usize>,
+    /// The requests semaphore of this process.
+    requests: Arc<tokio::sync::Semaphore>,
+}
+
+/// The remote shards of a source, by index.
+pub struct RemoteShards {
+    objects: Vec<Object>,
+    options: RemoteOptions,
+    cache: Option<Cache>,
+    state: Mutex<State>,
+    ready: Condvar,
+}
+
+impl RemoteShards {
+    /// The shards `objects` (as listed), reached with `options`.
+    ///
+    /// # Errors
+    ///
+    /// [`RemoteError::Cache`] when the cache directory cannot be made.
+    pub fn new(objects: Vec<Object>, options: RemoteOptions) -> Result<Arc<Self>, RemoteError> {
+        let cache = match &options.cache {
+            Some((dir, limit)) => Some(Cache::open(dir, *limit)?),
+            None => None,
+        };
+        let state = State {
+            pid: std::process::id(),
+            slots: HashMap::new(),
+            queue: VecDeque::new(),
+            current: None,
+            requests: Arc::new(tokio::sync::Semaphore::new(options.concurrency.max(1))),
+        };
+        Ok(Arc::new(Self {
+            objects,
+            options,
+            cache,
+            state: Mutex::new(state),
+            ready: Condvar::new(),
+        }))
+    }
+
+    /// The shards.
+    pub fn objects(&self) -> &[Object] {
+        &self.objects
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        let mut state = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let pid = std::process::id();
+        if state.pid != pid {
+            *state = State {
+                pid,
+                slots: HashMap::new(),
+                queue: VecDeque::new(),
+                current: None,
+                requests: Arc::new(tokio::sync::Semaphore::new(self.options.concurrency.max(1))),
+            };
+        }
+        state
+    }
+
+    /// Sets the shards the reader will ask for next, in order (`append`:
+    /// after those already queued), and starts fetching ahead.
+    ///
+    /// # Errors
+    ///
+    /// The OS error of starting this process's runtime, or a client that
+    /// cannot be made (a bad storage option).
+    pub fn prefetch(self: &Arc<Self>, order: &[usize], append: bool) -> Result<(), RemoteError> {
+        let mut state = self.lock();
+        if !append {
+            state.queue.clear();
+        }
+        for &s in order {
+            if s < self.objects.len() && state.queue.back() != Some(&s) {
+                state.queue.push_back(s);
+            }
+        }
+        Self::release(&mut state);
+        self.top_up(&mut state)
+    }
+
+    /// The bytes of shard `shard`, for the reader: fetched now if they are
+    /// not already here or on their way. Blocks until they are.
+    ///
+    /// # Errors
+    ///
+    /// The fetch's error (the same for every reader that waited on it).
+    pub fn get(self: &Arc<Self>, shard: usize) -> Result<Bytes, Arc<RemoteError>> {
+        let mut state = self.lock();
+        // The reader is at `shard`: what the queue held before it is done with.
+        if let Some(at) = state.queue.iter().position(|&s| s == shard) {
+            state.queue.drain(..=at);
+        }
+        state.current = Some(shard);
+        Self::release(&mut state);
+        if !state.slots.contains_key(&shard) {
+            self.start(&mut state, shard).map_err(Arc::new)?;
+        }
+        self.top_up(&mut state).map_err(Arc::new)?;
+        let waited = Instant::now();
+        let result = loop {
+            match state.slots.get(&shard) {
+                Some(Slot::Ready(bytes)) => break Ok(bytes.clone()),
+                Some(Slot::Failed(e)) => {
+                    let e = Arc::clone(e);
+                    // Asked again (the next epoch), it is fetched again.
+                    state.slots.remove(&shard);
+                    break Err(e);
+                }
+                Some(Slot::Fetching) => {
+                    state = self
+                        .ready
+                        .wait(state)
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                }
+                None => {
+                    // Reset under us (a fork cannot happen here); start again.
+                    self.start(&mut state, shard).map_err(Arc::new)?;
+                }
+            }
+        };
+        Stats::add(
+            &stats().wait_ns,
+            u64::try_from(waited.elapsed().as_nanos()).unwrap_or(u64::MAX),
+        );
+        result
+    }
+
+    /// The bytes of shard `shard` now, outside the reader's order (for
+    /// counting): through the cache, not kept in memory here.
+    ///
+    /// # Errors
+    ///
+    /// The fetch's error.
+    pub fn fetch_now(&self, shard: usize) -> Result<Bytes, RemoteError> {
+        let process = Process::current().map_err(|e| self.failed(shard, &e))?;
+        let requests = Arc::clone(&self.lock().requests);
+        process
+            .runtime()
+            .block_on(self.fetch(&process, shard, &requests))
+    }
+
+    /// The last `n` bytes of shard `shard` (a Parquet footer), by one ranged
+    /// GET, with the shard's size.
+    ///
+    /// # Errors
+    ///
+    /// The fetch's error.
+    pub fn tail(&self, shard: usize, n: u64) -> Result<(Bytes, u64), RemoteError> {
+        let object = &self.objects[shard];
+        let process = Process::current().map_err(|e| self.failed(shard, &e))?;
+        if let Some(cache) = &self.cache {
+            if let Some(bytes) = cache.lookup(object)? {
+                Stats::add(&stats().cache_hits, 1);
+                let from = (bytes.len() as u64).saturating_sub(n) as usize;
+                return Ok((bytes.slice(from..), object.size));
+            }
+        }
+        let store = process.client(&object.url, &self.options.storage)?;
+        let requests = Arc::clone(&self.lock().requests);
+        let from = object.size.saturating_sub(n);
+        let bytes = process.runtime().block_on(object.get(
+            &*store,
+            from..object.size,
+            self.options.part_size,
+            &requests,
+        ))?;
+        Ok((bytes, object.size))
+    }
+
+    fn failed(&self, shard: usize, e: &std::io::Error) -> RemoteError {
+        RemoteError::Failed {
+            url: self.objects[shard].url.url.clone(),
+            message: format!("cannot start the I/O runtime: {e}"),
+        }
+    }
+
+    /// Drops the bytes of shards that are neither current nor queued.
+    fn release(state: &mut State) {
+        let State {
+            slots,
+            queue,
+            current,
+            ..
+        } = state;
+        slots.retain(|s, slot| {
+            Some(*s) == *current || queue.contains(s) || matches!(slot, Slot::Fetching)
+        });
+    }
+
+    /// Starts fetching queued shards while the bytes ahead fit the budget.
+    fn top_up(self: &Arc<Self>, state: &mut State) -> Result<(), RemoteError> {
+        let budget = self.options.prefetch_bytes;
+        if budget == 0 {
+            return Ok(());
+        }
+        let mut ahead = 0u64;
+        let queued: Vec<usize> = state.queue.iter().copied().collect();
+        for (k, s) in queued.into_iter().enumerate() {
+            if Some(s) == state.current {
+                continue;
+            }
+            let size = self.objects[s].size;
+            if k > 0 && ahead + size > budget {
+                break;
+            }
+            ahead += size;
+            if !state.slots.contains_key(&s) {
+                self.start(state, s)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts fetching `shard` on the runtime; its slot is `Fetching` until
+    /// the fetch ends.
+    fn start(self: &Arc<Self>, state: &mut State, shard: usize) -> Result<(), RemoteError> {
+        let process = Process::current().map_err(|e| self.failed(shard, &e))?;
+        state.slots.insert(shard, Slot::Fetching);
+        let this = Arc::clone(self);
+        let requests = Arc::clone(&state.requests);
+        let pid = state.pid;
+        let p = Arc::clone(&process);
+        process.runtime().spawn(async move {
+            let result = this.fetch(&p, shard, &requests).await;
+            let mut state = this.lock();
+            if state.pid == pid && matches!(state.slots.get(&shard), Some(Slot::Fetching)) {
+                let slot = match result {
+                    Ok(bytes) => Slot::Ready(bytes),
+                    Err(e) => Slot::Failed(Arc::new(e)),
+                };
+                state.slots.insert(shard, slot);
+                // Dropped at once if the reader has moved past it meanwhile.
+                Self::release(&mut state);
+            }
+            drop(state);
+            this.ready.notify_all();
+        });
+        Ok(())
+    }
+
+    /// Fetches `shard` whole: from the cache if it holds it, else from its
+    /// store (into the cache, if any).
+    async fn fetch(
+        &self,
+        process: &Process,
+        shard: usize,
+        requests: &tokio::sync::Semaphore,
+    ) -> Result<Bytes, RemoteError> {
+        let object = &self.objects[shard];
+        let store = process.client(&object.url, &self.options.storage)?;
+        let get = || async {
+            let bytes = object
+                .get(&*store, 0..object.size, self.options.part_size, requests)
+                .await?;
+            Stats::add(&stats().fetched, 1);
+            Ok(bytes)
+        };
+        match &self.cache {
+            Some(cache) => {
+                let (bytes, fetched) = cache.get_or_fetch(object, get).await?;
+                if !fetched {
+                    Stats::add(&stats().cache_hits, 1);
+                }
+                Ok(bytes)
+            }
+            None => get().await,
+        }
+    }
+}

@@ -1,0 +1,372 @@
+//! The process's tokio runtime and object-store clients, and its counters.
+//!
+//! A tokio runtime does not survive `fork`: the child has the runtime's
+//! memory but none of its threads, and a client's connection pool holds
+//! sockets shared with the parent. A runtime used after a fork hangs (the
+//! failure `LitData` and others met). So the runtime and the clients here
+//! belong to a process: [`Process::current`] makes them on first use and
+//! makes them again in a child, leaving the inherited ones untouched (never
+//! dropped: dropping a runtime joins threads that do not exist there).
+//! Worker processes under fork, spawn or forkserver each get their own.
+//!
+//! Clients are kept per store and options for the life of the process, so a
+//! store's credentials (an instance profile, a web identity token, a GCS
+//! service account) are fetched once, not per shard.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use http_body_util::BodyExt;
+use object_store::client::{
+    HttpClient, HttpConnector, HttpError, HttpErrorKind, HttpRequest, HttpResponse,
+    HttpResponseBody, HttpService, ReqwestConnector,
+};
+use object_store::{ClientConfigKey, ClientOptions, ObjectStore, RetryConfig};
+
+use super::url::{ObjectUrl, Scheme};
+use super::RemoteError;
+
+/// The process-wide counters of remote reads.
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// HTTP requests sent (retries included).
+    pub requests: AtomicU64,
+    /// Requests that failed and were retried (a 5xx, 429 or 408 status, a
+    /// connection error, a body broken off), by `object_store` or by
+    /// [`super::fetch`]'s resume.
+    pub retries: AtomicU64,
+    /// Response body bytes received.
+    pub bytes: AtomicU64,
+    /// Shards fetched from their store.
+    pub fetched: AtomicU64,
+    /// Shards found in the cache directory.
+    pub cache_hits: AtomicU64,
+    /// Nanoseconds readers waited for a shard's bytes to arrive.
+    pub wait_ns: AtomicU64,
+}
+
+/// A copy of [`Stats`] at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    /// See [`Stats::requests`].
+    pub requests: u64,
+    /// See [`Stats::retries`].
+    pub retries: u64,
+    /// See [`Stats::bytes`].
+    pub bytes: u64,
+    /// See [`Stats::fetched`].
+    pub fetched: u64,
+    /// See [`Stats::cache_hits`].
+    pub cache_hits: u64,
+    /// See [`Stats::wait_ns`].
+    pub wait_ns: u64,
+}
+
+impl Stats {
+    /// The counters now.
+    pub fn snapshot(&self) -> StatsSnapshot {
+        StatsSnapshot {
+            requests: self.requests.load(Ordering::Relaxed),
+            retries: self.retries.load(Ordering::Relaxed),
+            bytes: self.bytes.load(Ordering::Relaxed),
+            fetched: self.fetched.load(Ordering::Relaxed),
+            cache_hits: self.cache_hits.load(Ordering::Relaxed),
+            wait_ns: self.wait_ns.load(Ordering::Relaxed),
+        }
+    }
+
+    pub(crate) fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// The process's counters (a forked child starts from its parent's values).
+pub fn stats() -> &'static Stats {
+    static STATS: OnceLock<Stats> = OnceLock::new();
+    STATS.get_or_init(Stats::default)
+}
+
+/// Options of a store, as given by the source (`storage_options=`), sorted
+/// so that equal options give one client.
+pub type StorageOptions = Vec<(String, String)>;
+
+/// The runtime and clients of one process.
+pub struct Process {
+    pid: u32,
+    runtime: tokio::runtime::Runtime,
+    clients: Mutex<HashMap<(String, StorageOptions), Arc<dyn ObjectStore>>>,
+}
+
+/// The current process's [`Process`], if made.
+static CURRENT: Mutex<Option<Arc<Process>>> = Mutex::new(None);
+
+impl Process {
+    /// This process's runtime and clients, made on first use here.
+    ///
+    /// # Errors
+    ///
+    /// The OS error of starting the runtime's threads.
+    pub fn current() -> std::io::Result<Arc<Self>> {
+        let pid = std::process::id();
+        // The lock is held for a lookup (or a runtime's start) only, never
+        // across a request.
+        let mut current = CURRENT
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(p) = current.as_ref() {
+            if p.pid == pid {
+                return Ok(Arc::clone(p));
+            }
+        }
+        if let Some(inherited) = current.take() {
+            // A forked child: the parent's runtime has no threads here.
+            // Dropping it would wait for them forever; leave it be.
+            std::mem::forget(inherited);
+        }
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("ferrofeed-remote")
+            .enable_all()
+            .build()?;
+        let p = Arc::new(Self {
+            pid,
+            runtime,
+            clients: Mutex::new(HashMap::new()),
+        });
+        *current = Some(Arc::clone(&p));
+        Ok(p)
+    }
+
+    /// The runtime.
+    pub fn runtime(&self) -> &tokio::runtime::Runtime {
+        &self.runtime
+    }
+
+    /// The client of `url`'s store with `options`, made once per process.
+    ///
+    /// # Errors
+    ///
+    /// [`RemoteError::BadOption`] for an option the store does not know, or
+    /// the store's refusal of its configuration (as `Failed`).
+    pub fn client(
+        &self,
+        url: &ObjectUrl,
+        options: &StorageOptions,
+    ) -> Result<Arc<dyn ObjectStore>, RemoteError> {
+        let key = (url.store.clone(), options.clone());
+        let mut clients = self
+            .clients
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(c) = clients.get(&key) {
+            return Ok(Arc::clone(c));
+        }
+        // Building an S3 client reads the environment only; credentials are
+        // fetched on the first request, inside the runtime.
+        let _guard = self.runtime.enter();
+        let client = build(url, options)?;
+        clients.insert(key, Arc::clone(&client));
+        Ok(client)
+    }
+}
+
+/// The options `ferrofeed` reads itself (the rest go to the store).
+const RETRY_KEYS: [&str; 2] = ["max_retries", "retry_timeout"];
+
+#[allow(clippy::too_many_lines)] // one arm per store, each short
+/// Builds the client of `url`'s store: the store's environment
+/// (`AWS_*`, `GOOGLE_*`, `AZURE_*`), then `options` over it.
+fn build(url: &ObjectUrl, options: &StorageOptions) -> Result<Arc<dyn ObjectStore>, RemoteError> {
+    let bad = |key: &str, why: String| RemoteError::BadOption {
+        url: url.url.clone(),
+        key: key.to_string(),
+        why,
+    };
+    let mut retry = RetryConfig::default();
+    for (key, value) in options {
+        match key.as_str() {
+            "max_retries" => {
+                retry.max_retries = value
+                    .parse()
+                    .map_err(|_| bad(key, format!("{value:?} is not a count")))?;
+            }
+            "retry_timeout" => {
+                let secs: f64 = value
+                    .parse()
+                    .ok()
+                    .filter(|s: &f64| s.is_finite() && *s >= 0.0)
+                    .ok_or_else(|| bad(key, format!("{value:?} is not a number of seconds")))?;
+                retry.retry_timeout = Duration::from_secs_f64(secs);
+            }
+            _ => {}
+        }
+    }
+    let given = || {
+        options
+            .iter()
+            .filter(|(k, _)| !RETRY_KEYS.contains(&k.as_str()))
+    };
+    // An endpoint given as http:// is meant to be reached over HTTP (a local
+    // S3-compatible server), as boto3 and the AWS CLI take it.
+    let http_endpoint = |env: &str, keys: &[&str]| {
+        given()
+            .find(|(k, _)| keys.contains(&k.to_ascii_lowercase().as_str()))
+            .map(|(_, v)| v.clone())
+            .or_else(|| std::env::var(env).ok())
+            .is_some_and(|e| e.starts_with("http://"))
+    };
+    let connector = CountingConnector;
+    let store: Arc<dyn ObjectStore> = match url.scheme {
+        Scheme::S3 => {
+            let mut b = object_store::aws::AmazonS3Builder::from_env().with_url(&url.url);
+            for (k, v) in given() {
+                let key = k
+                    .to_ascii_lowercase()
+                    .parse()
+                    .map_err(|e| bad(k, format!("{e}")))?;
+                b = b.with_config(key, v);
+            }
+            if http_endpoint(
+                "AWS_ENDPOINT_URL",
+                &[
+                    "aws_endpoint_url",
+                    "aws_endpoint",
+                    "endpoint_url",
+                    "endpoint",
+                ],
+            ) {
+                b = b.with_config(
+                    object_store::aws::AmazonS3ConfigKey::Client(ClientConfigKey::AllowHttp),
+                    "true",
+                );
+            }
+            Arc::new(
+                b.with_retry(retry)
+                    .with_http_connector(connector)
+                    .build()
+                    .map_err(|e| RemoteError::from_store(&url.url, &e))?,
+            )
+        }
+        Scheme::Gcs => {
+            let mut b = object_store::gcp::GoogleCloudStorageBuilder::from_env().with_url(&url.url);
+            for (k, v) in given() {
+                let key = k
+                    .to_ascii_lowercase()
+                    .parse()
+                    .map_err(|e| bad(k, format!("{e}")))?;
+                b = b.with_config(key, v);
+            }
+            Arc::new(
+                b.with_retry(retry)
+                    .with_http_connector(connector)
+                    .build()
+                    .map_err(|e| RemoteError::from_store(&url.url, &e))?,
+            )
+        }
+        Scheme::Azure => {
+            let mut b = object_store::azure::MicrosoftAzureBuilder::from_env().with_url(&url.url);
+            for (k, v) in given() {
+                let key = k
+                    .to_ascii_lowercase()
+                    .parse()
+                    .map_err(|e| bad(k, format!("{e}")))?;
+                b = b.with_config(key, v);
+            }
+            Arc::new(
+                b.with_retry(retry)
+                    .with_http_connector(connector)
+                    .build()
+                    .map_err(|e| RemoteError::from_store(&url.url, &e))?,
+            )
+        }
+        Scheme::Http => {
+            let mut b = object_store::http::HttpBuilder::new()
+                .with_url(&url.store)
+                .with_config(
+                    ClientConfigKey::AllowHttp,
+                    if url.store.starts_with("http://") {
+                        "true"
+                    } else {
+                        "false"
+                    },
+                );
+            for (k, v) in given() {
+                let key: ClientConfigKey = k
+                    .to_ascii_lowercase()
+                    .parse()
+                    .map_err(|e| bad(k, format!("{e}")))?;
+                b = b.with_config(key, v);
+            }
+            Arc::new(
+                b.with_retry(retry)
+                    .with_http_connector(connector)
+                    .build()
+                    .map_err(|e| RemoteError::from_store(&url.url, &e))?,
+            )
+        }
+    };
+    Ok(store)
+}
+
+/// Makes reqwest clients whose requests, failures and body bytes are
+/// counted in [`stats`]: `object_store` retries inside its client, and this
+/// is the one place that sees every attempt.
+#[derive(Debug, Clone, Copy)]
+struct CountingConnector;
+
+impl HttpConnector for CountingConnector {
+    fn connect(&self, options: &ClientOptions) -> object_store::Result<HttpClient> {
+        let inner = ReqwestConnector::default().connect(options)?;
+        Ok(HttpClient::new(Counting { inner }))
+    }
+}
+
+/// See [`CountingConnector`].
+#[derive(Debug)]
+struct Counting {
+    inner: HttpClient,
+}
+
+/// Whether `object_store` retries a response of `status`.
+fn retried_status(status: http::StatusCode) -> bool {
+    status.is_server_error()
+        || status == http::StatusCode::TOO_MANY_REQUESTS
+        || status == http::StatusCode::REQUEST_TIMEOUT
+}
+
+#[async_trait]
+impl HttpService for Counting {
+    async fn call(&self, req: HttpRequest) -> Result<HttpResponse, HttpError> {
+        let s = stats();
+        Stats::add(&s.requests, 1);
+        match self.inner.execute(req).await {
+            Ok(response) => {
+                if retried_status(response.status()) {
+                    Stats::add(&s.retries, 1);
+                }
+                let (parts, body) = response.into_parts();
+                let body = body
+                    .map_frame(|frame| {
+                        if let Some(data) = frame.data_ref() {
+                            Stats::add(&stats().bytes, data.len() as u64);
+                        }
+                        frame
+                    })
+                    .map_err(|e| {
+                        Stats::add(&stats().retries, 1);
+                        e
+                    });
+                Ok(HttpResponse::from_parts(parts, HttpResponseBody::new(body)))
+            }
+            Err(e) => {
+                if !matches!(e.kind(), HttpErrorKind::Unknown | HttpErrorKind::Decode) {
+                    Stats::add(&s.retries, 1);
+                }
+                Err(e)
+            }
+        }
+    }
+}
