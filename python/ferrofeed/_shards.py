@@ -297,8 +297,11 @@ class ShardedSource:
                 self._ahead = (pieces, reader.submit(self._window, pieces))
 
         if self._remote is not None and len(plan) > plan.start:
-            # The shards this rank reads, in order, fetched ahead within the budget.
+            # The shards this rank reads, in order, fetched ahead within the budget (from
+            # the window after the one read ahead at the end of the last epoch, if it was).
             first = plan.window_of(plan.start)
+            if ahead is not None and ahead[0] == plan.window_pieces(first):
+                first += 1
             order = [s for w in range(first, windows) for s, _, _ in plan.window_pieces(w)]
             self._remote.prefetch(order)
 

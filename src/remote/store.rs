@@ -370,3 +370,72 @@ impl HttpService for Counting {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn client(url: &str, options: &[(&str, &str)]) -> Result<Arc<dyn ObjectStore>, RemoteError> {
+        let options: StorageOptions = options
+            .iter()
+            .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+            .collect();
+        Process::current()
+            .unwrap()
+            .client(&ObjectUrl::parse(url).unwrap(), &options)
+    }
+
+    #[test]
+    fn builds_a_client_per_store_without_a_request() {
+        // No request is made: building reads the options (and environment) only.
+        let s3 = [
+            ("region", "eu-west-1"),
+            ("access_key_id", "k"),
+            ("secret_access_key", "s"),
+        ];
+        client("s3://bucket/a.tar", &s3).unwrap();
+        client("gs://bucket/a.tar", &[("skip_signature", "true")]).unwrap();
+        client(
+            "az://container/a.tar",
+            &[("account_name", "acct"), ("skip_signature", "true")],
+        )
+        .unwrap();
+        client("http://127.0.0.1:9/data/a.tar", &[]).unwrap();
+    }
+
+    #[test]
+    fn one_client_per_store_and_options() {
+        let opts = [("region", "us-east-1"), ("skip_signature", "true")];
+        let a = client("s3://same/a.tar", &opts).unwrap();
+        let b = client("s3://same/b.tar", &opts).unwrap();
+        let c = client("s3://other/a.tar", &opts).unwrap();
+        assert!(Arc::ptr_eq(&a, &b));
+        assert!(!Arc::ptr_eq(&a, &c));
+    }
+
+    #[test]
+    fn refuses_unknown_options_and_bad_retry_values() {
+        for (url, options) in [
+            ("s3://b/a.tar", [("no_such_option", "1")]),
+            ("gs://b/a.tar", [("no_such_option", "1")]),
+            ("az://c/a.tar", [("no_such_option", "1")]),
+            ("http://h/a.tar", [("no_such_option", "1")]),
+            ("s3://b/a.tar", [("max_retries", "many")]),
+            ("s3://b/a.tar", [("retry_timeout", "-1")]),
+        ] {
+            let e = client(url, &options).err().expect("refused");
+            assert!(matches!(e, RemoteError::BadOption { .. }), "{e}");
+            assert!(e.to_string().contains(options[0].0), "{e}");
+        }
+    }
+
+    #[test]
+    fn counts_status_codes_retried_as_retries() {
+        assert!(retried_status(http::StatusCode::SERVICE_UNAVAILABLE));
+        assert!(retried_status(http::StatusCode::INTERNAL_SERVER_ERROR));
+        assert!(retried_status(http::StatusCode::TOO_MANY_REQUESTS));
+        assert!(!retried_status(http::StatusCode::NOT_FOUND));
+        assert!(!retried_status(http::StatusCode::FORBIDDEN));
+        assert!(!retried_status(http::StatusCode::PARTIAL_CONTENT));
+    }
+}

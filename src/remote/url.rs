@@ -111,16 +111,6 @@ impl ObjectUrl {
     }
 }
 
-/// Whether `text` starts with a URL scheme (`xyz://`), local paths do not.
-pub fn is_url(text: &str) -> bool {
-    let Some((scheme, _)) = text.split_once("://") else {
-        return false;
-    };
-    let mut chars = scheme.chars();
-    chars.next().is_some_and(|c| c.is_ascii_alphabetic())
-        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
-}
-
 /// `path` with the characters a URL path cannot hold percent-encoded
 /// (the inverse of what [`ObjectPath::from_url_path`] decodes).
 fn encode_path(path: &str) -> String {
@@ -181,14 +171,5 @@ mod tests {
             assert!(matches!(e, RemoteError::BadUrl { .. }), "{bad}: {e}");
             assert!(e.to_string().starts_with(bad), "{e}");
         }
-    }
-
-    #[test]
-    fn tells_urls_from_paths() {
-        assert!(is_url("s3://b/k"));
-        assert!(is_url("https://h/p"));
-        assert!(!is_url("/data/shard.tar"));
-        assert!(!is_url("relative/dir://x"));
-        assert!(!is_url("1s3://b/k"));
     }
 }
