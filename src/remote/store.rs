@@ -423,7 +423,9 @@ mod tests {
             ("s3://b/a.tar", [("max_retries", "many")]),
             ("s3://b/a.tar", [("retry_timeout", "-1")]),
         ] {
-            let e = client(url, &options).err().expect("refused");
+            let Err(e) = client(url, &options) else {
+                panic!("{url} {options:?}: not refused")
+            };
             assert!(matches!(e, RemoteError::BadOption { .. }), "{e}");
             assert!(e.to_string().contains(options[0].0), "{e}");
         }
