@@ -163,7 +163,10 @@ class ShardedSource:
                 def count(
                     objects: list[_remote.Listed],
                 ) -> list[tuple[int, str | None, str | None]]:
-                    threads = count_threads or min(16, len(objects))
+                    # A Parquet file is counted from its footer; a tar or JSON lines shard
+                    # is fetched whole, and each counting thread holds one in memory.
+                    most = 16 if self._kind == "parquet" else 4
+                    threads = count_threads or min(most, len(objects))
                     reader = _core._ShardReader(
                         self._kind,
                         [u for u, _, _ in objects],
@@ -459,8 +462,8 @@ class TarShards(ShardedSource):
     Args:
         urls: a path or URL (``s3://``, ``gs://``, ``az://``, ``http(s)://``), a pattern
             with brace ranges (``train-{000000..000099}.tar``) or globs, or a list of them.
-        count_threads: threads that count the shards' samples (default: up to 8; 16 for
-            URLs).
+        count_threads: threads that count the shards' samples (default: up to 8; for
+            URLs 4, each holding a shard it fetched whole).
         storage_options: for shards in object storage (URLs): options of the store, over
             its environment (``AWS_*`` with ``AWS_ENDPOINT_URL`` for an S3-compatible
             server, ``GOOGLE_*``, ``AZURE_*``): the keys of the ``object_store`` crate
@@ -567,7 +570,7 @@ class JsonLines(ShardedSource):
 
     Args:
         urls: paths, patterns or a list of them (as for `TarShards`).
-        count_threads: threads that count the lines (default: up to 8; 16 for URLs).
+        count_threads: threads that count the lines (default: up to 8; 4 for URLs).
         storage_options, prefetch_bytes, cache_dir, cache_limit: for URLs, as for
             `TarShards`.
 
