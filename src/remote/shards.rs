@@ -16,11 +16,13 @@
 //! out first come, first served, so the shard wanted first arrives first.
 
 use std::collections::{HashMap, VecDeque};
+use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
 use bytes::Bytes;
+use futures_util::FutureExt;
 
 use super::cache::Cache;
 use super::fetch::Object;
@@ -163,10 +165,7 @@ impl RemoteShards {
     /// The fetch's error (the same for every reader that waited on it).
     pub fn get(self: &Arc<Self>, shard: usize) -> Result<Bytes, Arc<RemoteError>> {
         let mut state = self.lock();
-        // The reader is at `shard`: what the queue held before it is done with.
-        if let Some(at) = state.queue.iter().position(|&s| s == shard) {
-            state.queue.drain(..=at);
-        }
+        advance(&mut state.queue, shard);
         state.current = Some(shard);
         Self::release(&mut state);
         if !state.slots.contains_key(&shard) {
@@ -266,21 +265,13 @@ impl RemoteShards {
 
     /// Starts fetching queued shards while the bytes ahead fit the budget.
     fn top_up(self: &Arc<Self>, state: &mut State) -> Result<(), RemoteError> {
-        let budget = self.options.prefetch_bytes;
-        if budget == 0 {
-            return Ok(());
-        }
-        let mut ahead = 0u64;
-        let queued: Vec<usize> = state.queue.iter().copied().collect();
-        for (k, s) in queued.into_iter().enumerate() {
-            if Some(s) == state.current {
-                continue;
-            }
-            let size = self.objects[s].size;
-            if k > 0 && ahead + size > budget {
-                break;
-            }
-            ahead += size;
+        let wanted = ahead(
+            &state.queue,
+            state.current,
+            |s| self.objects[s].size,
+            self.options.prefetch_bytes,
+        );
+        for s in wanted {
             if !state.slots.contains_key(&s) {
                 self.start(state, s)?;
             }
@@ -298,7 +289,22 @@ impl RemoteShards {
         let pid = state.pid;
         let p = Arc::clone(&process);
         process.runtime().spawn(async move {
-            let result = this.fetch(&p, shard, &requests).await;
+            // A panic in the fetch must still end the slot, or readers would wait
+            // for it forever.
+            let result = AssertUnwindSafe(this.fetch(&p, shard, &requests))
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|panic| {
+                    let what = panic
+                        .downcast_ref::<&str>()
+                        .map(ToString::to_string)
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_default();
+                    Err(RemoteError::Failed {
+                        url: this.objects[shard].url.url.clone(),
+                        message: format!("the fetch panicked: {what}"),
+                    })
+                });
             let mut state = this.lock();
             if state.pid == pid && matches!(state.slots.get(&shard), Some(Slot::Fetching)) {
                 let slot = match result {
@@ -342,5 +348,79 @@ impl RemoteShards {
             }
             None => get().await,
         }
+    }
+}
+
+/// The reader is at `shard`: the queue up to its first occurrence (what the
+/// reader went past, and `shard` itself) is done with.
+fn advance(queue: &mut VecDeque<usize>, shard: usize) {
+    if let Some(at) = queue.iter().position(|&s| s == shard) {
+        queue.drain(..=at);
+    }
+}
+
+/// The shards of `queue` to hold ahead of the reader: from the front, while
+/// their sizes add up to at most `budget`, and always the first one (a shard
+/// larger than the budget is still fetched ahead) unless `budget` is 0. The
+/// current shard is held anyway and not counted.
+fn ahead(
+    queue: &VecDeque<usize>,
+    current: Option<usize>,
+    size: impl Fn(usize) -> u64,
+    budget: u64,
+) -> Vec<usize> {
+    let mut out = Vec::new();
+    if budget == 0 {
+        return out;
+    }
+    let mut bytes = 0u64;
+    for &s in queue {
+        if Some(s) == current || out.contains(&s) {
+            continue;
+        }
+        let n = size(s);
+        if !out.is_empty() && bytes.saturating_add(n) > budget {
+            break;
+        }
+        bytes = bytes.saturating_add(n);
+        out.push(s);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q(items: &[usize]) -> VecDeque<usize> {
+        items.iter().copied().collect()
+    }
+
+    #[test]
+    fn fetches_ahead_within_the_budget() {
+        let size = |s: usize| [10, 20, 30, 40][s];
+        let queue = q(&[1, 2, 3]);
+        assert_eq!(ahead(&queue, Some(0), size, 50), vec![1, 2]);
+        assert_eq!(ahead(&queue, Some(0), size, 49), vec![1]);
+        // Always the next shard, even larger than the budget; never with 0.
+        assert_eq!(ahead(&queue, Some(0), size, 5), vec![1]);
+        assert!(ahead(&queue, Some(0), size, 0).is_empty());
+        // The current shard at the front (a window going on with it) is not counted.
+        assert_eq!(ahead(&q(&[0, 3, 1]), Some(0), size, 40), vec![3]);
+        assert_eq!(ahead(&q(&[0, 3, 1]), Some(0), size, 60), vec![3, 1]);
+        // A shard queued twice (the next epoch's first window) is held once.
+        assert_eq!(ahead(&q(&[1, 2, 1]), None, size, 100), vec![1, 2]);
+    }
+
+    #[test]
+    fn advancing_drops_what_the_reader_went_past() {
+        let mut queue = q(&[1, 2, 3, 2]);
+        advance(&mut queue, 2);
+        assert_eq!(queue, q(&[3, 2]));
+        // A shard not queued (asked for outside the plan) leaves the queue as it is.
+        advance(&mut queue, 9);
+        assert_eq!(queue, q(&[3, 2]));
+        advance(&mut queue, 2);
+        assert!(queue.is_empty());
     }
 }
