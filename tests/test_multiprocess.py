@@ -586,3 +586,72 @@ def test_shared_builder_killed(arena_dir: Path) -> None:
         assert sorted(p.name for p in arena_dir.iterdir() if "arena" in p.name) == [
             Path(sl.path).name
         ]
+
+
+OWNER_THEN_KILLED_SCRIPT = """
+import os, signal, sys
+from ferrofeed import SharedList
+
+name, d = sys.argv[1], sys.argv[2]
+sl = SharedList.shared(lambda: ["old", "run"], name=name, dir=d, local_rank=0, local_world_size=2)
+print("built", flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # a node killed after building: the arena stays behind
+"""
+
+LATE_BUILDER_SCRIPT = """
+import sys, time
+from ferrofeed import SharedList
+
+name, d = sys.argv[1], sys.argv[2]
+
+def build():
+    time.sleep(1.0)  # the waiter polls meanwhile, with the dead run's arena in place
+    return ["new", "run"]
+
+sl = SharedList.shared(build, name=name, dir=d, local_rank=0, local_world_size=2)
+print("built", flush=True)
+sys.stdin.readline()  # hold the arena until the test has read the waiter's result
+"""
+
+
+@pytest.mark.timeout(120)
+def test_shared_after_a_killed_owner_builds_anew(arena_dir: Path) -> None:
+    """A job restarted after its node was killed maps this run's arena, not the dead one's.
+
+    The dead owner's complete arena stays in the directory, mapped by no process. A waiting
+    local rank must not map it (it would read the old run's items and keep rank 0 from
+    sweeping it: ArenaExistsError); rank 0 sweeps it and builds again.
+    """
+    name = f"t-{uuid.uuid4().hex}"
+    old = _popen(OWNER_THEN_KILLED_SCRIPT, name, str(arena_dir))
+    _readline_until(old, "built", 30)
+    old.communicate(timeout=30)
+    assert old.returncode == -signal.SIGKILL
+    stale = arena_dir / f"ferrofeed-shared-{name}.arena"
+    assert stale.exists()
+
+    waiter = _popen(
+        WAITER_SCRIPT.replace('"len": len(sl)', '"items": list(sl)'), name, str(arena_dir)
+    )
+    builder = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(LATE_BUILDER_SCRIPT), name, str(arena_dir)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _readline_until(waiter, "waiting", 30)
+        _readline_until(builder, "built", 60)
+        w_out, w_err = _communicate(waiter, 60)
+        _, b_err = builder.communicate("done\n", timeout=30)
+    finally:
+        for p in (waiter, builder):
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    assert builder.returncode == 0, b_err
+    assert waiter.returncode == 0, w_err
+    out = json.loads(w_out.strip().splitlines()[-1])
+    assert out.get("items") == ["new", "run"], out
+    assert not any(p.name.endswith(".arena") for p in arena_dir.iterdir())

@@ -255,8 +255,11 @@ class SharedList(_core.Arena, Sequence[T]):
         abandoned_since: float | None = None
         delay = 0.005
         while True:
-            with contextlib.suppress(ArenaNotFoundError):
-                return cls.open(path)
+            # An arena no process maps is a dead run's (its owner was killed after building
+            # it): rank 0 sweeps it and builds again; wait for that one, never map this.
+            if _mapped(path):
+                with contextlib.suppress(ArenaNotFoundError):
+                    return cls.open(path)
             state = _probe_claim(claim, started)
             if state.startswith("failed"):
                 raise ArenaBuilderError(
@@ -305,6 +308,33 @@ def _env_int(name: str, default: int) -> int:
         return int(value)
     except ValueError:
         raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
+
+
+def _mapped(path: Path) -> bool:
+    """Whether some process maps the arena at ``path``.
+
+    Every process that maps an arena holds a shared ``flock`` on it (its owner first of
+    all), so an arena held by none is an orphan. Read from ``/proc/locks`` rather than by
+    taking a lock: a probe's momentary exclusive lock would make the builder's sweep of
+    that orphan fail. Where ``/proc/locks`` cannot be read, any arena counts as mapped.
+    """
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    try:
+        with open("/proc/locks", encoding="ascii", errors="replace") as f:
+            table = f.read()
+    except OSError:
+        return True
+    target = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    for line in table.splitlines():
+        fields = line.split()
+        # "N: FLOCK ADVISORY READ PID MAJ:MIN:INODE START END"; "N: -> ..." lines are
+        # processes waiting for a lock, not holding one.
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == target:
+            return True
+    return False
 
 
 def _write_claim(fd: int, text: str) -> None:
