@@ -158,6 +158,10 @@ class ShardedSource:
                 )
         if self._config is not None:
             config = self._config
+            # The shards counting fetched (tar and JSON lines: whole) stay in memory within
+            # prefetch_bytes, so when counting covered them all, the source reads through
+            # the same _RemoteShards and its first epoch does not fetch them again.
+            counted_with: list[tuple[list[_remote.Listed], _core._RemoteShards]] = []
             if _objects is None:
 
                 def count(
@@ -167,12 +171,10 @@ class ShardedSource:
                     # is fetched whole, and each counting thread holds one in memory.
                     most = 16 if self._kind == "parquet" else 4
                     threads = count_threads or min(most, len(objects))
-                    reader = _core._ShardReader(
-                        self._kind,
-                        [u for u, _, _ in objects],
-                        self._columns,
-                        config.shards(objects),
-                    )
+                    shards = config.shards(objects)
+                    counted_with.append((objects, shards))
+                    urls = [u for u, _, _ in objects]
+                    reader = _core._ShardReader(self._kind, urls, self._columns, shards)
                     return reader.count(threads)
 
                 self._objects, _counted = _remote.resolve(
@@ -180,7 +182,10 @@ class ShardedSource:
                 )
             assert self._objects is not None
             self._paths = [u for u, _, _ in self._objects]
-            self._remote = config.shards(self._objects)
+            if counted_with and counted_with[0][0] == self._objects:
+                self._remote = counted_with[0][1]
+            else:
+                self._remote = config.shards(self._objects)
         else:
             self._paths = expand_shards(urls) if _objects is None else []
         self._reader = _core._ShardReader(self._kind, self._paths, self._columns, self._remote)

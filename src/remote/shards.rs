@@ -5,8 +5,9 @@
 //! and each window's pieces in order; the shards it will want, in order, are
 //! known from the plan ([`RemoteShards::prefetch`]). So this keeps:
 //!
-//! - the shard being read (a window may end inside it and the next one go
-//!   on with it);
+//! - the shards being read, and the last two read (a window may end inside
+//!   a shard and the next one go on with it; at the end of an epoch the next
+//!   epoch's first window is read on a thread of its own);
 //! - the next shards of the queue, fetched ahead while their bytes add up to
 //!   at most `prefetch_bytes` (and always the next one, whatever its size, if
 //!   `prefetch_bytes` is not 0).
@@ -18,7 +19,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -28,6 +29,9 @@ use super::cache::Cache;
 use super::fetch::Object;
 use super::store::{stats, Process, Stats, StorageOptions};
 use super::RemoteError;
+
+/// Shards kept after `get` returned them (see `State::recent`).
+const RECENT: usize = 2;
 
 /// How a source reaches its remote shards.
 #[derive(Debug, Clone)]
@@ -71,8 +75,13 @@ struct State {
     slots: HashMap<usize, Slot>,
     /// The shards the reader will ask for, in order, after the current one.
     queue: VecDeque<usize>,
-    /// The shard the reader asked for last.
-    current: Option<usize>,
+    /// Readers waiting in [`RemoteShards::get`], by shard.
+    waiting: HashMap<usize, u32>,
+    /// The last [`RECENT`] shards `get` returned, the latest first: a window
+    /// may end inside a shard and the next one go on with it, and at the end
+    /// of an epoch the next epoch's first window is read on a thread of its
+    /// own while this epoch's last one may still be read.
+    recent: VecDeque<usize>,
     /// The requests semaphore of this process.
     requests: Arc<tokio::sync::Semaphore>,
 }
@@ -101,7 +110,8 @@ impl RemoteShards {
             pid: std::process::id(),
             slots: HashMap::new(),
             queue: VecDeque::new(),
-            current: None,
+            waiting: HashMap::new(),
+            recent: VecDeque::new(),
             requests: Arc::new(tokio::sync::Semaphore::new(options.concurrency.max(1))),
         };
         Ok(Arc::new(Self {
@@ -118,7 +128,7 @@ impl RemoteShards {
         &self.objects
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+    fn lock(&self) -> MutexGuard<'_, State> {
         let mut state = self
             .state
             .lock()
@@ -129,7 +139,8 @@ impl RemoteShards {
                 pid,
                 slots: HashMap::new(),
                 queue: VecDeque::new(),
-                current: None,
+                waiting: HashMap::new(),
+                recent: VecDeque::new(),
                 requests: Arc::new(tokio::sync::Semaphore::new(self.options.concurrency.max(1))),
             };
         }
@@ -166,21 +177,53 @@ impl RemoteShards {
     pub fn get(self: &Arc<Self>, shard: usize) -> Result<Bytes, Arc<RemoteError>> {
         let mut state = self.lock();
         advance(&mut state.queue, shard);
-        state.current = Some(shard);
+        *state.waiting.entry(shard).or_insert(0) += 1;
         Self::release(&mut state);
-        if !state.slots.contains_key(&shard) {
-            self.start(&mut state, shard).map_err(Arc::new)?;
-        }
-        self.top_up(&mut state).map_err(Arc::new)?;
         let waited = Instant::now();
-        let result = loop {
+        let (mut state, result) = self.wait_for(state, shard);
+        if let Some(n) = state.waiting.get_mut(&shard) {
+            *n -= 1;
+            if *n == 0 {
+                state.waiting.remove(&shard);
+            }
+        }
+        state.recent.retain(|&s| s != shard);
+        state.recent.push_front(shard);
+        state.recent.truncate(RECENT);
+        Self::release(&mut state);
+        Stats::add(
+            &stats().wait_ns,
+            u64::try_from(waited.elapsed().as_nanos()).unwrap_or(u64::MAX),
+        );
+        result
+    }
+
+    /// Waits (releasing the lock meanwhile) until `shard`'s bytes are here,
+    /// starting its fetch if it is not on its way, and the next ones.
+    fn wait_for<'a>(
+        self: &'a Arc<Self>,
+        mut state: MutexGuard<'a, State>,
+        shard: usize,
+    ) -> (MutexGuard<'a, State>, Result<Bytes, Arc<RemoteError>>) {
+        if !state.slots.contains_key(&shard) {
+            if let Err(e) = self.start(&mut state, shard) {
+                return (state, Err(Arc::new(e)));
+            }
+        }
+        if let Err(e) = self.top_up(&mut state) {
+            return (state, Err(Arc::new(e)));
+        }
+        loop {
             match state.slots.get(&shard) {
-                Some(Slot::Ready(bytes)) => break Ok(bytes.clone()),
+                Some(Slot::Ready(bytes)) => {
+                    let bytes = bytes.clone();
+                    return (state, Ok(bytes));
+                }
                 Some(Slot::Failed(e)) => {
                     let e = Arc::clone(e);
                     // Asked again (the next epoch), it is fetched again.
                     state.slots.remove(&shard);
-                    break Err(e);
+                    return (state, Err(e));
                 }
                 Some(Slot::Fetching) => {
                     state = self
@@ -189,20 +232,21 @@ impl RemoteShards {
                         .unwrap_or_else(std::sync::PoisonError::into_inner);
                 }
                 None => {
-                    // Reset under us (a fork cannot happen here); start again.
-                    self.start(&mut state, shard).map_err(Arc::new)?;
+                    // Failed and removed by another reader of the same shard (two
+                    // windows at an epoch's end): fetch it again for this one.
+                    if let Err(e) = self.start(&mut state, shard) {
+                        return (state, Err(Arc::new(e)));
+                    }
                 }
             }
-        };
-        Stats::add(
-            &stats().wait_ns,
-            u64::try_from(waited.elapsed().as_nanos()).unwrap_or(u64::MAX),
-        );
-        result
+        }
     }
 
     /// The bytes of shard `shard` now, outside the reader's order (for
-    /// counting): through the cache, not kept in memory here.
+    /// counting), through the cache. While the shards held add up to at most
+    /// `prefetch_bytes`, the bytes are also kept for the reader, so a first
+    /// epoch without a cache does not fetch again what counting fetched (the
+    /// reader's first `prefetch` drops what its order does not want).
     ///
     /// # Errors
     ///
@@ -210,9 +254,22 @@ impl RemoteShards {
     pub fn fetch_now(&self, shard: usize) -> Result<Bytes, RemoteError> {
         let process = Process::current().map_err(|e| self.failed(shard, &e))?;
         let requests = Arc::clone(&self.lock().requests);
-        process
+        let bytes = process
             .runtime()
-            .block_on(self.fetch(&process, shard, &requests))
+            .block_on(self.fetch(&process, shard, &requests))?;
+        let mut state = self.lock();
+        let held: u64 = state
+            .slots
+            .iter()
+            .filter(|(_, slot)| matches!(slot, Slot::Ready(_)))
+            .map(|(&s, _)| self.objects[s].size)
+            .sum();
+        if !state.slots.contains_key(&shard)
+            && held + self.objects[shard].size <= self.options.prefetch_bytes
+        {
+            state.slots.insert(shard, Slot::Ready(bytes.clone()));
+        }
+        Ok(bytes)
     }
 
     /// The last `n` bytes of shard `shard` (a Parquet footer), by one ranged
@@ -250,24 +307,35 @@ impl RemoteShards {
         }
     }
 
-    /// Drops the bytes of shards that are neither current nor queued.
+    /// Drops the bytes of shards no reader waits for, returned lately or
+    /// queued.
     fn release(state: &mut State) {
         let State {
             slots,
             queue,
-            current,
+            waiting,
+            recent,
             ..
         } = state;
         slots.retain(|s, slot| {
-            Some(*s) == *current || queue.contains(s) || matches!(slot, Slot::Fetching)
+            matches!(slot, Slot::Fetching)
+                || waiting.contains_key(s)
+                || recent.contains(s)
+                || queue.contains(s)
         });
     }
 
     /// Starts fetching queued shards while the bytes ahead fit the budget.
     fn top_up(self: &Arc<Self>, state: &mut State) -> Result<(), RemoteError> {
+        let held: Vec<usize> = state
+            .recent
+            .iter()
+            .chain(state.waiting.keys())
+            .copied()
+            .collect();
         let wanted = ahead(
             &state.queue,
-            state.current,
+            &held,
             |s| self.objects[s].size,
             self.options.prefetch_bytes,
         );
@@ -362,10 +430,10 @@ fn advance(queue: &mut VecDeque<usize>, shard: usize) {
 /// The shards of `queue` to hold ahead of the reader: from the front, while
 /// their sizes add up to at most `budget`, and always the first one (a shard
 /// larger than the budget is still fetched ahead) unless `budget` is 0. The
-/// current shard is held anyway and not counted.
+/// shards held anyway (`held`: being read, or read lately) are not counted.
 fn ahead(
     queue: &VecDeque<usize>,
-    current: Option<usize>,
+    held: &[usize],
     size: impl Fn(usize) -> u64,
     budget: u64,
 ) -> Vec<usize> {
@@ -375,7 +443,7 @@ fn ahead(
     }
     let mut bytes = 0u64;
     for &s in queue {
-        if Some(s) == current || out.contains(&s) {
+        if held.contains(&s) || out.contains(&s) {
             continue;
         }
         let n = size(s);
@@ -400,16 +468,16 @@ mod tests {
     fn fetches_ahead_within_the_budget() {
         let size = |s: usize| [10, 20, 30, 40][s];
         let queue = q(&[1, 2, 3]);
-        assert_eq!(ahead(&queue, Some(0), size, 50), vec![1, 2]);
-        assert_eq!(ahead(&queue, Some(0), size, 49), vec![1]);
+        assert_eq!(ahead(&queue, &[0], size, 50), vec![1, 2]);
+        assert_eq!(ahead(&queue, &[0], size, 49), vec![1]);
         // Always the next shard, even larger than the budget; never with 0.
-        assert_eq!(ahead(&queue, Some(0), size, 5), vec![1]);
-        assert!(ahead(&queue, Some(0), size, 0).is_empty());
-        // The current shard at the front (a window going on with it) is not counted.
-        assert_eq!(ahead(&q(&[0, 3, 1]), Some(0), size, 40), vec![3]);
-        assert_eq!(ahead(&q(&[0, 3, 1]), Some(0), size, 60), vec![3, 1]);
+        assert_eq!(ahead(&queue, &[0], size, 5), vec![1]);
+        assert!(ahead(&queue, &[0], size, 0).is_empty());
+        // A shard held at the front (a window going on with it) is not counted.
+        assert_eq!(ahead(&q(&[0, 3, 1]), &[0], size, 40), vec![3]);
+        assert_eq!(ahead(&q(&[0, 3, 1]), &[2, 0], size, 60), vec![3, 1]);
         // A shard queued twice (the next epoch's first window) is held once.
-        assert_eq!(ahead(&q(&[1, 2, 1]), None, size, 100), vec![1, 2]);
+        assert_eq!(ahead(&q(&[1, 2, 1]), &[], size, 100), vec![1, 2]);
     }
 
     #[test]
