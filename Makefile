@@ -233,7 +233,7 @@ COMPARE_ARGS ?=
 PYTHON313 ?=
 PY313_VENV := .venv-py313
 COMPARE_PEERS := "torch>=2.3" "pillow>=10" "scikit-image>=0.22" "matplotlib>=3.8" "tqdm>=4.60" \
-	"spdl==0.8.0" "pyarrow>=15" "webdataset>=0.2.100" "datasets>=3"
+	"spdl==0.8.0" "pyarrow>=15" "webdataset>=0.2.100" "datasets>=3" "moto[server]>=5" "boto3>=1.26"
 # torchvision (decode_jpeg + transforms.v2) must be a release built for the torch installed
 # above: `compare.py --torchvision-requirement` names the range for it (0.(m+15) for torch 2.m;
 # the stable-ABI 0.29+ for torch 2.14 on). It is installed with --no-deps: its requirement on
@@ -263,16 +263,24 @@ compare-deps: install bench-deps ## Install the compared loaders (PyTorch, Pillo
 	fi
 
 .PHONY: compare
-compare: compare-deps ## Every loader side by side: JSON, tables and plots in benches/results (COMPARE_ARGS=--quick: a short run)
+compare: compare-deps ## Every loader side by side, and the shards job from object storage: JSON, tables and plots in benches/results (COMPARE_ARGS=--quick: a short run)
 	py313=""; \
 	if $(PY313_VENV)/bin/python -c 'import dataloader_rs' 2>/dev/null; then \
 		py313="--py313=$(abspath $(PY313_VENV))/bin/python"; \
 	fi; \
 	$(PY) benches/compare.py $$py313 $(COMPARE_ARGS)
+	$(PY) benches/remote_compare.py $(REMOTE_COMPARE_ARGS)
 
 .PHONY: compare-shards
 compare-shards: compare-deps ## The shards job alone (tar and Parquet: ferrofeed, webdataset, HF datasets): benches/results/shards_compare.*
 	$(PY) benches/compare.py --jobs shards --name shards_compare $(COMPARE_ARGS)
+
+# benches/remote_compare.py takes --quick from COMPARE_ARGS (its other options are its own).
+REMOTE_COMPARE_ARGS ?= $(filter --quick,$(COMPARE_ARGS))
+
+.PHONY: compare-remote
+compare-remote: compare-deps ## The shards job from object storage (moto's S3, HTTP, +20 ms/request) against local disk and webdataset: benches/results/remote_compare.*
+	$(PY) benches/remote_compare.py $(REMOTE_COMPARE_ARGS)
 
 .PHONY: bench-workers
 bench-workers: install-test ## Python transforms in worker processes against PyTorch's DataLoader (benches/loader_workers.py)
