@@ -3,9 +3,10 @@
 //! Each part is one ranged GET. `object_store` retries a request that fails
 //! before its body (and, for an object with an `ETag`, a body that breaks
 //! off); a part whose body still breaks off here (a server without `ETag`s,
-//! retries spent) is asked for again from the byte where it stopped, up to
-//! [`MAX_RESUMES`] times with backoff, so a dropped connection costs the
-//! bytes not yet received, not the part, and never a sample.
+//! retries spent) is asked for again from the byte where it stopped, within
+//! the same limits (`max_retries` times, `retry_timeout` from the part's
+//! first request), so a dropped connection costs the bytes not yet
+//! received, not the part, and never a sample.
 
 use std::ops::Range;
 use std::time::Duration;
@@ -13,12 +14,12 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::{StreamExt, TryStreamExt};
 
-use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt};
+use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt, RetryConfig};
 
 use super::url::ObjectUrl;
 use super::RemoteError;
 
-/// Times a part is resumed after its body broke off, before it fails.
+/// Times a listing is asked for again after its body broke off.
 pub const MAX_RESUMES: u32 = 10;
 
 /// A remote object as listed: where it is, its size and its `ETag`.
@@ -91,7 +92,8 @@ impl Object {
 
     /// The bytes `range` of the object, fetched as ranged GETs of at most
     /// `part` bytes, each holding a permit of `requests` while it runs (the
-    /// semaphore is fair: the parts of an object asked for first go first).
+    /// semaphore is fair: the parts of an object asked for first go first),
+    /// a broken body resumed within `retry`'s limits.
     ///
     /// # Errors
     ///
@@ -105,6 +107,7 @@ impl Object {
         range: Range<u64>,
         part: u64,
         requests: &tokio::sync::Semaphore,
+        retry: &RetryConfig,
     ) -> Result<Bytes, RemoteError> {
         if range.end > self.size || range.start > range.end {
             return Err(RemoteError::Changed {
@@ -126,21 +129,25 @@ impl Object {
                 url: self.url.url.clone(),
                 message: "the source was closed".into(),
             })?;
-            self.part(store, range.start + (k * part) as u64, out).await
+            self.part(store, range.start + (k * part) as u64, out, retry)
+                .await
         });
         futures_util::future::try_join_all(parts).await?;
         Ok(Bytes::from(buf))
     }
 
-    /// Fills `out` with the bytes from `start`, resuming a broken body.
+    /// Fills `out` with the bytes from `start`, resuming a broken body up to
+    /// `retry.max_retries` times within `retry.retry_timeout`.
     async fn part(
         &self,
         store: &dyn ObjectStore,
         start: u64,
         out: &mut [u8],
+        retry: &RetryConfig,
     ) -> Result<(), RemoteError> {
+        let began = std::time::Instant::now();
         let mut done = 0usize;
-        let mut resumes = 0u32;
+        let mut resumes = 0usize;
         while done < out.len() {
             let from = start + done as u64;
             let options = GetOptions {
@@ -187,11 +194,15 @@ impl Object {
             }
             // The body broke off (or ended short): ask again from `done`.
             resumes += 1;
-            if resumes > MAX_RESUMES {
+            if resumes > retry.max_retries || began.elapsed() > retry.retry_timeout {
                 let message = match broke {
                     Some(e) => format!(
-                        "the body broke off {MAX_RESUMES} times (the last at byte {}): {e}",
-                        start + done as u64
+                        "the body broke off {resumes} times in {:.1} s (the last at byte {}; \
+                         max_retries {}, retry_timeout {} s): {e}",
+                        began.elapsed().as_secs_f64(),
+                        start + done as u64,
+                        retry.max_retries,
+                        retry.retry_timeout.as_secs_f64(),
                     ),
                     None => format!("the body ended short at byte {}", start + done as u64),
                 };
@@ -205,7 +216,7 @@ impl Object {
                 // see as one: count it here.
                 super::store::Stats::add(&super::store::stats().retries, 1);
             }
-            tokio::time::sleep(backoff(resumes)).await;
+            tokio::time::sleep(backoff(u32::try_from(resumes).unwrap_or(u32::MAX))).await;
         }
         Ok(())
     }

@@ -123,6 +123,9 @@ impl RemoteError {
     /// The error of `object_store` for `url`, sorted into the variants.
     pub(crate) fn from_store(url: &str, e: &object_store::Error) -> Self {
         let message = store_message(e);
+        // A listing's failure comes as `Generic`, its status only in the text
+        // of its source ("... status code: 404 Not Found ...").
+        let status = |code: &str| message.contains(&format!("status code: {code}"));
         match e {
             object_store::Error::NotFound { .. } => Self::NotFound {
                 url: url.to_string(),
@@ -130,6 +133,14 @@ impl RemoteError {
             },
             object_store::Error::PermissionDenied { .. }
             | object_store::Error::Unauthenticated { .. } => Self::Denied {
+                url: url.to_string(),
+                message,
+            },
+            object_store::Error::Generic { .. } if status("404") => Self::NotFound {
+                url: url.to_string(),
+                message,
+            },
+            object_store::Error::Generic { .. } if status("403") || status("401") => Self::Denied {
                 url: url.to_string(),
                 message,
             },

@@ -27,7 +27,9 @@ use futures_util::FutureExt;
 
 use super::cache::Cache;
 use super::fetch::Object;
-use super::store::{stats, Process, Stats, StorageOptions};
+use object_store::RetryConfig;
+
+use super::store::{retry_config, stats, Process, Stats, StorageOptions};
 use super::RemoteError;
 
 /// Shards kept after `get` returned them (see `State::recent`).
@@ -90,6 +92,8 @@ struct State {
 pub struct RemoteShards {
     objects: Vec<Object>,
     options: RemoteOptions,
+    /// The retry limits of the storage options, for resuming broken bodies.
+    retry: RetryConfig,
     cache: Option<Cache>,
     state: Mutex<State>,
     ready: Condvar,
@@ -102,6 +106,8 @@ impl RemoteShards {
     ///
     /// [`RemoteError::Cache`] when the cache directory cannot be made.
     pub fn new(objects: Vec<Object>, options: RemoteOptions) -> Result<Arc<Self>, RemoteError> {
+        let first = objects.first().map_or("", |o| o.url.url.as_str());
+        let retry = retry_config(first, &options.storage)?;
         let cache = match &options.cache {
             Some((dir, limit)) => Some(Cache::open(dir, *limit)?),
             None => None,
@@ -117,6 +123,7 @@ impl RemoteShards {
         Ok(Arc::new(Self {
             objects,
             options,
+            retry,
             cache,
             state: Mutex::new(state),
             ready: Condvar::new(),
@@ -296,6 +303,7 @@ impl RemoteShards {
             from..object.size,
             self.options.part_size,
             &requests,
+            &self.retry,
         ))?;
         Ok((bytes, object.size))
     }
@@ -401,7 +409,13 @@ impl RemoteShards {
         let store = process.client(&object.url, &self.options.storage)?;
         let get = || async {
             let bytes = object
-                .get(&*store, 0..object.size, self.options.part_size, requests)
+                .get(
+                    &*store,
+                    0..object.size,
+                    self.options.part_size,
+                    requests,
+                    &self.retry,
+                )
                 .await?;
             Stats::add(&stats().fetched, 1);
             Ok(bytes)

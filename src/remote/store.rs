@@ -97,6 +97,8 @@ pub type StorageOptions = Vec<(String, String)>;
 pub struct Process {
     pid: u32,
     runtime: tokio::runtime::Runtime,
+    /// Clients by store URL and options (the storage options, then the
+    /// store's environment: see [`store_environment`]).
     clients: Mutex<HashMap<(String, StorageOptions), Arc<dyn ObjectStore>>>,
 }
 
@@ -156,7 +158,11 @@ impl Process {
         url: &ObjectUrl,
         options: &StorageOptions,
     ) -> Result<Arc<dyn ObjectStore>, RemoteError> {
-        let key = (url.store.clone(), options.clone());
+        // The store's environment is part of the key: a process that changes
+        // AWS_ENDPOINT_URL (or the like) gets a client for the new one.
+        let mut keyed = options.clone();
+        keyed.extend(store_environment(url.scheme));
+        let key = (url.store.clone(), keyed);
         let mut clients = self
             .clients
             .lock()
@@ -176,12 +182,51 @@ impl Process {
 /// The options `ferrofeed` reads itself (the rest go to the store).
 const RETRY_KEYS: [&str; 2] = ["max_retries", "retry_timeout"];
 
-#[allow(clippy::too_many_lines)] // one arm per store, each short
-/// Builds the client of `url`'s store: the store's environment
-/// (`AWS_*`, `GOOGLE_*`, `AZURE_*`), then `options` over it.
-fn build(url: &ObjectUrl, options: &StorageOptions) -> Result<Arc<dyn ObjectStore>, RemoteError> {
+/// The variables of the store's environment that say which server and
+/// account a URL reaches (not secrets: no secret keys or tokens), sorted,
+/// with an `env:` prefix: part of the key of a client, and of a node's index
+/// of a source (`_remote.py` keeps its own list of the same variables).
+pub fn store_environment(scheme: Scheme) -> Vec<(String, String)> {
+    let prefix = match scheme {
+        Scheme::S3 => "AWS_",
+        Scheme::Gcs => "GOOGLE_",
+        Scheme::Azure => "AZURE_",
+        Scheme::Http => return Vec::new(),
+    };
+    let mut out: Vec<(String, String)> = std::env::vars()
+        .filter(|(k, _)| k.starts_with(prefix) && locates(k))
+        .map(|(k, v)| (format!("env:{k}"), v))
+        .collect();
+    out.sort();
+    out
+}
+
+/// Whether the environment variable `name` says where a store is (its
+/// endpoint, region, account, the credentials' identity), as opposed to a
+/// secret.
+fn locates(name: &str) -> bool {
+    const PARTS: [&str; 7] = [
+        "ENDPOINT",
+        "REGION",
+        "ACCOUNT",
+        "BUCKET",
+        "ACCESS_KEY_ID",
+        "APPLICATION_CREDENTIALS",
+        "ALLOW_HTTP",
+    ];
+    PARTS.iter().any(|p| name.contains(p)) && !name.contains("SECRET")
+}
+
+/// The retry limits of `options` (`max_retries`, `retry_timeout` in
+/// seconds) over `object_store`'s defaults (10 retries within 180 s).
+///
+/// # Errors
+///
+/// [`RemoteError::BadOption`] naming `url` and the option for a value that
+/// is not a count or a number of seconds.
+pub fn retry_config(url: &str, options: &StorageOptions) -> Result<RetryConfig, RemoteError> {
     let bad = |key: &str, why: String| RemoteError::BadOption {
-        url: url.url.clone(),
+        url: url.to_string(),
         key: key.to_string(),
         why,
     };
@@ -204,6 +249,19 @@ fn build(url: &ObjectUrl, options: &StorageOptions) -> Result<Arc<dyn ObjectStor
             _ => {}
         }
     }
+    Ok(retry)
+}
+
+#[allow(clippy::too_many_lines)] // one arm per store, each short
+/// Builds the client of `url`'s store: the store's environment
+/// (`AWS_*`, `GOOGLE_*`, `AZURE_*`), then `options` over it.
+fn build(url: &ObjectUrl, options: &StorageOptions) -> Result<Arc<dyn ObjectStore>, RemoteError> {
+    let bad = |key: &str, why: String| RemoteError::BadOption {
+        url: url.url.clone(),
+        key: key.to_string(),
+        why,
+    };
+    let retry = retry_config(&url.url, options)?;
     let given = || {
         options
             .iter()
