@@ -301,7 +301,16 @@ class ShardedSource:
             if following.windows > 0:
                 pieces = following.window_pieces(0)
                 if self._remote is not None:
-                    self._remote.prefetch([s for s, _, _ in pieces], append=True)
+                    # The next epoch's shards, in its order, fetched ahead within the
+                    # budget while this epoch's last window is batched.
+                    self._remote.prefetch(
+                        [
+                            s
+                            for w in range(following.windows)
+                            for s, _, _ in following.window_pieces(w)
+                        ],
+                        append=True,
+                    )
                 self._ahead = (pieces, reader.submit(self._window, pieces))
 
         if self._remote is not None and len(plan) > plan.start:

@@ -8,6 +8,7 @@
 //! first request), so a dropped connection costs the bytes not yet
 //! received, not the part, and never a sample.
 
+use std::mem::MaybeUninit;
 use std::ops::Range;
 use std::time::Duration;
 
@@ -123,8 +124,12 @@ impl Object {
             message: "larger than this machine's address space".into(),
         })?;
         let part = usize::try_from(part.max(1)).unwrap_or(usize::MAX);
-        let mut buf = vec![0u8; len];
-        let parts = buf.chunks_mut(part).enumerate().map(|(k, out)| async move {
+        // Not zeroed first (a memset of every shard, about 2% of the training
+        // job's CPU): the parts write every byte, and the length is set only
+        // once they all have.
+        let mut buf: Vec<u8> = Vec::with_capacity(len);
+        let chunks = buf.spare_capacity_mut()[..len].chunks_mut(part);
+        let parts = chunks.enumerate().map(|(k, out)| async move {
             let _permit = requests.acquire().await.map_err(|_| RemoteError::Failed {
                 url: self.url.url.clone(),
                 message: "the source was closed".into(),
@@ -133,6 +138,11 @@ impl Object {
                 .await
         });
         futures_util::future::try_join_all(parts).await?;
+        // SAFETY: the chunks cover bytes 0..len of the buffer's capacity, and
+        // `part` returns Ok only once it has written every byte of its chunk
+        // (`done == out.len()`); all of them returned Ok, so 0..len is
+        // initialised. On an error the buffer is dropped with length 0.
+        unsafe { buf.set_len(len) };
         Ok(Bytes::from(buf))
     }
 
@@ -142,7 +152,7 @@ impl Object {
         &self,
         store: &dyn ObjectStore,
         start: u64,
-        out: &mut [u8],
+        out: &mut [MaybeUninit<u8>],
         retry: &RetryConfig,
     ) -> Result<(), RemoteError> {
         let began = std::time::Instant::now();
@@ -180,7 +190,17 @@ impl Object {
                                 ),
                             });
                         };
-                        slot.copy_from_slice(&bytes);
+                        // SAFETY: `slot` is `n` writable bytes of the buffer
+                        // (bounds checked by `get_mut` above), `bytes` holds
+                        // `n` bytes, and the two do not overlap (one is the
+                        // response's, the other ours).
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(
+                                bytes.as_ptr(),
+                                slot.as_mut_ptr().cast::<u8>(),
+                                n,
+                            );
+                        }
                         done += n;
                     }
                     Err(e) => {
