@@ -252,7 +252,6 @@ pub fn retry_config(url: &str, options: &StorageOptions) -> Result<RetryConfig, 
     Ok(retry)
 }
 
-#[allow(clippy::too_many_lines)] // one arm per store, each short
 /// Builds the client of `url`'s store: the store's environment
 /// (`AWS_*`, `GOOGLE_*`, `AZURE_*`), then `options` over it.
 fn build(url: &ObjectUrl, options: &StorageOptions) -> Result<Arc<dyn ObjectStore>, RemoteError> {
@@ -276,10 +275,12 @@ fn build(url: &ObjectUrl, options: &StorageOptions) -> Result<Arc<dyn ObjectStor
             .or_else(|| std::env::var(env).ok())
             .is_some_and(|e| e.starts_with("http://"))
     };
-    let connector = CountingConnector;
-    let store: Arc<dyn ObjectStore> = match url.scheme {
-        Scheme::S3 => {
-            let mut b = object_store::aws::AmazonS3Builder::from_env().with_url(&url.url);
+    // The four builders share these steps but no trait: the storage options
+    // parsed by each store's own config key type, then the retry limits and
+    // the counting HTTP client.
+    macro_rules! with_options {
+        ($builder:expr) => {{
+            let mut b = $builder;
             for (k, v) in given() {
                 let key = k
                     .to_ascii_lowercase()
@@ -287,6 +288,24 @@ fn build(url: &ObjectUrl, options: &StorageOptions) -> Result<Arc<dyn ObjectStor
                     .map_err(|e| bad(k, format!("{e}")))?;
                 b = b.with_config(key, v);
             }
+            b
+        }};
+    }
+    macro_rules! built {
+        ($builder:expr) => {
+            Arc::new(
+                $builder
+                    .with_retry(retry)
+                    .with_http_connector(CountingConnector)
+                    .build()
+                    .map_err(|e| RemoteError::from_store(&url.url, &e))?,
+            )
+        };
+    }
+    let store: Arc<dyn ObjectStore> = match url.scheme {
+        Scheme::S3 => {
+            let mut b =
+                with_options!(object_store::aws::AmazonS3Builder::from_env().with_url(&url.url));
             if http_endpoint(
                 "AWS_ENDPOINT_URL",
                 &[
@@ -301,70 +320,24 @@ fn build(url: &ObjectUrl, options: &StorageOptions) -> Result<Arc<dyn ObjectStor
                     "true",
                 );
             }
-            Arc::new(
-                b.with_retry(retry)
-                    .with_http_connector(connector)
-                    .build()
-                    .map_err(|e| RemoteError::from_store(&url.url, &e))?,
-            )
+            built!(b)
         }
-        Scheme::Gcs => {
-            let mut b = object_store::gcp::GoogleCloudStorageBuilder::from_env().with_url(&url.url);
-            for (k, v) in given() {
-                let key = k
-                    .to_ascii_lowercase()
-                    .parse()
-                    .map_err(|e| bad(k, format!("{e}")))?;
-                b = b.with_config(key, v);
-            }
-            Arc::new(
-                b.with_retry(retry)
-                    .with_http_connector(connector)
-                    .build()
-                    .map_err(|e| RemoteError::from_store(&url.url, &e))?,
-            )
-        }
-        Scheme::Azure => {
-            let mut b = object_store::azure::MicrosoftAzureBuilder::from_env().with_url(&url.url);
-            for (k, v) in given() {
-                let key = k
-                    .to_ascii_lowercase()
-                    .parse()
-                    .map_err(|e| bad(k, format!("{e}")))?;
-                b = b.with_config(key, v);
-            }
-            Arc::new(
-                b.with_retry(retry)
-                    .with_http_connector(connector)
-                    .build()
-                    .map_err(|e| RemoteError::from_store(&url.url, &e))?,
-            )
-        }
-        Scheme::Http => {
-            let mut b = object_store::http::HttpBuilder::new()
-                .with_url(&url.store)
-                .with_config(
-                    ClientConfigKey::AllowHttp,
-                    if url.store.starts_with("http://") {
-                        "true"
-                    } else {
-                        "false"
-                    },
-                );
-            for (k, v) in given() {
-                let key: ClientConfigKey = k
-                    .to_ascii_lowercase()
-                    .parse()
-                    .map_err(|e| bad(k, format!("{e}")))?;
-                b = b.with_config(key, v);
-            }
-            Arc::new(
-                b.with_retry(retry)
-                    .with_http_connector(connector)
-                    .build()
-                    .map_err(|e| RemoteError::from_store(&url.url, &e))?,
-            )
-        }
+        Scheme::Gcs => built!(with_options!(
+            object_store::gcp::GoogleCloudStorageBuilder::from_env().with_url(&url.url)
+        )),
+        Scheme::Azure => built!(with_options!(
+            object_store::azure::MicrosoftAzureBuilder::from_env().with_url(&url.url)
+        )),
+        Scheme::Http => built!(with_options!(object_store::http::HttpBuilder::new()
+            .with_url(&url.store)
+            .with_config(
+                ClientConfigKey::AllowHttp,
+                if url.store.starts_with("http://") {
+                    "true"
+                } else {
+                    "false"
+                },
+            ))),
     };
     Ok(store)
 }
