@@ -345,6 +345,9 @@ class _Server(ThreadingHTTPServer):
         self.name = name
         self.stopping = threading.Event()
         self._lock = threading.Lock()
+        # Requests answered and (method, path, Range header) of each: under `_lock`.
+        self.requests = 0
+        self.log: list[tuple[str, str, str | None]] = []
         self._conns: dict[threading.Thread, _Conn] = {}
         self._serve_thread = threading.Thread(
             target=self.serve_forever,
@@ -556,8 +559,6 @@ class _FileServer(_Server):
         super().__init__(_FileHandler, "HttpFileServer")
         self.root = root
         self.etag = etag
-        self.requests = 0
-        self.log: list[tuple[str, str, str | None]] = []
 
     def count(self, method: str, path: str, range_header: str | None) -> None:
         with self._lock:
@@ -565,31 +566,11 @@ class _FileServer(_Server):
             self.log.append((method, path, range_header))
 
 
-class HttpFileServer:
-    """A plain HTTP/1.1 file server for the files under ``root``, on 127.0.0.1 and a free port.
+class _Running:
+    """What a running `HttpFileServer` and `FaultProxy` share: their URL, request counter
+    and log, and stopping (also as a context manager)."""
 
-    GET and HEAD; a single byte range (``bytes=a-b``, ``bytes=a-``, ``bytes=-n``) is answered
-    206 with ``Content-Range``, an unsatisfiable one 416 (``Content-Range: bytes */SIZE``), any
-    other ``Range`` value is ignored (200, the whole file). Every file answer has
-    ``Content-Length``, ``Last-Modified`` and, unless ``etag=False``, an ``ETag`` that changes
-    when the file does. A missing file or a directory is 404 (no listings); a path with
-    ``..`` or leading out of ``root`` is 403. Connections are kept alive, each served by its
-    own thread.
-
-    Args:
-        root: the directory served as ``/``.
-        etag: whether responses carry an ``ETag`` (object_store resumes an interrupted body
-            only when they do).
-
-    Example::
-
-        with HttpFileServer(shard_dir) as http_server:
-            url = f"{http_server.url}/shard-0.tar"
-    """
-
-    def __init__(self, root: str | os.PathLike[str], *, etag: bool = True) -> None:
-        self._server = _FileServer(Path(root).resolve(), etag)
-        self._server.start()
+    _server: _Server
 
     @property
     def url(self) -> str:
@@ -598,7 +579,7 @@ class HttpFileServer:
 
     @property
     def requests(self) -> int:
-        """How many requests it has answered."""
+        """How many requests it has received."""
         with self._server._lock:
             return self._server.requests
 
@@ -622,6 +603,35 @@ class HttpFileServer:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+class HttpFileServer(_Running):
+    """A plain HTTP/1.1 file server for the files under ``root``, on 127.0.0.1 and a free port.
+
+    GET and HEAD; a single byte range (``bytes=a-b``, ``bytes=a-``, ``bytes=-n``) is answered
+    206 with ``Content-Range``, an unsatisfiable one 416 (``Content-Range: bytes */SIZE``), any
+    other ``Range`` value is ignored (200, the whole file). Every file answer has
+    ``Content-Length``, ``Last-Modified`` and, unless ``etag=False``, an ``ETag`` that changes
+    when the file does. A missing file or a directory is 404 (no listings); a path with
+    ``..`` or leading out of ``root`` is 403. Connections are kept alive, each served by its
+    own thread.
+
+    Args:
+        root: the directory served as ``/``.
+        etag: whether responses carry an ``ETag`` (object_store resumes an interrupted body
+            only when they do).
+
+    Example::
+
+        with HttpFileServer(shard_dir) as http_server:
+            url = f"{http_server.url}/shard-0.tar"
+    """
+
+    _server: _FileServer
+
+    def __init__(self, root: str | os.PathLike[str], *, etag: bool = True) -> None:
+        self._server = _FileServer(Path(root).resolve(), etag)
+        self._server.start()
 
 
 # --------------------------------------------------------------------------------------------
@@ -843,10 +853,8 @@ class _ProxyServer(_Server):
         self.upstream_port: int = split.port or 80
         self.latency = 0.0
         self.faults: list[_Fault] = []
-        self.requests = 0
         self.injected: dict[str, int] = {}
         self.bytes = 0
-        self.log: list[tuple[str, str, str | None]] = []
 
     def take_fault(self, method: str, path: str, headers: Message) -> _Fault | None:
         """Counts a request; returns the first pending fault that matches it, if any."""
@@ -867,7 +875,7 @@ class _ProxyServer(_Server):
             self.bytes += n
 
 
-class FaultProxy:
+class FaultProxy(_Running):
     """A fault-injecting HTTP/1.1 reverse proxy on 127.0.0.1, a free port, for ``upstream_url``.
 
     Each client connection is served by its own thread with one persistent connection to the
@@ -902,14 +910,11 @@ class FaultProxy:
             assert proxy.injected == {"truncate": 1, "status": 2}
     """
 
+    _server: _ProxyServer
+
     def __init__(self, upstream_url: str) -> None:
         self._server = _ProxyServer(upstream_url)
         self._server.start()
-
-    @property
-    def url(self) -> str:
-        """The proxy's URL, ``http://127.0.0.1:PORT``."""
-        return self._server.url
 
     @property
     def upstream(self) -> str:
@@ -982,12 +987,6 @@ class FaultProxy:
             return sum(f.times for f in self._server.faults)
 
     @property
-    def requests(self) -> int:
-        """How many requests it has received."""
-        with self._server._lock:
-            return self._server.requests
-
-    @property
     def injected(self) -> dict[str, int]:
         """A copy of the number of faults injected, by kind."""
         with self._server._lock:
@@ -998,27 +997,6 @@ class FaultProxy:
         """Response body bytes sent to clients (error bodies and partial bodies included)."""
         with self._server._lock:
             return self._server.bytes
-
-    @property
-    def log(self) -> list[tuple[str, str, str | None]]:
-        """A copy of (method, path, Range header or None) of every request so far."""
-        with self._server._lock:
-            return list(self._server.log)
-
-    def close(self) -> None:
-        """Stops the proxy and ends every connection and thread it had."""
-        self._server.stop()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 def server_threads(url: str | None = None) -> list[str]:
