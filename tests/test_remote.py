@@ -449,22 +449,13 @@ def test_past_the_ttl_only_changed_objects_are_counted_again(
     assert ids == [*range(10), *range(100, 107), *range(200, 209), *range(300, 304)]
 
 
-def _make_source(
-    barrier: Any, pattern: str, options: dict[str, str], out: Any
-) -> None:  # in a spawned process
-    barrier.wait(timeout=60)
-    src = ff.TarShards(pattern, storage_options=options)
-    out.put((os.getpid(), src.shards))
-
-
-def test_processes_of_a_node_list_and_count_once(s3: S3Server, proxy: FaultProxy) -> None:
+def _at_once(n: int, target: Callable[..., None], *args: Any) -> tuple[list[Any], list[int | None]]:
+    """``target(barrier, *args, out)`` in ``n`` spawned processes that start together (a
+    barrier of ``n``), as a node's ranks do; what each put on ``out``, and their exit codes."""
     ctx = multiprocessing.get_context("spawn")
-    barrier = ctx.Barrier(4)
+    barrier = ctx.Barrier(n)
     out = ctx.Queue()
-    procs = [
-        ctx.Process(target=_make_source, args=(barrier, url("tar"), via(proxy), out))
-        for _ in range(4)
-    ]
+    procs = [ctx.Process(target=target, args=(barrier, *args, out)) for _ in range(n)]
     for p in procs:
         p.start()
     try:
@@ -475,7 +466,20 @@ def test_processes_of_a_node_list_and_count_once(s3: S3Server, proxy: FaultProxy
             if p.is_alive():
                 p.kill()
                 p.join()
-    assert [p.exitcode for p in procs] == [0] * 4
+    return results, [p.exitcode for p in procs]
+
+
+def _make_source(
+    barrier: Any, pattern: str, options: dict[str, str], out: Any
+) -> None:  # in a spawned process
+    barrier.wait(timeout=60)
+    src = ff.TarShards(pattern, storage_options=options)
+    out.put((os.getpid(), src.shards))
+
+
+def test_processes_of_a_node_list_and_count_once(s3: S3Server, proxy: FaultProxy) -> None:
+    results, exitcodes = _at_once(4, _make_source, url("tar"), via(proxy))
+    assert exitcodes == [0] * 4
     shards = [s for _, s in results]
     assert all(s == shards[0] for s in shards)
     assert [n for _, n in shards[0]] == TAR_SIZES
@@ -998,22 +1002,8 @@ def test_processes_sharing_a_cache_download_each_shard_once(
     s3: S3Server, proxy: FaultProxy, tmp_path: Path
 ) -> None:
     cache = tmp_path / "cache"
-    ctx = multiprocessing.get_context("spawn")
-    barrier = ctx.Barrier(3)
-    out = ctx.Queue()
-    args = (barrier, url("tar"), via(proxy), str(cache), out)
-    procs = [ctx.Process(target=_read_epoch, args=args) for _ in range(3)]
-    for p in procs:
-        p.start()
-    try:
-        results = [out.get(timeout=90) for _ in procs]
-    finally:
-        for p in procs:
-            p.join(30)
-            if p.is_alive():
-                p.kill()
-                p.join()
-    assert [p.exitcode for p in procs] == [0] * 3
+    results, exitcodes = _at_once(3, _read_epoch, url("tar"), via(proxy), str(cache))
+    assert exitcodes == [0] * 3
     everything = sorted((i, crc) for i, crc in flat(epoch(loader(ff.TarShards(url("tar"))))))
     assert all(samples == everything for _, samples, _ in results)
     log = proxy.log
