@@ -532,3 +532,8 @@ def fmt(stat: dict[str, float], scale: float = 1.0, digits: int = 0) -> str:
     """``median (min-max)``, scaled."""
     m, lo, hi = (stat[k] * scale for k in ("median", "min", "max"))
     return f"{m:,.{digits}f} ({lo:,.{digits}f}-{hi:,.{digits}f})"
+
+
+def fmt_ratio(stat: dict[str, float]) -> str:
+    """A ratio's ``medianx (min-max)``."""
+    return f"{stat['median']:.2f}x ({stat['min']:.2f}-{stat['max']:.2f})"

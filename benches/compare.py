@@ -99,6 +99,8 @@ from _common import (
     child_pids,
     cpu_children,
     cpu_self,
+    fmt,
+    fmt_ratio,
     make_jpegs,
     med_range,
     native_op,
@@ -940,15 +942,6 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
 # --- report: markdown tables and plots ---------------------------------------------------------
 
 
-def _cell(stat: dict[str, float], scale: float = 1.0, digits: int = 0) -> str:
-    m, lo, hi = (stat[k] * scale for k in ("median", "min", "max"))
-    return f"{m:,.{digits}f} ({lo:,.{digits}f}-{hi:,.{digits}f})"
-
-
-def _ratio(stat: dict[str, float]) -> str:
-    return f"{stat['median']:.2f}x ({stat['min']:.2f}-{stat['max']:.2f})"
-
-
 def markdown(results: dict[str, Any]) -> str:
     """The tables BENCHMARKS.md quotes, from the results."""
     lines: list[str] = []
@@ -966,9 +959,9 @@ def markdown(results: dict[str, Any]) -> str:
             label = BY_KEY[key].label
             label = f"**{label}**" if BY_KEY[key].ferrofeed else label
             lines.append(
-                f"| {label} | {_cell(s['images_per_s'])} | {_cell(s['ttfb_s'], 1e3)} "
-                f"| {_cell(s['cpu_s_per_1000'], digits=2)} | {_cell(s['peak_pss'], 1 / MIB)} "
-                f"| {_cell(s['peak_pss_added'], 1 / MIB)} | {_cell(s['pss_growth'], 1 / MIB, 1)} |"
+                f"| {label} | {fmt(s['images_per_s'])} | {fmt(s['ttfb_s'], 1e3)} "
+                f"| {fmt(s['cpu_s_per_1000'], digits=2)} | {fmt(s['peak_pss'], 1 / MIB)} "
+                f"| {fmt(s['peak_pss_added'], 1 / MIB)} | {fmt(s['pss_growth'], 1 / MIB, 1)} |"
             )
         lines.append("")
         table = results["ratios"].get(job, {})
@@ -985,15 +978,15 @@ def markdown(results: dict[str, Any]) -> str:
             for p in peers:
                 r = table[f"{native} vs {p}"]
                 lines.append(
-                    f"| {BY_KEY[p].label} | {_ratio(r['throughput'])} "
-                    f"| {_ratio(r['cpu_per_image_less'])} | {_ratio(r['ttfb_sooner'])} "
-                    f"| {_ratio(r['pss_added_less'])} |"
+                    f"| {BY_KEY[p].label} | {fmt_ratio(r['throughput'])} "
+                    f"| {fmt_ratio(r['cpu_per_image_less'])} | {fmt_ratio(r['ttfb_sooner'])} "
+                    f"| {fmt_ratio(r['pss_added_less'])} |"
                 )
             lines.append("")
             bests = results.get("best_peer", {}).get(job, {})
             if bests:
                 lines += ["Images/s against the fastest peer of each round:", ""]
-                lines += [f"- {BY_KEY[k].label}: {_ratio(r)}" for k, r in bests.items()]
+                lines += [f"- {BY_KEY[k].label}: {fmt_ratio(r)}" for k, r in bests.items()]
                 lines.append("")
         pairs = results.get("peer_ratios", {}).get(job, {})
         if pairs:
@@ -1007,8 +1000,8 @@ def markdown(results: dict[str, Any]) -> str:
             for pair, r in pairs.items():
                 a, b = pair.split(" vs ")
                 lines.append(
-                    f"| {BY_KEY[a].label} | {BY_KEY[b].label} | {_ratio(r['throughput'])} "
-                    f"| {_ratio(r['cpu_per_image_less'])} |"
+                    f"| {BY_KEY[a].label} | {BY_KEY[b].label} | {fmt_ratio(r['throughput'])} "
+                    f"| {fmt_ratio(r['cpu_per_image_less'])} |"
                 )
             lines.append("")
         same = [k for k in ("ferrofeed-threads", "ferrofeed-w2") if k in summary]
@@ -1022,8 +1015,8 @@ def markdown(results: dict[str, Any]) -> str:
             ]
             for p in peers:
                 cells = [
-                    f"{_ratio(table[f'{k} vs {p}']['throughput'])}; CPU "
-                    f"{_ratio(table[f'{k} vs {p}']['cpu_per_image_less'])}"
+                    f"{fmt_ratio(table[f'{k} vs {p}']['throughput'])}; CPU "
+                    f"{fmt_ratio(table[f'{k} vs {p}']['cpu_per_image_less'])}"
                     for k in same
                 ]
                 lines.append(f"| {BY_KEY[p].label} | " + " | ".join(cells) + " |")

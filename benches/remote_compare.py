@@ -83,6 +83,8 @@ from _common import (
     child_entry,
     cpu_children,
     cpu_self,
+    fmt,
+    fmt_ratio,
     make_jpegs,
     med_range,
     native_op,
@@ -520,15 +522,6 @@ def ratios(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 # --- report ------------------------------------------------------------------------------------
 
 
-def _cell(stat: dict[str, float], scale: float = 1.0, digits: int = 0) -> str:
-    m, lo, hi = (stat[k] * scale for k in ("median", "min", "max"))
-    return f"{m:,.{digits}f} ({lo:,.{digits}f}-{hi:,.{digits}f})"
-
-
-def _ratio(stat: dict[str, float]) -> str:
-    return f"{stat['median']:.2f}x ({stat['min']:.2f}-{stat['max']:.2f})"
-
-
 def markdown(results: dict[str, Any]) -> str:
     """The tables BENCHMARKS.md quotes, from the results."""
     s = results["summary"]
@@ -554,11 +547,11 @@ def markdown(results: dict[str, Any]) -> str:
         label = BY_KEY[key].label
         label = f"**{label}**" if BY_KEY[key].family == "ferrofeed" else label
         lines.append(
-            f"| {label} | {_cell(st['images_per_s'])} | {_cell(st['first_epoch_images_per_s'])} "
-            f"| {_cell(st['ttfb_s'], 1e3)} | {_cell(st['cpu_s_per_1000'], digits=2)} "
-            f"| {_cell(st['server_cpu_s_per_1000'], digits=2)} "
+            f"| {label} | {fmt(st['images_per_s'])} | {fmt(st['first_epoch_images_per_s'])} "
+            f"| {fmt(st['ttfb_s'], 1e3)} | {fmt(st['cpu_s_per_1000'], digits=2)} "
+            f"| {fmt(st['server_cpu_s_per_1000'], digits=2)} "
             f"| {st['loader_cores']['median']:.2f} + {st['server_cores']['median']:.2f} "
-            f"| {_cell(st['peak_pss'], 1 / MIB)} |"
+            f"| {fmt(st['peak_pss'], 1 / MIB)} |"
         )
     lines += [
         "",
@@ -573,9 +566,9 @@ def markdown(results: dict[str, Any]) -> str:
         a, b = pair.split(" vs ")
         rounds = ", ".join(f"{x:.3f}" for x in r["steady_per_round"])
         lines.append(
-            f"| {BY_KEY[a].label} | {BY_KEY[b].label} | {_ratio(r['steady'])} | {rounds} "
-            f"| {_ratio(r['first_epoch'])} | {_ratio(r['cpu_per_image'])} "
-            f"| {_ratio(r['cpu_per_image_with_servers'])} |"
+            f"| {BY_KEY[a].label} | {BY_KEY[b].label} | {fmt_ratio(r['steady'])} | {rounds} "
+            f"| {fmt_ratio(r['first_epoch'])} | {fmt_ratio(r['cpu_per_image'])} "
+            f"| {fmt_ratio(r['cpu_per_image_with_servers'])} |"
         )
     remote = [k for k in s if "remote_steady_epoch" in s[k]]
     if remote:
@@ -597,17 +590,17 @@ def markdown(results: dict[str, Any]) -> str:
             ):
                 st = s[key][field]
                 lines.append(
-                    f"| {BY_KEY[key].label} | {when} | {_cell(st['requests'])} "
-                    f"| {_cell(st['retries'])} | {_cell(st['bytes'], 1 / MIB, 1)} "
-                    f"| {_cell(st['fetched'])} | {_cell(st['cache_hits'])} "
-                    f"| {_cell(st['wait_s'], digits=3)} |"
+                    f"| {BY_KEY[key].label} | {when} | {fmt(st['requests'])} "
+                    f"| {fmt(st['retries'])} | {fmt(st['bytes'], 1 / MIB, 1)} "
+                    f"| {fmt(st['fetched'])} | {fmt(st['cache_hits'])} "
+                    f"| {fmt(st['wait_s'], digits=3)} |"
                 )
     t = results.get("target")
     if t:
         lines += [
             "",
             f"Target (issue 26): S3 + 20 ms/request steady images/s at least {TARGET:.2f}x "
-            f"local disk: {_ratio(t['ratio'])} per round {t['per_round']}: "
+            f"local disk: {fmt_ratio(t['ratio'])} per round {t['per_round']}: "
             f"**{'met' if t['met'] else 'missed'}** (median).",
         ]
     if results["not_run"]:
