@@ -418,16 +418,9 @@ mod tests {
         (got, end)
     }
 
-    /// What counting `shard` and reading `lo..hi` of it give, errors as
-    /// text (which names the shard).
+    /// [`crate::shards::outcome`] of this format.
     fn outcome(shard: &Shard, lo: u64, hi: u64) -> String {
-        let count = JsonLinesFormat.count(shard).map_err(|e| e.to_string());
-        let (got, end) = read_shard(shard, lo, hi);
-        let got: Vec<_> = got
-            .into_iter()
-            .map(|(n, s)| (n, s.map_err(|e| e.to_string())))
-            .collect();
-        format!("{count:?} {got:?} {:?}", end.map_err(|e| e.to_string()))
+        crate::shards::outcome(&JsonLinesFormat, shard, lo, hi)
     }
 
     fn ok_samples(got: Got) -> Vec<(u64, Sample)> {

@@ -581,6 +581,19 @@ fn caught_panic(name: &str, error: &ShardError) -> Result<(), String> {
     Ok(())
 }
 
+/// What counting `shard` with `format` and reading `lo..hi` of it give,
+/// errors as text (which names the shard): the readers' tests compare it
+/// for the same bytes from a file and from memory.
+#[cfg(test)]
+pub(crate) fn outcome(format: &dyn ShardFormat, shard: &Shard, lo: u64, hi: u64) -> String {
+    let count = format.count(shard).map_err(|e| e.to_string());
+    let mut got = Vec::new();
+    let end = format.read(shard, lo, hi, &mut |n, s| {
+        got.push((n, s.map_err(|e| e.to_string())));
+    });
+    format!("{count:?} {got:?} {:?}", end.map_err(|e| e.to_string()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
