@@ -530,6 +530,9 @@ def _remote_head(
 ) -> list[tuple[str, int, str | None]]:
     """Return ``(url, size, etag)`` of each URL (one HEAD each)."""
 
+def _remote_environment(url: str) -> list[tuple[str, str]]:
+    """Return the environment variables locating ``url``'s store, as ``(env:NAME, value)``."""
+
 def _remote_stats() -> dict[str, Any]:
     """Return this process's counters of remote reads."""
 

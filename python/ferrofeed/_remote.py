@@ -194,42 +194,14 @@ def _key_of(url: str) -> str:
     return url.split("://", 1)[1].partition("/")[2]
 
 
-# The environment variables of a store that say which server and account a URL reaches (not
-# secrets), by the prefix of its scheme's variables: as `remote::store::store_environment`.
-_ENV_PREFIX = {"s3": "AWS_", "s3a": "AWS_", "gs": "GOOGLE_", "gcs": "GOOGLE_"}
-_ENV_PARTS = (
-    "ENDPOINT",
-    "REGION",
-    "ACCOUNT",
-    "BUCKET",
-    "ACCESS_KEY_ID",
-    "APPLICATION_CREDENTIALS",
-    "ALLOW_HTTP",
-)
-
-
 def store_environment(patterns: Sequence[str]) -> list[tuple[str, str]]:
     """The variables of the environment that locate the stores of ``patterns``, sorted.
 
     Part of the key of a node's index: two jobs whose environments point the same URLs at
-    different servers (``AWS_ENDPOINT_URL``) must not share listings and counts.
+    different servers (``AWS_ENDPOINT_URL``) must not share listings and counts. The same
+    variables key the process's clients (``remote::store::store_environment``, asked here).
     """
-    prefixes = set()
-    for url in patterns:
-        m = _URL.match(url)
-        if m is not None:
-            scheme = m.group(1).lower()
-            prefixes.add(
-                _ENV_PREFIX.get(scheme, "AZURE_" if scheme.startswith(("az", "abf", "adl")) else "")
-            )
-    prefixes.discard("")
-    return sorted(
-        (name, value)
-        for name, value in os.environ.items()
-        if name.startswith(tuple(prefixes))
-        and any(part in name for part in _ENV_PARTS)
-        and "SECRET" not in name
-    )
+    return sorted({item for url in patterns for item in _core._remote_environment(url)})
 
 
 def index_dir(config: RemoteConfig) -> Path | None:

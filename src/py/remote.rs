@@ -16,7 +16,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::remote::store::Process;
+use crate::remote::store::{store_environment, Process};
 use crate::remote::{stats, Object, ObjectUrl, RemoteError, RemoteOptions, RemoteShards};
 
 use super::errors::remote_error;
@@ -160,6 +160,16 @@ fn remote_head(
     }
 }
 
+/// The variables of the environment that locate `url`'s store (its
+/// endpoint, region, account; no secrets), as `(env:NAME, value)`: what
+/// keys the process's clients, and a node's index of a source.
+#[pyfunction]
+#[pyo3(name = "_remote_environment")]
+fn remote_environment(py: Python<'_>, url: &str) -> PyResult<Vec<(String, String)>> {
+    let url = ObjectUrl::parse_prefix(url).map_err(|e| remote_error(py, &e))?;
+    Ok(store_environment(url.scheme))
+}
+
 /// This process's counters of remote reads: `requests`, `retries`, `bytes`
 /// (received), `fetched` (shards), `cache_hits` (shards), `wait_s` (time
 /// readers waited for a shard's bytes).
@@ -183,5 +193,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(remote_list, m)?)?;
     m.add_function(wrap_pyfunction!(remote_head, m)?)?;
     m.add_function(wrap_pyfunction!(remote_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(remote_environment, m)?)?;
     Ok(())
 }

@@ -185,7 +185,7 @@ const RETRY_KEYS: [&str; 2] = ["max_retries", "retry_timeout"];
 /// The variables of the store's environment that say which server and
 /// account a URL reaches (not secrets: no secret keys or tokens), sorted,
 /// with an `env:` prefix: part of the key of a client, and of a node's index
-/// of a source (`_remote.py` keeps its own list of the same variables).
+/// of a source (`_remote.py` asks for it through `_core._remote_environment`).
 pub fn store_environment(scheme: Scheme) -> Vec<(String, String)> {
     let prefix = match scheme {
         Scheme::S3 => "AWS_",
