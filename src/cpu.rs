@@ -1,23 +1,33 @@
-//! The process's one pool of CPU threads for native work that fans out
-//! (decoding the images of a batch, [`crate::image::batch`]).
+//! The process's pools of CPU threads for native work that fans out
+//! (decoding the images of a batch, [`crate::image::batch`]), and
+//! [`Lanes`]: one user's share of them, with its busy time.
 //!
-//! Created on first use, once per process, sized to the machine's
-//! parallelism, and shared by every caller: no call spawns threads of its
-//! own. A forked child inherits the pool's memory but none of its threads,
-//! so the pool is tagged with the pid that made it, and a child makes its
-//! own on first use (the parent's is leaked there, not dropped: dropping it
-//! would signal threads that do not exist, through locks that a parent
-//! thread may have held at the fork).
+//! A pool is made on first use, once per process and thread count, and
+//! kept: [`pool`] is the one sized to the machine's parallelism, which
+//! `ferrofeed.io.load_images` and the `ops.collate` op share; [`pool_of`]
+//! is the one of `n` threads, which every `DataLoader` of `num_threads=n`
+//! shares. A loader's decodes then run on exactly `n` threads however many
+//! of its batches are in flight, and those threads go from one batch's
+//! images to the next one's without waiting for the batch to be handed
+//! over (a copy of the work of every batch in flight is queued: see
+//! [`fan_out_on`]). No call spawns threads of its own.
 //!
-//! The pid and the pool sit behind one mutex, held only to compare the pid
-//! and clone the handle (or, once per process, to start the pool): a fork
-//! at that very moment, from another thread, would leave the child's copy
-//! locked (the same holds for any lock of the process, the allocator's
-//! included; Python warns against forking a process with threads).
+//! A forked child inherits the pools' memory but none of their threads,
+//! so the pools are tagged with the pid that made them, and a child makes
+//! its own on first use (the parent's are leaked there, not dropped:
+//! dropping them would signal threads that do not exist, through locks
+//! that a parent thread may have held at the fork).
 //!
-//! The pool is `rayon-core`'s: work-stealing, and its scopes let jobs borrow
-//! the caller's data (the batch buffer), which a hand-written pool could
-//! only offer with `unsafe` lifetime erasure.
+//! The pid and the pools sit behind one mutex, held only to compare the
+//! pid and clone a handle (or, once per process and size, to start a
+//! pool): a fork at that very moment, from another thread, would leave the
+//! child's copy locked (the same holds for any lock of the process, the
+//! allocator's included; Python warns against forking a process with
+//! threads).
+//!
+//! The pools are `rayon-core`'s: work-stealing, and its scopes let jobs
+//! borrow the caller's data (the batch buffer), which a hand-written pool
+//! could only offer with `unsafe` lifetime erasure.
 //!
 //! # Examples
 //!
@@ -28,14 +38,25 @@
 //!     done.fetch_add(1, Ordering::Relaxed);
 //! });
 //! assert_eq!(done.load(Ordering::Relaxed), 4);
+//!
+//! // A share of the pool of 2 threads, and what it did.
+//! let lanes = ferrofeed::cpu::Lanes::new(2);
+//! lanes.fan_out(2, || {
+//!     done.fetch_add(1, Ordering::Relaxed);
+//! });
+//! assert_eq!(done.load(Ordering::Relaxed), 6);
+//! assert_eq!(lanes.threads(), 2);
 //! ```
 
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use rayon_core::{ThreadPool, ThreadPoolBuilder};
 
-/// The pool and the pid of the process that made it.
-static POOL: Mutex<Option<(u32, Arc<ThreadPool>)>> = Mutex::new(None);
+/// The pools of this process (one per thread count) and the pid that made
+/// them.
+static POOLS: Mutex<Option<(u32, Vec<Arc<ThreadPool>>)>> = Mutex::new(None);
 
 /// Held while one [`fan_out`] call queues its copies.
 static SPAWNING: Mutex<()> = Mutex::new(());
@@ -44,48 +65,63 @@ fn pid() -> u32 {
     std::process::id()
 }
 
-/// This process's pool: made on first use, and again in a forked child.
+/// The machine's parallelism: the size of [`pool`].
+pub fn machine_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
+}
+
+/// This process's pool of `threads` threads (at least 1): made on first
+/// use, and again in a forked child; kept for the life of the process.
+///
+/// # Panics
+///
+/// When the operating system refuses to start the pool's threads.
+pub fn pool_of(threads: usize) -> Arc<ThreadPool> {
+    let threads = threads.max(1);
+    let mut slot = POOLS.lock().unwrap_or_else(PoisonError::into_inner);
+    let me = pid();
+    if slot.as_ref().is_some_and(|(owner, _)| *owner != me) {
+        // A parent's pools, in a forked child: their threads are gone.
+        std::mem::forget(slot.take());
+    }
+    let (_, pools) = slot.get_or_insert_with(|| (me, Vec::new()));
+    if let Some(pool) = pools.iter().find(|p| p.current_num_threads() == threads) {
+        return Arc::clone(pool);
+    }
+    let pool = Arc::new(
+        ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("ferrofeed-cpu-{i}"))
+            .build()
+            .expect("cannot start the CPU pool's threads"),
+    );
+    pools.push(Arc::clone(&pool));
+    pool
+}
+
+/// This process's pool sized to the machine ([`machine_threads`]).
 ///
 /// # Panics
 ///
 /// When the operating system refuses to start the pool's threads.
 pub fn pool() -> Arc<ThreadPool> {
-    let mut slot = POOL.lock().unwrap_or_else(PoisonError::into_inner);
-    let me = pid();
-    match slot.take() {
-        Some((owner, pool)) if owner == me => {
-            *slot = Some((owner, Arc::clone(&pool)));
-            pool
-        }
-        stale => {
-            // A parent's pool, in a forked child: its threads are gone.
-            std::mem::forget(stale);
-            let threads = std::thread::available_parallelism().map_or(1, usize::from);
-            let pool = Arc::new(
-                ThreadPoolBuilder::new()
-                    .num_threads(threads)
-                    .thread_name(|i| format!("ferrofeed-cpu-{i}"))
-                    .build()
-                    .expect("cannot start the CPU pool's threads"),
-            );
-            *slot = Some((me, Arc::clone(&pool)));
-            pool
-        }
-    }
+    pool_of(machine_threads())
 }
 
-/// The number of threads of this process's pool.
+/// The number of threads of this process's pool sized to the machine.
 pub fn pool_threads() -> usize {
     pool().current_num_threads()
 }
 
-/// The threads of this process's pool, or 0 when no pool has been made in
-/// this process yet (unlike [`pool_threads`], it makes none).
+/// The threads of all this process's pools, or 0 when no pool has been
+/// made in this process yet (unlike [`pool_threads`], it makes none).
 pub fn threads() -> usize {
-    let slot = POOL.lock().unwrap_or_else(PoisonError::into_inner);
+    let slot = POOLS.lock().unwrap_or_else(PoisonError::into_inner);
     slot.as_ref()
         .filter(|(owner, _)| *owner == pid())
-        .map_or(0, |(_, pool)| pool.current_num_threads())
+        .map_or(0, |(_, pools)| {
+            pools.iter().map(|p| p.current_num_threads()).sum()
+        })
 }
 
 /// Runs `work` `copies` times at once (at most): as jobs of the shared
@@ -97,13 +133,7 @@ pub fn threads() -> usize {
 /// The caller only waits (it is not one of the copies): so the pool's
 /// threads, which take jobs first come first served, are the only ones
 /// working, and two calls at once (two batches in flight) do not put more
-/// threads than the pool's on the cores. A call's copies are queued
-/// together, so two calls run one after the other, the one that queued
-/// first first (when two batches start at the same moment, that may be the
-/// second: the first batch then waits for it); a thread whose copy finds
-/// the queue empty goes on with the next call's at once, rather than
-/// idling until the slowest item of its call is done (BENCHMARKS.md: the
-/// training job ran 1.14x faster on 2 cores with two batches in flight).
+/// threads than the pool's on the cores.
 pub fn fan_out<F>(copies: usize, work: F)
 where
     F: Fn() + Sync,
@@ -112,18 +142,195 @@ where
         work();
         return;
     }
-    let pool = pool();
+    fan_out_on(&pool(), copies, work);
+}
+
+/// Runs `work` `copies` times as jobs of `pool`, even one copy (the caller
+/// only waits), and returns when all have returned; a panic in any copy is
+/// resumed here once all have finished.
+///
+/// A call's copies are queued together, so two calls at once run one after
+/// the other, the one that queued first first; a thread whose copy finds
+/// its queue empty goes on with the next call's at once, rather than idling
+/// until the slowest item of its call is done. With several calls in flight
+/// (batches, each a call), the pool's threads thus cross from one batch to
+/// the next with no hand-over between them: the caller of each call wakes
+/// when its batch is done, while the threads are already on the next.
+pub fn fan_out_on<F>(pool: &ThreadPool, copies: usize, work: F)
+where
+    F: Fn() + Sync,
+{
     let work = &work;
     pool.in_place_scope(|s| {
         // One call's copies go into the pool's queue together, so that two
         // calls at once run one after the other rather than side by side.
         let _spawning = SPAWNING.lock().unwrap_or_else(PoisonError::into_inner);
-        for _ in 0..copies {
+        for _ in 0..copies.max(1) {
             s.spawn(move |_| work());
         }
     });
 }
 
+/// One user's share of the CPU pools (a `DataLoader`'s decodes): the pool
+/// of [`Lanes::threads`] threads, and the time its jobs kept those threads
+/// busy, so that the time they were idle can be told too
+/// ([`LanesReport`]).
+///
+/// It holds no pool, only the size: each call finds the pool of this
+/// process, so `Lanes` made before a fork work in the child.
+#[derive(Debug)]
+pub struct Lanes {
+    threads: usize,
+    busy_ns: AtomicU64,
+    calls: AtomicU64,
+    in_flight: AtomicUsize,
+    max_in_flight: AtomicUsize,
+    since: Mutex<Span>,
+}
+
+/// The time span counted against: from the start of a pass to its end (or
+/// to now while it runs).
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    start: Instant,
+    end: Option<Instant>,
+    busy_at_start: u64,
+    calls_at_start: u64,
+}
+
+/// What a [`Lanes`] did over its current (or last) span.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LanesReport {
+    /// The threads of its pool.
+    pub threads: usize,
+    /// Time from the start of the span to its end, or to now.
+    pub wall: Duration,
+    /// Thread time its jobs ran for, over all threads.
+    pub busy: Duration,
+    /// Thread time its threads had no job of it: `threads x wall - busy`.
+    pub idle: Duration,
+    /// Calls of [`Lanes::fan_out`] (batches) in the span.
+    pub calls: u64,
+    /// Calls running now.
+    pub in_flight: usize,
+    /// The most calls that ran at once since the `Lanes` was made.
+    pub max_in_flight: usize,
+}
+
+impl LanesReport {
+    /// The share of the threads' time that was busy, 0 to 1 (0 for an
+    /// empty span).
+    pub fn busy_share(&self) -> f64 {
+        // busy + idle is the threads' time in the span (busy alone when the
+        // copies of a call begun before the span ran past it).
+        let total = (self.busy + self.idle).as_secs_f64();
+        if total > 0.0 {
+            self.busy.as_secs_f64() / total
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Counts a call out of [`Lanes::fan_out`]'s in-flight count however it
+/// ends (a copy's panic included).
+struct Leave<'a>(&'a AtomicUsize);
+
+impl Drop for Leave<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl Lanes {
+    /// A share of the pool of `threads` threads (at least 1); its span
+    /// starts now.
+    pub fn new(threads: usize) -> Self {
+        Self {
+            threads: threads.max(1),
+            busy_ns: AtomicU64::new(0),
+            calls: AtomicU64::new(0),
+            in_flight: AtomicUsize::new(0),
+            max_in_flight: AtomicUsize::new(0),
+            since: Mutex::new(Span {
+                start: Instant::now(),
+                end: None,
+                busy_at_start: 0,
+                calls_at_start: 0,
+            }),
+        }
+    }
+
+    /// The threads of its pool.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// [`fan_out_on`] the pool of [`Lanes::threads`] threads, counting the
+    /// time each copy runs as busy time.
+    pub fn fan_out<F>(&self, copies: usize, work: F)
+    where
+        F: Fn() + Sync,
+    {
+        let now = self.in_flight.fetch_add(1, Ordering::AcqRel) + 1;
+        self.max_in_flight.fetch_max(now, Ordering::AcqRel);
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        let _leave = Leave(&self.in_flight);
+        let timed = || {
+            let t = Instant::now();
+            work();
+            self.busy_ns
+                .fetch_add(nanos(t.elapsed()), Ordering::Relaxed);
+        };
+        fan_out_on(&pool_of(self.threads), copies, timed);
+    }
+
+    /// Starts a new span (a loader's pass) now.
+    pub fn start_span(&self) {
+        let mut span = self.since.lock().unwrap_or_else(PoisonError::into_inner);
+        *span = Span {
+            start: Instant::now(),
+            end: None,
+            busy_at_start: self.busy_ns.load(Ordering::Relaxed),
+            calls_at_start: self.calls.load(Ordering::Relaxed),
+        };
+    }
+
+    /// Ends the current span now (its figures stop growing); a no-op when
+    /// it has ended.
+    pub fn end_span(&self) {
+        let mut span = self.since.lock().unwrap_or_else(PoisonError::into_inner);
+        span.end.get_or_insert_with(Instant::now);
+    }
+
+    /// What it did over its current (or last) span.
+    pub fn report(&self) -> LanesReport {
+        let span = *self.since.lock().unwrap_or_else(PoisonError::into_inner);
+        let wall = span.end.unwrap_or_else(Instant::now) - span.start;
+        let busy = Duration::from_nanos(
+            self.busy_ns
+                .load(Ordering::Relaxed)
+                .saturating_sub(span.busy_at_start),
+        );
+        let capacity = wall.saturating_mul(u32::try_from(self.threads).unwrap_or(u32::MAX));
+        LanesReport {
+            threads: self.threads,
+            wall,
+            busy,
+            idle: capacity.saturating_sub(busy),
+            calls: self
+                .calls
+                .load(Ordering::Relaxed)
+                .saturating_sub(span.calls_at_start),
+            in_flight: self.in_flight.load(Ordering::Acquire),
+            max_in_flight: self.max_in_flight.load(Ordering::Acquire),
+        }
+    }
+}
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -135,7 +342,8 @@ mod tests {
         let b = pool();
         assert!(Arc::ptr_eq(&a, &b));
         assert!(pool_threads() >= 1);
-        assert_eq!(threads(), pool_threads());
+        // Other tests make pools of other sizes meanwhile.
+        assert!(threads() >= pool_threads());
     }
 
     #[test]
@@ -174,6 +382,96 @@ mod tests {
             *one.lock().unwrap() = Some(std::thread::current().id());
         });
         assert_eq!(one.into_inner().unwrap(), Some(caller));
+    }
+
+    #[test]
+    fn one_pool_per_size_and_the_machine_pool_among_them() {
+        let one = pool_of(1);
+        let three = pool_of(3);
+        assert_eq!(one.current_num_threads(), 1);
+        assert_eq!(three.current_num_threads(), 3);
+        assert!(Arc::ptr_eq(&one, &pool_of(1)));
+        assert!(Arc::ptr_eq(&pool(), &pool_of(machine_threads())));
+        assert!(Arc::ptr_eq(&pool_of(0), &one), "0 threads is 1");
+        assert!(threads() >= 4, "the pools of 1 and 3 threads at least");
+    }
+
+    #[test]
+    fn one_copy_on_a_pool_runs_there_not_on_the_caller() {
+        let caller = std::thread::current().id();
+        let ran = Mutex::new(None);
+        fan_out_on(&pool_of(1), 1, || {
+            *ran.lock().unwrap() = Some(std::thread::current().id());
+        });
+        let ran = ran.into_inner().unwrap().unwrap();
+        assert_ne!(ran, caller);
+    }
+
+    #[test]
+    fn lanes_run_on_their_own_threads_and_count_busy_time() {
+        let lanes = Lanes::new(2);
+        let names = Mutex::new(std::collections::BTreeSet::new());
+        let started = Instant::now();
+        lanes.fan_out(2, || {
+            names
+                .lock()
+                .unwrap()
+                .insert(std::thread::current().name().map(str::to_owned));
+            std::thread::sleep(Duration::from_millis(20));
+        });
+        let elapsed = started.elapsed();
+        let names = names.into_inner().unwrap();
+        assert!(
+            names.iter().all(|n| n
+                .as_deref()
+                .is_some_and(|n| n.starts_with("ferrofeed-cpu-"))),
+            "{names:?}"
+        );
+        let r = lanes.report();
+        assert_eq!(
+            (r.threads, r.calls, r.in_flight, r.max_in_flight),
+            (2, 1, 0, 1)
+        );
+        // Two copies of at least 20 ms each, and never more than the threads could give.
+        assert!(r.busy >= Duration::from_millis(40), "{r:?}");
+        assert!(r.busy <= elapsed * 2 + Duration::from_millis(5), "{r:?}");
+        assert_eq!(r.idle, (r.wall * 2).saturating_sub(r.busy));
+        assert!(r.busy_share() > 0.0 && r.busy_share() <= 1.0);
+        // A new span starts from zero, and an ended one stops growing.
+        lanes.start_span();
+        lanes.end_span();
+        let a = lanes.report();
+        std::thread::sleep(Duration::from_millis(5));
+        assert_eq!(lanes.report(), a);
+        assert_eq!((a.busy, a.calls), (Duration::ZERO, 0));
+    }
+
+    #[test]
+    fn lanes_count_calls_in_flight_at_once() {
+        let lanes = Arc::new(Lanes::new(4));
+        let barrier = Arc::new(std::sync::Barrier::new(3));
+        let callers: Vec<_> = (0..3)
+            .map(|_| {
+                let (lanes, barrier) = (Arc::clone(&lanes), Arc::clone(&barrier));
+                std::thread::spawn(move || {
+                    lanes.fan_out(1, || {
+                        // Every call is running before any ends.
+                        barrier.wait();
+                    });
+                })
+            })
+            .collect();
+        for c in callers {
+            c.join().unwrap();
+        }
+        let r = lanes.report();
+        assert_eq!((r.calls, r.in_flight, r.max_in_flight), (3, 0, 3));
+        // A panicking copy still counts its call out.
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            lanes.fan_out(2, || panic!("boom"));
+        }));
+        assert!(caught.is_err());
+        assert_eq!(lanes.report().in_flight, 0);
     }
 
     #[test]

@@ -1078,17 +1078,90 @@ def test_collate_pool_timeout_is_settable() -> None:
 def test_native_batches_in_flight() -> None:
     from ferrofeed._executors import _batches_in_flight
 
-    # (num_threads, batch size, CPU pool threads) -> batches decoded at once
+    # (num_threads, batch size) -> batches decoded at once: about 4 images queued or
+    # decoding per thread, plus the batch being handed over; at least 2.
     cases = {
-        (2, 32, 2): 2,  # two in flight: the pool's 2 threads never idle between batches
-        (8, 32, 8): 2,
-        (1, 32, 2): 1,  # one thread: one batch, on the calling thread
-        (4, 32, 16): 1,  # a pool larger than num_threads would run both batches' jobs
-        (8, 4, 2): 2,  # small batches: several at once, as before
-        (8, 2, 16): 4,
-        (3, 2, 2): 2,  # one batch of 2 at once, and the pool keeps 2 batches within 3
+        (1, 2): 3,  # 1 thread, batches of 2: 4 images queued, and one batch handed over
+        (1, 32): 2,
+        (2, 4): 3,
+        (2, 32): 2,
+        (16, 32): 3,  # 2 images a thread a batch, as batches of 2 on 1 thread
+        (16, 256): 2,
+        (64, 32): 9,
+        (3, 1): 13,
+        (8, 0): 33,  # a batch size of 0 counts as 1
     }
-    for (threads, batch, pool), want in cases.items():
-        assert _batches_in_flight(threads, batch, pool) == want, (threads, batch, pool)
-    # What the loader uses: the pool of this process.
+    for (threads, batch), want in cases.items():
+        assert _batches_in_flight(threads, batch) == want, (threads, batch)
+    # The depth never shrinks as threads grow, at any batch size.
+    for batch in (1, 2, 4, 32, 256):
+        depths = [_batches_in_flight(t, batch) for t in (1, 2, 4, 8, 16, 32, 64)]
+        assert depths == sorted(depths), (batch, depths)
+        assert all(
+            d * batch >= 4 * t for d, t in zip(depths, (1, 2, 4, 8, 16, 32, 64), strict=True)
+        )
     assert ferrofeed._core._cpu_pool_size() >= 1
+
+
+def test_batches_identical_for_1_2_and_16_threads_and_depth_grows_with_threads(
+    data: Dataset,
+) -> None:
+    """Random crops and flips, small and larger batches: the same batches on 1, 2 and 16
+    threads, while the batches decoding at once (the in-flight depth) grow with the
+    threads and never pass their bound."""
+
+    def loader(num_threads: int, batch_size: int) -> DataLoader:
+        return DataLoader(
+            ImageFolder(data.root),
+            batch_size=batch_size,
+            shuffle=True,
+            seed=11,
+            num_threads=num_threads,
+            transform=ops.decode_image(size=SIZE, crop="random", flip="random"),
+        )
+
+    for batch_size in (2, 8):
+        runs, depth = {}, {}
+        for threads in (1, 2, 16):
+            dl = loader(threads, batch_size)
+            runs[threads] = collect(dl)
+            decode = dl.stats()["pools"]["decode"]
+            assert decode["threads"] == threads
+            assert decode["batches"] == -(-N_IMAGES // batch_size)
+            assert decode["in_flight"] == 0  # the pass is over
+            assert 1 <= decode["max_in_flight"] <= decode["batches_in_flight"]
+            assert decode["images_in_flight"] == decode["batches_in_flight"] * batch_size
+            depth[threads] = decode
+        assert same_batches(runs[2], runs[1]), f"batch {batch_size}, 2 threads"
+        assert same_batches(runs[16], runs[1]), f"batch {batch_size}, 16 threads"
+        bounds = [depth[t]["batches_in_flight"] for t in (1, 2, 16)]
+        assert bounds[0] <= bounds[1] < bounds[2], bounds
+        # More than one batch decodes at once: the threads cross batch boundaries.
+        assert depth[16]["max_in_flight"] >= 2, depth[16]
+        assert sorted(i for _, labels in runs[1] for i in labels) == sorted(data.labels)
+
+
+def test_decode_pool_stats_count_busy_and_idle_time_of_the_pass(data: Dataset) -> None:
+    dl = indexed_loader(data, batch_size=4, num_threads=3)
+    assert dl.stats()["pools"]["decode"]["batches"] == 0  # no pass yet
+    for _ in dl:
+        time.sleep(0.002)  # a slow consumer: the threads wait for it
+    first = dl.stats()["pools"]["decode"]
+    assert first["threads"] == 3
+    assert first["busy_s"] > 0
+    assert first["idle_s"] > 0
+    assert first["wall_s"] * 3 == pytest.approx(first["busy_s"] + first["idle_s"], rel=1e-6)
+    assert 0 < first["busy"] < 1
+    assert first["busy"] == pytest.approx(first["busy_s"] / (3 * first["wall_s"]), rel=1e-6)
+    # The pass has ended: its figures no longer grow.
+    time.sleep(0.02)
+    assert dl.stats()["pools"]["decode"] == first
+    # A new pass counts from its own start.
+    it = iter(dl)
+    next(it)
+    second = dl.stats()["pools"]["decode"]
+    assert second["batches"] < first["batches"]
+    assert second["wall_s"] < first["wall_s"] + 0.02
+    del it
+    # Other executors have no decode pool.
+    assert DataLoader(list(range(8)), batch_size=4).stats()["pools"] == {}

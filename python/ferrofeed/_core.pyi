@@ -302,13 +302,33 @@ def _op_collate(
 ) -> NativeOp:
     """Return a native op that collates images into batch tensors laid out as ``layout``."""
 
+class _Lanes:
+    """A loader's decode threads, and their busy and idle time per pass (internal).
+
+    The threads are the process's pool of ``threads`` threads.
+    """
+
+    def __new__(cls, threads: int) -> _Lanes: ...
+    @property
+    def threads(self) -> int: ...
+    def start_pass(self) -> None:
+        """Start a pass: the figures count from now."""
+    def end_pass(self) -> None:
+        """End the pass: the figures stop growing."""
+    def stats(self) -> dict[str, Any]:
+        """The pass's figures.
+
+        ``threads``, ``wall_s``, ``busy_s``, ``idle_s``, ``busy``, ``batches``,
+        ``in_flight`` and ``max_in_flight``.
+        """
+
 def _op_load_batch(
     decode: NativeOp,
     collate: NativeOp | None = None,
     *,
     seed: int,
     epoch: int,
-    threads: int,
+    lanes: _Lanes,
     skip: bool,
     pool: BufferPool,
     batch_size: int,

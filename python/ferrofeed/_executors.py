@@ -331,7 +331,10 @@ class NativeExecutor:
         self.skip = skip
         self.prefetch = prefetch
         self.timeout = timeout
-        self.concurrency = _batches_in_flight(num_threads, batch_size, _core._cpu_pool_size())
+        # The loader's decode threads (the process's pool of num_threads threads, shared
+        # by the loaders of that many threads) and their busy and idle time per pass.
+        self.lanes = _core._Lanes(num_threads)
+        self.concurrency = _batches_in_flight(num_threads, batch_size)
         # No bound on buffers (the pipeline's queues bound the read-ahead, and a consumer
         # may keep batches), a few kept for reuse from batch to batch; page-locked when the
         # batches go to a CUDA device.
@@ -352,7 +355,7 @@ class NativeExecutor:
             self.collate,
             seed=self.seed,
             epoch=epoch,
-            threads=min(self.num_threads, self.batch_size),
+            lanes=self.lanes,
             skip=self.skip,
             pool=self.pool,
             batch_size=self.batch_size,
@@ -395,11 +398,14 @@ class NativeExecutor:
         )
         self.pipeline = pipeline
         self._pre_skipped.clear()
+        self.lanes.start_pass()
         with pipeline.auto_stop():
             try:
                 yield from self._results(pipeline)
             except PipelineError as group:
                 raise first_error(group) from None
+            finally:
+                self.lanes.end_pass()
 
     def _results(self, pipeline: _core.Pipeline) -> Iterator[Done]:
         """The op's results as `Done` (a method of its own, so errors can be unwrapped)."""
@@ -411,7 +417,10 @@ class NativeExecutor:
             yield Done(batch_no, indices, batch, skipped)
 
     def stats(self) -> dict[str, Any]:
-        return {"buffers": self.pool.stats()}
+        decode = self.lanes.stats()
+        decode["batches_in_flight"] = self.concurrency
+        decode["images_in_flight"] = self.concurrency * self.batch_size
+        return {"buffers": self.pool.stats(), "pools": {"decode": decode}}
 
     def shutdown(self) -> None:
         pass
@@ -519,22 +528,25 @@ class StreamWorkerExecutor(WorkerExecutor):
         return self._guarded(lambda pool: stream_batches(pool, epoch, start, self.timeout))
 
 
-def _batches_in_flight(num_threads: int, batch: int, pool: int) -> int:
-    """How many batches the native path decodes at once.
+# Images queued or decoding per decode thread that the native path keeps in flight.
+IMAGES_PER_THREAD = 4
 
-    Each batch decodes on up to ``num_threads`` threads, as jobs of the process's CPU pool
-    of ``pool`` threads, first come first served; with batches smaller than that, several
-    batches decode at once (``num_threads // batch``). When one batch would be in flight,
-    two are, so that the threads done with one batch's last images go on with the next at
-    once instead of waiting for the batch's slowest image; but only where the pool itself
-    keeps the threads at work within ``num_threads`` (``pool <= num_threads``: two
-    batches' jobs can then not run on more threads than that). With one thread, a batch
-    decodes on the calling thread: one at a time.
+
+def _batches_in_flight(num_threads: int, batch: int) -> int:
+    """How many batches the native path decodes at once: sized by the threads, not fixed.
+
+    Every batch in flight queues its images on the loader's pool of ``num_threads``
+    threads, which take them first come first served and go from one batch's images to
+    the next one's with no hand-over. Enough batches are in flight that each thread has
+    about ``IMAGES_PER_THREAD`` images queued or decoding (``ceil(4 * threads / batch)``),
+    plus one batch: the one being handed over (its last image finishing, its tensor
+    made, the next group queued), so the threads never wait for a batch boundary, nor
+    for a slow image at the end of a batch. At least two. The memory this holds is that
+    many batch buffers (plus the ``prefetch`` finished batches waiting for the
+    consumer).
     """
-    at_once = num_threads // min(num_threads, batch)
-    if at_once == 1 and num_threads > 1 and pool <= num_threads:
-        return 2
-    return at_once
+    batch = max(batch, 1)
+    return max(2, -(-IMAGES_PER_THREAD * max(num_threads, 1) // batch) + 1)
 
 
 def _as_pair(sample: Any) -> Any:

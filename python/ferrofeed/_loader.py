@@ -757,7 +757,14 @@ class DataLoader:
         ``pipeline``: the current (or last) pass's per-stage figures; ``skipped``: the
         samples left out under ``on_error="skip"``, as (index, reason); ``buffers``: the
         batch buffer pool's counters with the native image chain (see
-        `BufferPool.stats`), else empty. With shards in object storage, ``remote``: since
+        `BufferPool.stats`), else empty. ``pools``: with the native image chain,
+        ``pools["decode"]``, the threads that decode its batches over the current (or last)
+        pass: ``threads``, ``wall_s`` (the pass so far), ``busy_s`` and ``idle_s`` (thread
+        seconds spent decoding and not: ``threads x wall_s`` in all), ``busy`` (the busy
+        share, 0 to 1: below 1, the threads waited, for the source, a batch hand-over or
+        the consumer), ``batches`` decoded, ``in_flight`` now and ``max_in_flight`` so far,
+        and the bound, ``batches_in_flight`` (``images_in_flight`` images), which the
+        thread count sets; else empty. With shards in object storage, ``remote``: since
         the loader was made, in this process, ``requests`` sent, ``retries`` (requests that
         failed and were retried, or resumed), ``bytes`` received, shards ``fetched`` from
         the store and found in the cache (``cache_hits``), and ``wait_s``, the time the
@@ -776,6 +783,7 @@ class DataLoader:
             "skipped": skipped,
             "skipped_count": len(skipped),
             "buffers": {},
+            "pools": {},
             "workers": {},
             **self._executor.stats(),
         }

@@ -278,6 +278,41 @@ pub fn decode_batch(
     options: &BatchOptions,
     out: &mut [u8],
 ) -> Result<BatchReport, ImageError> {
+    decode_batch_with(items, transform, options, out, |copies, work| {
+        crate::cpu::fan_out(copies, work);
+    })
+}
+
+/// [`decode_batch`] on a [`Lanes`](crate::cpu::Lanes)' threads: the
+/// batch's `options.threads` copies of its work always run on the pool of
+/// `lanes.threads()` threads (one copy too), counted in its busy time; so
+/// that with several batches in flight, the pool's threads go on with the
+/// next batch's images as soon as this one's are all taken.
+///
+/// # Errors
+///
+/// As [`decode_batch`].
+pub fn decode_batch_on(
+    items: &[BatchItem<'_>],
+    transform: &Transform,
+    options: &BatchOptions,
+    out: &mut [u8],
+    lanes: &crate::cpu::Lanes,
+) -> Result<BatchReport, ImageError> {
+    decode_batch_with(items, transform, options, out, |copies, work| {
+        lanes.fan_out(copies, work);
+    })
+}
+
+/// [`decode_batch`] with `run(copies, work)` running the copies of the
+/// batch's work (each takes the next image until none is left).
+fn decode_batch_with(
+    items: &[BatchItem<'_>],
+    transform: &Transform,
+    options: &BatchOptions,
+    out: &mut [u8],
+    run: impl FnOnce(usize, &(dyn Fn() + Sync)),
+) -> Result<BatchReport, ImageError> {
     let shape @ (h, w, c) = batch_shape(transform).ok_or_else(|| ImageError::InvalidTransform {
         reason: "images of a batch need one shape: give a size or a center crop".to_owned(),
     })?;
@@ -338,7 +373,7 @@ pub fn decode_batch(
                 }
             }
         };
-        crate::cpu::fan_out(options.threads.clamp(1, n), work);
+        run(options.threads.clamp(1, n), &work);
     }
     let mut failures = failures
         .into_inner()
@@ -425,6 +460,29 @@ mod tests {
                 let single = decode(d, "x", &ti).unwrap();
                 assert_eq!(&out[i * 360..(i + 1) * 360], &single.data[..], "item {i}");
             }
+        }
+    }
+
+    #[test]
+    fn on_lanes_of_any_size_the_batch_is_the_same() {
+        let data: Vec<Vec<u8>> = (0..9).map(|i| jpeg(30 + i, 40, i as u64)).collect();
+        let t = Transform {
+            flip: Flip::Random { seed: 0 },
+            ..transform()
+        };
+        let mut want = vec![0u8; 9 * 360];
+        let o = options(1, Layout::default(), OnError::Stop);
+        decode_batch(&items(&data), &t, &o, &mut want).unwrap();
+        for threads in [1, 2, 16] {
+            let lanes = crate::cpu::Lanes::new(threads);
+            let o = options(threads, Layout::default(), OnError::Stop);
+            let mut out = vec![0u8; 9 * 360];
+            let report = decode_batch_on(&items(&data), &t, &o, &mut out, &lanes).unwrap();
+            assert_eq!(report.kept, 9);
+            assert_eq!(out, want, "{threads} threads");
+            let r = lanes.report();
+            assert_eq!((r.threads, r.calls), (threads, 1));
+            assert!(r.busy > std::time::Duration::ZERO);
         }
     }
 

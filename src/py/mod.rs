@@ -7,6 +7,7 @@
 #![allow(clippy::cast_possible_wrap, clippy::cast_sign_loss)]
 
 mod arena;
+mod cpu;
 mod dlpack;
 mod errors;
 mod image;
@@ -36,6 +37,7 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
         },
     )?;
     arena::register(m)?;
+    cpu::register(m)?;
     pipeline::register(m)?;
     ops::register(m)?;
     sampler::register(m)?;

@@ -10,12 +10,14 @@ use std::sync::Arc;
 use pyo3::exceptions::{PyOSError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
+use super::cpu::PyLanes;
 use super::pipeline::{Item, OpConfig, PerEpochFn, PyNativeOp};
 use super::spec::{PyBatchLayout, PyImageSpec};
 use super::staging::PyBufferPool;
+use crate::cpu::Lanes;
 use crate::dlpack::DType;
 use crate::image::batch::{
-    batch_shape, decode_batch, read_file, write_slot, BatchItem, BatchOptions, Layout, OnError,
+    batch_shape, decode_batch_on, read_file, write_slot, BatchItem, BatchOptions, Layout, OnError,
     Source,
 };
 use crate::image::{decode, ImageError, Transform};
@@ -258,6 +260,8 @@ struct LoadBatch {
     shape: (usize, usize, usize),
     options: BatchOptions,
     pool: BufferPool,
+    /// The loader's threads: every batch in flight decodes on them.
+    lanes: Arc<Lanes>,
 }
 
 impl LoadBatch {
@@ -300,11 +304,12 @@ impl LoadBatch {
         let layout = self.options.layout;
         let nbytes = n * layout.slot_len(self.shape);
         let mut buffer = self.pool.acquire(nbytes).map_err(PyErr::from)?;
-        let report = decode_batch(
+        let report = decode_batch_on(
             &batch,
             &self.transform,
             &self.options,
             &mut buffer[..nbytes],
+            &self.lanes,
         )?;
         // Bytes a sharded source read are given back for its next reads.
         for item in batch {
@@ -355,14 +360,14 @@ impl LoadBatch {
 /// (the loader's `seed` seeds every sample), a `collate` batch size other
 /// than the loader's, or a `collate` `drop_last` that disagrees with it.
 #[pyfunction]
-#[pyo3(signature = (decode, collate=None, *, seed, epoch, threads, skip, pool, batch_size, drop_last))]
+#[pyo3(signature = (decode, collate=None, *, seed, epoch, lanes, skip, pool, batch_size, drop_last))]
 #[allow(clippy::too_many_arguments)]
 fn _op_load_batch(
     decode: &PyNativeOp,
     collate: Option<&PyNativeOp>,
     seed: u64,
     epoch: u64,
-    threads: usize,
+    lanes: &PyLanes,
     skip: bool,
     pool: &Bound<'_, PyBufferPool>,
     batch_size: usize,
@@ -424,10 +429,12 @@ fn _op_load_batch(
         shape,
         options: BatchOptions {
             layout,
-            threads: threads.max(1),
+            // A copy of the batch's work per thread, up to one per image.
+            threads: lanes.lanes.threads().min(batch_size.max(1)),
             on_error: if skip { OnError::Skip } else { OnError::Stop },
         },
         pool: super::staging::pool_or_default(pool.py(), Some(pool))?,
+        lanes: Arc::clone(&lanes.lanes),
     };
     Ok(PyNativeOp::new(
         "decode_batch",
