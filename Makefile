@@ -286,6 +286,15 @@ compare-remote: compare-deps ## The shards job from object storage (moto's S3, H
 bench-workers: install-test ## Python transforms in worker processes against PyTorch's DataLoader (benches/loader_workers.py)
 	$(PY) benches/loader_workers.py
 
+# benches/scaling.py's options, e.g. SCALING_ARGS="--threads 1,2,4 --batch-sizes 32", --quick (a
+# short run), --proxy-only, or --compare (PyTorch + Pillow and torchvision v2 beside it: run
+# `make compare-deps` first).
+SCALING_ARGS ?=
+
+.PHONY: bench-scaling
+bench-scaling: install-test ## The native chain at 1-32 threads, batches of 32 and 256, folders and tar shards: images/s, threads busy, CPU per image (benches/scaling.py)
+	$(PY) benches/scaling.py $(SCALING_ARGS)
+
 .PHONY: bench-gpu
 bench-gpu: install-test ## On a CUDA machine: copies to the GPU and loaders ending there, against PyTorch's pin_memory=True (benches/gpu_feed.py)
 	$(PY) benches/gpu_feed.py $(GPU_FEED_ARGS)

@@ -478,17 +478,20 @@ def datago_epochs(root: str, files: list[tuple[str, int]], job: str) -> Iterator
     return epochs()
 
 
-def torch_loader(dataset: Any, workers: int, seed: int, *, shuffle: bool = True) -> Any:
-    """PyTorch's DataLoader as every PyTorch-based loader here runs it: batches of 32,
-    ``workers`` persistent worker processes started by fork (PyTorch's default on Linux),
-    the shuffle (of a map-style dataset) seeded by ``seed``."""
+def torch_loader(
+    dataset: Any, workers: int, seed: int, *, shuffle: bool = True, batch_size: int = BATCH
+) -> Any:
+    """PyTorch's DataLoader as every PyTorch-based loader here runs it: batches of 32 (or
+    ``batch_size``: benches/scaling.py), ``workers`` persistent worker processes started by
+    fork (PyTorch's default on Linux), the shuffle (of a map-style dataset) seeded by
+    ``seed``."""
     import torch
 
     # 4 workers on 2 CPUs is one of the configurations measured, on purpose.
     warnings.filterwarnings("ignore", "This DataLoader will create", UserWarning)
     return torch.utils.data.DataLoader(
         dataset,
-        batch_size=BATCH,
+        batch_size=batch_size,
         shuffle=shuffle,
         num_workers=workers,
         persistent_workers=workers > 0,
