@@ -44,6 +44,7 @@ pub mod cpu;
 pub mod dlpack;
 pub mod fs;
 pub mod image;
+mod panic;
 pub mod pipeline;
 pub mod plan;
 pub mod recycle;

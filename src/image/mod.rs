@@ -524,17 +524,10 @@ fn probe_inner(data: &[u8]) -> Result<ImageInfo, ImageError> {
 fn guarded<T>(name: &str, f: impl FnOnce() -> Result<T, ImageError>) -> Result<T, ImageError> {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(r) => r.map_err(|e| e.named(name)),
-        Err(payload) => {
-            let reason = payload
-                .downcast_ref::<&str>()
-                .map(ToString::to_string)
-                .or_else(|| payload.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "panic".into());
-            Err(ImageError::DecoderPanic {
-                name: name.to_owned(),
-                reason,
-            })
-        }
+        Err(payload) => Err(ImageError::DecoderPanic {
+            name: name.to_owned(),
+            reason: crate::panic::message(&*payload),
+        }),
     }
 }
 

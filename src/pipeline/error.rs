@@ -29,16 +29,7 @@ pub struct Failure<E> {
     pub kind: FailureKind<E>,
 }
 
-/// Extracts a panic payload's message.
-pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_owned()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "a panic without a message".to_owned()
-    }
-}
+pub(crate) use crate::panic::message as panic_message;
 
 /// Errors of building or driving a pipeline (not of its items).
 #[derive(Debug, thiserror::Error)]

@@ -63,7 +63,6 @@
 //! itself may panic on some malformed input: that is caught and reported as
 //! corruption of the row group (or footer).
 
-use std::any::Any;
 use std::fs::File;
 use std::io::{self, BufReader, Read};
 use std::panic::{self, AssertUnwindSafe};
@@ -389,7 +388,7 @@ fn guarded<T>(
         Err(payload) => Err(ShardError::corrupt(
             path,
             at,
-            format!("{DECODER_PANIC}: {}", panic_message(&*payload)),
+            format!("{DECODER_PANIC}: {}", crate::panic::message(&*payload)),
         )),
     }
 }
@@ -407,17 +406,6 @@ fn shard_error(path: &Path, at: &str, error: ParquetError) -> ShardError {
             Err(other) => ShardError::corrupt(path, at, other.to_string()),
         },
         other => ShardError::corrupt(path, at, other.to_string()),
-    }
-}
-
-/// The message of a caught panic.
-fn panic_message(payload: &(dyn Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_owned()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "a panic".to_owned()
     }
 }
 
