@@ -9,8 +9,9 @@
 //! shares. A loader's decodes then run on exactly `n` threads however many
 //! of its batches are in flight, and those threads go from one batch's
 //! images to the next one's without waiting for the batch to be handed
-//! over (a copy of the work of every batch in flight is queued: see
-//! [`fan_out_on`]). No call spawns threads of its own.
+//! over: the copies of the work of every batch in flight are queued, and
+//! the copy that finishes a batch hands it on ([`Lanes::spawn`]). No call
+//! spawns threads of its own.
 //!
 //! A forked child inherits the pools' memory but none of their threads,
 //! so the pools are tagged with the pid that made them, and a child makes
@@ -39,12 +40,11 @@
 //! });
 //! assert_eq!(done.load(Ordering::Relaxed), 4);
 //!
-//! // A share of the pool of 2 threads, and what it did.
-//! let lanes = ferrofeed::cpu::Lanes::new(2);
-//! lanes.fan_out(2, || {
-//!     done.fetch_add(1, Ordering::Relaxed);
-//! });
-//! assert_eq!(done.load(Ordering::Relaxed), 6);
+//! // A share of the pool of 2 threads: two copies, then a hand-over.
+//! let lanes = std::sync::Arc::new(ferrofeed::cpu::Lanes::new(2));
+//! let (tx, rx) = std::sync::mpsc::channel();
+//! lanes.spawn(2, || {}, move |panic| tx.send(panic).unwrap());
+//! assert_eq!(rx.recv().unwrap(), None);
 //! assert_eq!(lanes.threads(), 2);
 //! ```
 
@@ -209,7 +209,7 @@ pub struct LanesReport {
     pub busy: Duration,
     /// Thread time its threads had no job of it: `threads x wall - busy`.
     pub idle: Duration,
-    /// Calls of [`Lanes::fan_out`] (batches) in the span.
+    /// Calls of [`Lanes::spawn`] (batches) in the span.
     pub calls: u64,
     /// Calls running now.
     pub in_flight: usize,
@@ -232,13 +232,77 @@ impl LanesReport {
     }
 }
 
-/// Counts a call out of [`Lanes::fan_out`]'s in-flight count however it
-/// ends (a copy's panic included).
-struct Leave<'a>(&'a AtomicUsize);
+/// A call of [`Lanes::spawn`]: its work, the copies still running, and
+/// what runs after the last.
+struct Spawned<W, T> {
+    lanes: Arc<Lanes>,
+    /// Dropped before `then` runs, with whatever it holds.
+    work: Mutex<Option<Arc<W>>>,
+    left: AtomicUsize,
+    then: Mutex<Option<T>>,
+    panic: Mutex<Option<String>>,
+}
 
-impl Drop for Leave<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+impl<W: Fn(), T: FnOnce(Option<String>)> Spawned<W, T> {
+    /// One copy: the work, timed; then, for the copy that returns last,
+    /// `then`, once the work (and what it holds) is dropped.
+    fn run_copy(&self) {
+        let t = Instant::now();
+        let work = self
+            .work
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            if let Some(work) = &work {
+                work();
+            }
+        }));
+        // This copy's handle goes before it counts itself out, so the last
+        // copy's drop below is the work's last.
+        drop(work);
+        self.lanes
+            .busy_ns
+            .fetch_add(nanos(t.elapsed()), Ordering::Relaxed);
+        if let Err(payload) = ran {
+            self.panic
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get_or_insert_with(|| crate::panic::message(&*payload));
+        }
+        // AcqRel: the last copy sees every other copy's writes.
+        if self.left.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
+        drop(
+            self.work
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take(),
+        );
+        let then = self
+            .then
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        let panic = self
+            .panic
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        self.lanes.in_flight.fetch_sub(1, Ordering::AcqRel);
+        if let Some(then) = then {
+            // A panic in `then` must not reach the pool either; it has no
+            // one to report to but the log.
+            if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                then(panic);
+            })) {
+                eprintln!(
+                    "ferrofeed: a finished batch's hand-over panicked: {}",
+                    crate::panic::message(&*payload)
+                );
+            }
+        }
     }
 }
 
@@ -270,23 +334,40 @@ impl Lanes {
         self.threads
     }
 
-    /// [`fan_out_on`] the pool of [`Lanes::threads`] threads, counting the
-    /// time each copy runs as busy time.
-    pub fn fan_out<F>(&self, copies: usize, work: F)
+    /// Runs `work` `copies` times (at least once) as jobs of the pool of
+    /// [`Lanes::threads`] threads, without waiting for them: the copy that
+    /// returns last then runs `then` on its thread, given the message of a
+    /// copy's panic, if one panicked (caught here: a panic must not reach
+    /// the pool, which would abort the process). Each copy's run counts as
+    /// busy time, and the call is in flight until `then` has run.
+    ///
+    /// Where a caller would only wait for [`fan_out_on`], this saves the
+    /// two thread hand-overs of waiting: being woken when the copies are
+    /// done, and waking whoever waits for the caller. With several calls
+    /// made one after the other, their copies run in that order.
+    pub fn spawn<W, T>(self: &Arc<Self>, copies: usize, work: W, then: T)
     where
-        F: Fn() + Sync,
+        W: Fn() + Send + Sync + 'static,
+        T: FnOnce(Option<String>) + Send + 'static,
     {
         let now = self.in_flight.fetch_add(1, Ordering::AcqRel) + 1;
         self.max_in_flight.fetch_max(now, Ordering::AcqRel);
         self.calls.fetch_add(1, Ordering::Relaxed);
-        let _leave = Leave(&self.in_flight);
-        let timed = || {
-            let t = Instant::now();
-            work();
-            self.busy_ns
-                .fetch_add(nanos(t.elapsed()), Ordering::Relaxed);
-        };
-        fan_out_on(&pool_of(self.threads), copies, timed);
+        let copies = copies.max(1);
+        let call = Arc::new(Spawned {
+            lanes: Arc::clone(self),
+            work: Mutex::new(Some(Arc::new(work))),
+            left: AtomicUsize::new(copies),
+            then: Mutex::new(Some(then)),
+            panic: Mutex::new(None),
+        });
+        let pool = pool_of(self.threads);
+        // One call's copies go into the pool's queue together (see `fan_out_on`).
+        let _spawning = SPAWNING.lock().unwrap_or_else(PoisonError::into_inner);
+        for _ in 0..copies {
+            let call = Arc::clone(&call);
+            pool.spawn(move || call.run_copy());
+        }
     }
 
     /// Starts a new span (a loader's pass) now.
@@ -407,20 +488,27 @@ mod tests {
         assert_ne!(ran, caller);
     }
 
+    /// Spawns `copies` copies of `work` on `lanes` and waits for the hand-over.
+    fn spawn_and_wait(lanes: &Arc<Lanes>, copies: usize, work: impl Fn() + Send + Sync + 'static) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        lanes.spawn(copies, work, move |panic| tx.send(panic).unwrap());
+        assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), None);
+    }
+
     #[test]
     fn lanes_run_on_their_own_threads_and_count_busy_time() {
-        let lanes = Lanes::new(2);
-        let names = Mutex::new(std::collections::BTreeSet::new());
+        let lanes = Arc::new(Lanes::new(2));
+        let names = Arc::new(Mutex::new(std::collections::BTreeSet::new()));
         let started = Instant::now();
-        lanes.fan_out(2, || {
-            names
-                .lock()
+        let seen = Arc::clone(&names);
+        spawn_and_wait(&lanes, 2, move || {
+            seen.lock()
                 .unwrap()
                 .insert(std::thread::current().name().map(str::to_owned));
             std::thread::sleep(Duration::from_millis(20));
         });
         let elapsed = started.elapsed();
-        let names = names.into_inner().unwrap();
+        let names = names.lock().unwrap();
         assert!(
             names.iter().all(|n| n
                 .as_deref()
@@ -450,28 +538,97 @@ mod tests {
     fn lanes_count_calls_in_flight_at_once() {
         let lanes = Arc::new(Lanes::new(4));
         let barrier = Arc::new(std::sync::Barrier::new(3));
-        let callers: Vec<_> = (0..3)
-            .map(|_| {
-                let (lanes, barrier) = (Arc::clone(&lanes), Arc::clone(&barrier));
-                std::thread::spawn(move || {
-                    lanes.fan_out(1, || {
-                        // Every call is running before any ends.
-                        barrier.wait();
-                    });
-                })
-            })
-            .collect();
-        for c in callers {
-            c.join().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        for _ in 0..3 {
+            let (barrier, tx) = (Arc::clone(&barrier), tx.clone());
+            // Every call is running before any ends.
+            lanes.spawn(
+                1,
+                move || {
+                    barrier.wait();
+                },
+                move |_| tx.send(()).unwrap(),
+            );
+        }
+        for _ in 0..3 {
+            rx.recv_timeout(Duration::from_secs(10)).unwrap();
         }
         let r = lanes.report();
         assert_eq!((r.calls, r.in_flight, r.max_in_flight), (3, 0, 3));
-        // A panicking copy still counts its call out.
-        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            lanes.fan_out(2, || panic!("boom"));
-        }));
-        assert!(caught.is_err());
-        assert_eq!(lanes.report().in_flight, 0);
+    }
+
+    #[test]
+    fn spawned_copies_run_on_the_pool_and_the_last_hands_over() {
+        let lanes = Arc::new(Lanes::new(3));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let ran = Arc::new(AtomicUsize::new(0));
+        let caller = std::thread::current().id();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        {
+            let (ran, seen, ran2) = (Arc::clone(&ran), Arc::clone(&seen), Arc::clone(&ran));
+            lanes.spawn(
+                3,
+                move || {
+                    ran.fetch_add(1, Ordering::Relaxed);
+                    seen.lock().unwrap().push(std::thread::current().id());
+                    std::thread::sleep(Duration::from_millis(5));
+                },
+                move |panic| {
+                    // Every copy has returned before the hand-over.
+                    tx.send((ran2.load(Ordering::Relaxed), panic)).unwrap();
+                },
+            );
+        }
+        let (copies, panic) = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!((copies, panic), (3, None));
+        assert!(seen.lock().unwrap().iter().all(|t| *t != caller));
+        let r = lanes.report();
+        assert_eq!((r.calls, r.in_flight, r.max_in_flight), (1, 0, 1));
+        assert!(r.busy >= Duration::from_millis(15), "{r:?}");
+    }
+
+    #[test]
+    fn a_spawned_calls_work_is_dropped_before_the_hand_over() {
+        let lanes = Arc::new(Lanes::new(2));
+        let held = Arc::new(());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (in_work, in_then) = (Arc::clone(&held), Arc::clone(&held));
+        lanes.spawn(
+            4,
+            move || {
+                let _ = &in_work;
+            },
+            move |_| {
+                // Only this closure's handle and the test's are left.
+                tx.send(Arc::strong_count(&in_then)).unwrap();
+            },
+        );
+        assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), 2);
+    }
+
+    #[test]
+    fn a_spawned_copys_panic_reaches_the_hand_over_not_the_pool() {
+        let lanes = Arc::new(Lanes::new(2));
+        let (tx, rx) = std::sync::mpsc::channel();
+        lanes.spawn(
+            2,
+            || panic!("copy failed"),
+            move |panic| tx.send(panic).unwrap(),
+        );
+        let panic = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!(panic.as_deref(), Some("copy failed"));
+        // The pool lives on, and a panicking hand-over is caught too.
+        let (tx, rx) = std::sync::mpsc::channel();
+        lanes.spawn(1, || {}, |_| panic!("hand-over failed"));
+        lanes.spawn(1, || {}, move |panic| tx.send(panic).unwrap());
+        assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), None);
+        // (The call before may still be in its hand-over on the other thread.)
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while lanes.report().in_flight != 0 {
+            assert!(Instant::now() < deadline, "a call never left");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(lanes.report().calls, 3);
     }
 
     #[test]

@@ -393,8 +393,9 @@ class NativeExecutor:
                 timeout=self.timeout,
             )
             .add_sink(self.prefetch)
-            # The batch op is a blocking native call: as many at once as the stage runs.
-            .build(num_threads=self.concurrency)
+            # The batch op holds no thread while its images decode on the loader's pool:
+            # the stage keeps `concurrency` batches in flight, handed over as they finish.
+            .build()
         )
         self.pipeline = pipeline
         self._pre_skipped.clear()

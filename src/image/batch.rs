@@ -2,10 +2,12 @@
 //! parallel on the process's CPU pool ([`crate::cpu`]), straight into the
 //! slots of one batch buffer, laid out and converted as a [`Layout`] says.
 //!
-//! Every native batch of ferrofeed is formed here: `ferrofeed.io.load_images`,
-//! the `DataLoader`'s image batches, and (through [`write_slot`]) the
-//! `ops.collate` pipeline op. The Python bindings only convert arguments
-//! and release the GIL around [`decode_batch`].
+//! Every native batch of ferrofeed is formed here: `ferrofeed.io.load_images`
+//! (with [`decode_batch`], whose caller waits), the `DataLoader`'s image
+//! batches (with [`spawn_batch`], whose last copy hands the batch on), and
+//! (through [`write_slot`]) the `ops.collate` pipeline op. The Python
+//! bindings only convert arguments and release the GIL around
+//! [`decode_batch`].
 //!
 //! # Example
 //!
@@ -32,6 +34,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use super::{decode_into, Crop, ImageError, Transform};
+use crate::staging::PooledBuffer;
 
 /// Reads a whole file: the one file reader of the image paths (errors name
 /// the path).
@@ -283,25 +286,124 @@ pub fn decode_batch(
     })
 }
 
-/// [`decode_batch`] on a [`Lanes`](crate::cpu::Lanes)' threads: the
-/// batch's `options.threads` copies of its work always run on the pool of
-/// `lanes.threads()` threads (one copy too), counted in its busy time; so
-/// that with several batches in flight, the pool's threads go on with the
-/// next batch's images as soon as this one's are all taken.
-///
-/// # Errors
-///
-/// As [`decode_batch`].
-pub fn decode_batch_on(
-    items: &[BatchItem<'_>],
+/// The `(height, width, channels)` and slot length of a batch of `n`
+/// images into `out_len` bytes, or why it cannot be decoded.
+fn batch_geometry(
     transform: &Transform,
-    options: &BatchOptions,
-    out: &mut [u8],
-    lanes: &crate::cpu::Lanes,
-) -> Result<BatchReport, ImageError> {
-    decode_batch_with(items, transform, options, out, |copies, work| {
-        lanes.fan_out(copies, work);
-    })
+    layout: Layout,
+    n: usize,
+    out_len: usize,
+) -> Result<((usize, usize, usize), usize), ImageError> {
+    let shape @ (h, w, c) = batch_shape(transform).ok_or_else(|| ImageError::InvalidTransform {
+        reason: "images of a batch need one shape: give a size or a center crop".to_owned(),
+    })?;
+    let slot_len = layout.slot_len(shape);
+    if out_len < n * slot_len {
+        return Err(ImageError::InvalidTransform {
+            reason: format!(
+                "a batch of {n} images of {h}x{w}x{c} needs {} bytes, the buffer has {out_len}",
+                n * slot_len,
+            ),
+        });
+    }
+    Ok((shape, slot_len))
+}
+
+/// A batch's images being decoded by the copies of its work: what they
+/// share (the items, the transform, the failures so far).
+struct Decoding<I> {
+    items: I,
+    transform: Transform,
+    layout: Layout,
+    shape: (usize, usize, usize),
+    skip: bool,
+    failures: Mutex<Vec<(usize, ImageError)>>,
+    stop: AtomicBool,
+}
+
+impl<'i, I: std::ops::Deref<Target = [BatchItem<'i>]>> Decoding<I> {
+    fn new(items: I, transform: &Transform, options: &BatchOptions) -> Self {
+        let shape = batch_shape(transform).unwrap_or_default();
+        Self {
+            items,
+            transform: *transform,
+            layout: options.layout,
+            shape,
+            skip: options.on_error == OnError::Skip,
+            failures: Mutex::new(Vec::new()),
+            stop: AtomicBool::new(false),
+        }
+    }
+
+    /// One copy of the work: decodes the slots that `take` hands it (the
+    /// next image's index and its slot) until none is left, or until an
+    /// image failed under [`OnError::Stop`].
+    fn run_copy<'s>(&self, mut take: impl FnMut() -> Option<(usize, &'s mut [u8])>) {
+        // Straight into the slot when the batch is uint8 HWC; through a
+        // per-copy scratch image, then converted into the slot, otherwise.
+        let mut scratch = if self.layout.is_direct() {
+            Vec::new()
+        } else {
+            vec![0u8; Layout::default().slot_len(self.shape)]
+        };
+        while !self.stop.load(Ordering::Relaxed) {
+            let Some((i, slot)) = take() else { return };
+            let item = &self.items[i];
+            let t = self.transform.with_seed(item.seed);
+            let r = item.source.bytes(&item.name).and_then(|data| {
+                if self.layout.is_direct() {
+                    decode_into(&data, &item.name, &t, slot).map(|_| ())
+                } else {
+                    decode_into(&data, &item.name, &t, &mut scratch)?;
+                    write_slot(&scratch, self.shape, self.layout, slot);
+                    Ok(())
+                }
+            });
+            if let Err(e) = r {
+                if !self.skip {
+                    self.stop.store(true, Ordering::Relaxed);
+                }
+                self.failures
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push((i, e));
+            }
+        }
+    }
+
+    /// Once every copy has returned: under [`OnError::Stop`] the failure of
+    /// lowest index, if any; under [`OnError::Skip`] the report, the images
+    /// that decoded moved up, in order, into slots `0..kept` of `out`.
+    fn conclude(&self, out: &mut [u8]) -> Result<BatchReport, ImageError> {
+        let n = self.items.len();
+        let slot_len = self.layout.slot_len(self.shape);
+        let mut failures =
+            std::mem::take(&mut *self.failures.lock().unwrap_or_else(PoisonError::into_inner));
+        failures.sort_by_key(|(i, _)| *i);
+        if !self.skip {
+            return match failures.into_iter().next() {
+                Some((_, e)) => Err(e),
+                None => Ok(BatchReport {
+                    kept: n,
+                    failures: Vec::new(),
+                }),
+            };
+        }
+        // Close the gaps the failed images left, keeping the order.
+        let mut kept = 0;
+        let mut next_failure = failures.iter().map(|(i, _)| *i).peekable();
+        for i in 0..n {
+            if next_failure.peek() == Some(&i) {
+                next_failure.next();
+                continue;
+            }
+            if kept != i {
+                out.copy_within(i * slot_len..(i + 1) * slot_len, kept * slot_len);
+            }
+            kept += 1;
+        }
+        Ok(BatchReport { kept, failures })
+    }
 }
 
 /// [`decode_batch`] with `run(copies, work)` running the copies of the
@@ -313,95 +415,157 @@ fn decode_batch_with(
     out: &mut [u8],
     run: impl FnOnce(usize, &(dyn Fn() + Sync)),
 ) -> Result<BatchReport, ImageError> {
-    let shape @ (h, w, c) = batch_shape(transform).ok_or_else(|| ImageError::InvalidTransform {
-        reason: "images of a batch need one shape: give a size or a center crop".to_owned(),
-    })?;
-    let layout = options.layout;
-    let slot_len = layout.slot_len(shape);
     let n = items.len();
-    if out.len() < n * slot_len {
-        return Err(ImageError::InvalidTransform {
-            reason: format!(
-                "a batch of {n} images of {h}x{w}x{c} needs {} bytes, the buffer has {}",
-                n * slot_len,
-                out.len()
-            ),
-        });
-    }
+    let (_, slot_len) = batch_geometry(transform, options.layout, n, out.len())?;
     if n == 0 || slot_len == 0 {
         return Ok(BatchReport {
             kept: n,
             failures: Vec::new(),
         });
     }
-    let skip = options.on_error == OnError::Skip;
-    let failures: Mutex<Vec<(usize, ImageError)>> = Mutex::new(Vec::new());
-    let stop = AtomicBool::new(false);
+    let decoding = Decoding::new(items, transform, options);
     {
         let slots = Mutex::new(out[..n * slot_len].chunks_exact_mut(slot_len).enumerate());
         let work = || {
-            // Straight into the slot when the batch is uint8 HWC; through a
-            // per-thread scratch image, then converted into the slot,
-            // otherwise.
-            let mut scratch = if layout.is_direct() {
-                Vec::new()
-            } else {
-                vec![0u8; h * w * c]
-            };
-            while !stop.load(Ordering::Relaxed) {
-                let next = slots.lock().unwrap_or_else(PoisonError::into_inner).next();
-                let Some((i, slot)) = next else { return };
-                let item = &items[i];
-                let t = transform.with_seed(item.seed);
-                let r = item.source.bytes(&item.name).and_then(|data| {
-                    if layout.is_direct() {
-                        decode_into(&data, &item.name, &t, slot).map(|_| ())
-                    } else {
-                        decode_into(&data, &item.name, &t, &mut scratch)?;
-                        write_slot(&scratch, shape, layout, slot);
-                        Ok(())
-                    }
-                });
-                if let Err(e) = r {
-                    if !skip {
-                        stop.store(true, Ordering::Relaxed);
-                    }
-                    failures
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .push((i, e));
-                }
-            }
+            decoding.run_copy(|| slots.lock().unwrap_or_else(PoisonError::into_inner).next());
         };
         run(options.threads.clamp(1, n), &work);
     }
-    let mut failures = failures
-        .into_inner()
-        .unwrap_or_else(PoisonError::into_inner);
-    failures.sort_by_key(|(i, _)| *i);
-    if !skip {
-        return match failures.into_iter().next() {
-            Some((_, e)) => Err(e),
-            None => Ok(BatchReport {
+    decoding.conclude(out)
+}
+
+/// What a batch spawned by [`spawn_batch`] hands over when it is done: the
+/// outcome ([`decode_batch`]'s), the buffer, and the items (their bytes may
+/// be reused).
+pub type SpawnedOutcome = (
+    Result<BatchReport, ImageError>,
+    PooledBuffer,
+    Vec<BatchItem<'static>>,
+);
+
+/// [`decode_batch`] without waiting, on the pool of `lanes`' threads: the
+/// batch's `options.threads` copies of its work (one copy too) are queued
+/// there, counted in its busy time, and this returns at once; the copy that finishes
+/// last calls `done` (on its pool thread) with the outcome, the buffer and
+/// the items. A batch that cannot be decoded at all (no fixed shape, a
+/// short buffer), or has no images, calls `done` here.
+///
+/// So nobody waits for a batch: the pool's threads decode the batches in
+/// the order they were spawned, and the batch is handed on by the thread
+/// that finished it.
+pub fn spawn_batch(
+    items: Vec<BatchItem<'static>>,
+    transform: &Transform,
+    options: &BatchOptions,
+    buffer: PooledBuffer,
+    lanes: &std::sync::Arc<crate::cpu::Lanes>,
+    done: impl FnOnce(SpawnedOutcome) + Send + 'static,
+) {
+    let n = items.len();
+    let slot_len = match batch_geometry(transform, options.layout, n, buffer.len()) {
+        Ok((_, slot_len)) if n > 0 && slot_len > 0 => slot_len,
+        Ok(_) => {
+            let report = BatchReport {
                 kept: n,
                 failures: Vec::new(),
-            }),
-        };
-    }
-    // Close the gaps the failed images left, keeping the order.
-    let mut kept = 0;
-    let mut next_failure = failures.iter().map(|(i, _)| *i).peekable();
-    for i in 0..n {
-        if next_failure.peek() == Some(&i) {
-            next_failure.next();
-            continue;
+            };
+            return done((Ok(report), buffer, items));
         }
-        if kept != i {
-            out.copy_within(i * slot_len..(i + 1) * slot_len, kept * slot_len);
+        Err(e) => return done((Err(e), buffer, items)),
+    };
+    let copies = options.threads.clamp(1, n);
+    let job = std::sync::Arc::new(SpawnedBatch {
+        slots: Slots::new(&buffer, slot_len, n),
+        decoding: Decoding::new(items, transform, options),
+    });
+    let worker = std::sync::Arc::clone(&job);
+    // The buffer stays with the hand-over, which runs once every copy has
+    // returned: until then only the slots handed out touch it.
+    let mut buffer = buffer;
+    lanes.spawn(
+        copies,
+        move || worker.decoding.run_copy(|| worker.slots.take()),
+        move |panic| {
+            let outcome = match panic {
+                Some(reason) => Err(ImageError::DecoderPanic {
+                    name: format!("a batch of {n} images"),
+                    reason,
+                }),
+                None => job.decoding.conclude(&mut buffer),
+            };
+            // The copies' handle is gone (`Lanes::spawn` drops the work
+            // first): the items come back to the caller.
+            let items = std::sync::Arc::try_unwrap(job)
+                .map_or_else(|_| Vec::new(), |job| job.decoding.items);
+            done((outcome, buffer, items));
+        },
+    );
+}
+
+/// A batch spawned by [`spawn_batch`]: its slots and its decoding, shared
+/// by its copies and its hand-over (which holds the buffer).
+struct SpawnedBatch {
+    slots: Slots,
+    decoding: Decoding<Vec<BatchItem<'static>>>,
+}
+
+/// The first `n` slots of `slot_len` bytes of a buffer, each handed out
+/// once, to whichever copy of a spawned batch asks next: what
+/// `chunks_exact_mut` gives a scoped decode, for copies that cannot borrow
+/// the buffer (they run after [`spawn_batch`] returned). Hand-written
+/// because the buffer must stay with the batch, not with any one copy.
+struct Slots {
+    base: std::ptr::NonNull<u8>,
+    slot_len: usize,
+    n: usize,
+    next: std::sync::atomic::AtomicUsize,
+}
+
+// SAFETY: `Slots` hands out disjoint `&mut` slices of a buffer owned by the
+// same `SpawnedBatch` (see `take`); moving it to or sharing it with another
+// thread moves or shares no access that `take` does not arbitrate.
+unsafe impl Send for Slots {}
+// SAFETY: as for `Send`: every `&mut` slice comes from `take`, which gives
+// each index to one caller only (an atomic counter).
+unsafe impl Sync for Slots {}
+
+impl Slots {
+    /// The slots of `buffer`, which must hold `n * slot_len` bytes and must
+    /// outlive every slot handed out, unread and unwritten but through them
+    /// (in [`spawn_batch`], the hand-over holds it, and runs once every copy
+    /// has returned).
+    fn new(buffer: &PooledBuffer, slot_len: usize, n: usize) -> Self {
+        assert!(buffer.len() >= n * slot_len, "the buffer holds the slots");
+        Self {
+            base: buffer.non_null(),
+            slot_len,
+            n,
+            next: std::sync::atomic::AtomicUsize::new(0),
         }
-        kept += 1;
     }
-    Ok(BatchReport { kept, failures })
+
+    /// The next slot not yet handed out, and its index; `None` once all
+    /// have been.
+    // A `&mut` from `&self` is the point: each slot is exclusive to the one
+    // caller the counter gave it to (see the SAFETY argument below).
+    #[allow(clippy::mut_from_ref)]
+    fn take(&self) -> Option<(usize, &mut [u8])> {
+        let i = self.next.fetch_add(1, Ordering::Relaxed);
+        if i >= self.n {
+            return None;
+        }
+        // SAFETY: `i < n` and the buffer holds `n * slot_len` bytes
+        // (checked in `new`), so the slice lies inside it; the counter
+        // gives each `i` to one caller only, so slices never overlap; the
+        // buffer is a heap allocation (moving its `PooledBuffer` does not
+        // move it), and in `spawn_batch` the only callers are the batch's
+        // copies, whose slices end before they return, while the buffer is
+        // freed, read or written otherwise only by the hand-over, which
+        // runs after every copy has returned (`Lanes::spawn`).
+        Some((i, unsafe {
+            std::slice::from_raw_parts_mut(self.base.as_ptr().add(i * self.slot_len), self.slot_len)
+        }))
+    }
 }
 
 #[cfg(test)]
@@ -463,27 +627,80 @@ mod tests {
         }
     }
 
+    /// [`spawn_batch`] of owned copies of `data`'s items, waited for.
+    fn spawned(
+        data: &[Vec<u8>],
+        t: &Transform,
+        o: &BatchOptions,
+        lanes: &std::sync::Arc<crate::cpu::Lanes>,
+    ) -> (Result<BatchReport, ImageError>, Vec<u8>, usize) {
+        let items: Vec<BatchItem<'static>> = data
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                BatchItem::new(Source::Owned(d.clone()), format!("item {i}"))
+                    .with_seed(i as u64 * 7)
+            })
+            .collect();
+        let len = o.layout.slot_len(batch_shape(t).unwrap_or_default()) * data.len();
+        let buffer = PooledBuffer::standalone(len.max(1), crate::staging::Pinning::Off).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        spawn_batch(items, t, o, buffer, lanes, move |done| {
+            tx.send(done).unwrap();
+        });
+        let (outcome, buffer, items) = rx.recv_timeout(std::time::Duration::from_secs(30)).unwrap();
+        (outcome, buffer[..len].to_vec(), items.len())
+    }
+
     #[test]
-    fn on_lanes_of_any_size_the_batch_is_the_same() {
-        let data: Vec<Vec<u8>> = (0..9).map(|i| jpeg(30 + i, 40, i as u64)).collect();
+    fn a_spawned_batch_is_the_waited_for_batch_on_any_lanes() {
+        let mut data: Vec<Vec<u8>> = (0..9).map(|i| jpeg(30 + i, 40, i as u64)).collect();
         let t = Transform {
             flip: Flip::Random { seed: 0 },
             ..transform()
         };
-        let mut want = vec![0u8; 9 * 360];
-        let o = options(1, Layout::default(), OnError::Stop);
-        decode_batch(&items(&data), &t, &o, &mut want).unwrap();
-        for threads in [1, 2, 16] {
-            let lanes = crate::cpu::Lanes::new(threads);
-            let o = options(threads, Layout::default(), OnError::Stop);
-            let mut out = vec![0u8; 9 * 360];
-            let report = decode_batch_on(&items(&data), &t, &o, &mut out, &lanes).unwrap();
-            assert_eq!(report.kept, 9);
-            assert_eq!(out, want, "{threads} threads");
-            let r = lanes.report();
-            assert_eq!((r.threads, r.calls), (threads, 1));
-            assert!(r.busy > std::time::Duration::ZERO);
+        for on_error in [OnError::Stop, OnError::Skip] {
+            let mut want = vec![0u8; 9 * 360];
+            let o = options(2, Layout::default(), on_error);
+            let want_report = decode_batch(&items(&data), &t, &o, &mut want).unwrap();
+            for threads in [1, 2, 16] {
+                let lanes = std::sync::Arc::new(crate::cpu::Lanes::new(threads));
+                let o = options(threads, Layout::default(), on_error);
+                let (outcome, out, items) = spawned(&data, &t, &o, &lanes);
+                let report = outcome.unwrap();
+                assert_eq!(report.kept, want_report.kept);
+                assert_eq!(out, want, "{threads} threads");
+                assert_eq!(items, 9, "the items come back");
+                let r = lanes.report();
+                assert_eq!((r.calls, r.in_flight), (1, 0));
+            }
         }
+        // Failures: the lowest under Stop; left out, the rest moved up, under Skip.
+        data[2] = b"junk".to_vec();
+        data[6] = Vec::new();
+        let lanes = std::sync::Arc::new(crate::cpu::Lanes::new(3));
+        let stop = options(3, Layout::default(), OnError::Stop);
+        let (outcome, _, _) = spawned(&data, &t, &stop, &lanes);
+        assert!(
+            matches!(outcome, Err(ImageError::UnknownFormat { ref name, .. }) if name == "item 2"),
+            "{outcome:?}"
+        );
+        let skip = options(3, Layout::default(), OnError::Skip);
+        let mut want = vec![0u8; 9 * 360];
+        let want_report = decode_batch(&items(&data), &t, &skip, &mut want).unwrap();
+        let (outcome, out, _) = spawned(&data, &t, &skip, &lanes);
+        let report = outcome.unwrap();
+        assert_eq!(report.kept, 7);
+        let failed: Vec<usize> = report.failures.iter().map(|(i, _)| *i).collect();
+        assert_eq!(failed, [2, 6]);
+        assert_eq!(want_report.kept, 7);
+        assert_eq!(&out[..7 * 360], &want[..7 * 360]);
+        // Nothing to decode, or no fixed shape: handed over at once.
+        let (outcome, _, items) = spawned(&[], &t, &skip, &lanes);
+        assert_eq!((outcome.unwrap().kept, items), (0, 0));
+        let (outcome, _, items) = spawned(&data, &Transform::default(), &skip, &lanes);
+        assert!(matches!(outcome, Err(ImageError::InvalidTransform { .. })));
+        assert_eq!(items, 9);
     }
 
     #[test]

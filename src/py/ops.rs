@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use pyo3::exceptions::{PyOSError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyOSError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
 use super::cpu::PyLanes;
@@ -16,14 +16,15 @@ use super::spec::{PyBatchLayout, PyImageSpec};
 use super::staging::PyBufferPool;
 use crate::cpu::Lanes;
 use crate::dlpack::DType;
+use crate::image::batch::SpawnedOutcome;
 use crate::image::batch::{
-    batch_shape, decode_batch_on, read_file, write_slot, BatchItem, BatchOptions, Layout, OnError,
+    batch_shape, read_file, spawn_batch, write_slot, BatchItem, BatchOptions, Layout, OnError,
     Source,
 };
 use crate::image::{decode, ImageError, Transform};
-use crate::pipeline::CombineFn;
+use crate::pipeline::{BoxFuture, CombineFn};
 use crate::seed::{hash_bytes, mix, Stream};
-use crate::staging::{BufferPool, Pinning, PoolConfig, Tensor};
+use crate::staging::{BufferPool, Pinning, PoolConfig, PooledBuffer, Tensor};
 
 /// `ops.read_file()`: a path (with its label) becomes the file's bytes.
 #[pyfunction]
@@ -265,11 +266,53 @@ struct LoadBatch {
 }
 
 impl LoadBatch {
-    /// Decodes the group `(batch_no, indices, items)` of the epoch plan.
-    fn run(&self, batch_no: u64, indices: &[u64], items: Vec<Item>) -> PyResult<Item> {
+    /// Starts the group `(batch_no, indices, items)` of the epoch plan
+    /// decoding on the loader's threads ([`spawn_batch`]): the batch comes
+    /// out of the future once the last of its images is done, handed over
+    /// by the thread that did it (nobody waits for it meanwhile).
+    fn start(
+        self: &Arc<Self>,
+        batch_no: u64,
+        indices: Vec<u64>,
+        items: Vec<Item>,
+    ) -> BoxFuture<PyResult<Option<Item>>> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        match self.prepare(batch_no, indices, items) {
+            Err(e) => return Box::pin(std::future::ready(Err(e))),
+            Ok(Prepared::Empty(item)) => return Box::pin(std::future::ready(Ok(Some(item)))),
+            Ok(Prepared::Batch(batch, buffer, group)) => {
+                let op = Arc::clone(self);
+                spawn_batch(
+                    batch,
+                    &self.transform,
+                    &self.options,
+                    buffer,
+                    &self.lanes,
+                    move |done| {
+                        // Nobody may wait any more (the pipeline stopped).
+                        let _ = tx.send(op.finish(group, done));
+                    },
+                );
+            }
+        }
+        Box::pin(async move {
+            rx.await.map_or_else(
+                |_| {
+                    Err(PyRuntimeError::new_err(
+                        "decode_batch: the batch's decode ended without handing it over",
+                    ))
+                },
+                |batch| batch.map(Some),
+            )
+        })
+    }
+
+    /// The group's images as batch items (with their seeds) and its buffer;
+    /// or, for a group with no images, its (empty) batch.
+    fn prepare(&self, batch_no: u64, indices: Vec<u64>, items: Vec<Item>) -> PyResult<Prepared> {
         let mut batch = Vec::with_capacity(items.len());
         let mut labels = Vec::with_capacity(items.len());
-        for (item, &index) in items.into_iter().zip(indices) {
+        for (item, &index) in items.into_iter().zip(&indices) {
             let (source, name, label) = match item {
                 Item::Path { path, label, .. } => {
                     let name = path.display().to_string();
@@ -290,61 +333,93 @@ impl LoadBatch {
                 "some items of the batch have a label and some do not",
             ));
         }
-        let loaded = |images, labels, skipped| Item::Loaded {
+        let group = Group {
             batch_no,
-            indices: indices.to_vec(),
-            images,
-            labels,
-            skipped,
+            indices,
+            labels: (with_labels != 0).then_some(labels),
         };
-        let n = batch.len();
-        if n == 0 {
-            return Ok(loaded(None, None, Vec::new()));
+        if batch.is_empty() {
+            return Ok(Prepared::Empty(group.loaded(None, None, Vec::new())));
         }
-        let layout = self.options.layout;
-        let nbytes = n * layout.slot_len(self.shape);
-        let mut buffer = self.pool.acquire(nbytes).map_err(PyErr::from)?;
-        let report = decode_batch_on(
-            &batch,
-            &self.transform,
-            &self.options,
-            &mut buffer[..nbytes],
-            &self.lanes,
-        )?;
+        let nbytes = batch.len() * self.options.layout.slot_len(self.shape);
+        let buffer = self.pool.acquire(nbytes).map_err(PyErr::from)?;
+        Ok(Prepared::Batch(batch, buffer, group))
+    }
+
+    /// The batch of a group once its images are decoded: the images that
+    /// decoded, their labels, and the samples left out with the reason.
+    fn finish(&self, group: Group, (outcome, buffer, items): SpawnedOutcome) -> PyResult<Item> {
         // Bytes a sharded source read are given back for its next reads.
-        for item in batch {
+        for item in items {
             if let Source::Owned(data) = item.source {
                 crate::recycle::give(data);
             }
         }
-        let mut failed = report.failures.iter().map(|(i, _)| *i).peekable();
-        let mut kept_labels = Vec::with_capacity(report.kept);
-        for (i, label) in labels.iter().enumerate() {
-            if failed.peek() == Some(&i) {
-                failed.next();
-            } else {
-                kept_labels.push(*label);
-            }
-        }
+        let report = outcome?;
         let skipped = report
             .failures
             .iter()
-            .map(|(i, e)| (indices[*i], skip_reason(e)))
+            .map(|(i, e)| (group.indices[*i], skip_reason(e)))
             .collect();
         if report.kept == 0 {
-            return Ok(loaded(None, None, skipped));
+            return Ok(group.loaded(None, None, skipped));
         }
+        let layout = self.options.layout;
         let images = Tensor::from_buffer(
             buffer,
             &layout.shape(report.kept, self.shape),
             dtype_of(layout),
         )?;
-        let labels = if with_labels == 0 {
-            None
-        } else {
-            Some(label_tensor(&self.pool, &kept_labels)?)
+        let labels = match &group.labels {
+            None => None,
+            Some(labels) => {
+                let mut failed = report.failures.iter().map(|(i, _)| *i).peekable();
+                let mut kept = Vec::with_capacity(report.kept);
+                for (i, label) in labels.iter().enumerate() {
+                    if failed.peek() == Some(&i) {
+                        failed.next();
+                    } else {
+                        kept.push(*label);
+                    }
+                }
+                Some(label_tensor(&self.pool, &kept)?)
+            }
         };
-        Ok(loaded(Some(images), labels, skipped))
+        Ok(group.loaded(Some(images), labels, skipped))
+    }
+}
+
+/// What [`LoadBatch::prepare`] makes of a group.
+enum Prepared {
+    /// A group without images: its batch.
+    Empty(Item),
+    /// The images to decode, the buffer they decode into, and the group.
+    Batch(Vec<BatchItem<'static>>, PooledBuffer, Group),
+}
+
+/// A group of the epoch plan while its images decode: its number, its
+/// samples' dataset indices, and their labels (all or none).
+struct Group {
+    batch_no: u64,
+    indices: Vec<u64>,
+    labels: Option<Vec<Option<i64>>>,
+}
+
+impl Group {
+    /// The group's batch.
+    fn loaded(
+        self,
+        images: Option<Tensor>,
+        labels: Option<Tensor>,
+        skipped: Vec<(u64, String)>,
+    ) -> Item {
+        Item::Loaded {
+            batch_no: self.batch_no,
+            indices: self.indices,
+            images,
+            labels,
+            skipped,
+        }
     }
 }
 
@@ -436,20 +511,20 @@ fn _op_load_batch(
         pool: super::staging::pool_or_default(pool.py(), Some(pool))?,
         lanes: Arc::clone(&lanes.lanes),
     };
-    Ok(PyNativeOp::new(
+    let op = Arc::new(op);
+    Ok(PyNativeOp::spawning(
         "decode_batch",
-        true,
         Arc::new(move |item| match item {
             Item::Group {
                 batch_no,
                 indices,
                 items,
-            } => op.run(batch_no, &indices, items).map(Some),
-            other => Err(wrong_item(
+            } => op.start(batch_no, indices, items),
+            other => Box::pin(std::future::ready(Err(wrong_item(
                 "decode_batch",
                 "_PlanGroup(batch_no, indices, files) groups",
                 &other,
-            )),
+            )))),
         }),
     ))
 }

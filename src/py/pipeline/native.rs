@@ -5,7 +5,7 @@ use std::sync::Arc;
 use pyo3::prelude::*;
 
 use super::Item;
-use crate::pipeline::{CombineFn, ItemFn};
+use crate::pipeline::{AsyncItemFn, CombineFn, ItemFn};
 
 /// What `ops.decode_image` and `ops.collate` were made with: the
 /// `DataLoader`'s batch op (`py/ops.rs`) is built from them. It lives here,
@@ -42,6 +42,11 @@ pub(crate) struct PyNativeOp {
     /// What the op was made with, when another op is built from it
     /// (`DataLoader`'s batch op takes `decode_image`'s and `collate`'s).
     config: Option<OpConfig>,
+    /// For an op that hands its work to threads of its own and finishes
+    /// there (`DataLoader`'s batch op on the loader's CPU pool): a function
+    /// that starts an item and returns its result's future, awaited by the
+    /// stage without holding any thread; `f` is then not used.
+    pub(super) spawned: Option<AsyncItemFn<Item, PyErr>>,
 }
 
 #[pymethods]
@@ -107,6 +112,25 @@ impl PyNativeOp {
             per_epoch: None,
             group: None,
             config: None,
+            spawned: None,
+        }
+    }
+
+    /// An op that starts each item on threads of its own and returns the
+    /// future of its result (see [`PyNativeOp::spawned`]'s field): a
+    /// pipeline awaits it in the stage's task, so no thread waits for it.
+    pub(crate) fn spawning(name: &str, start: AsyncItemFn<Item, PyErr>) -> Self {
+        Self {
+            spawned: Some(start),
+            ..Self::new(
+                name,
+                false,
+                Arc::new(|_| {
+                    Err(pyo3::exceptions::PyTypeError::new_err(
+                        "this native op starts its items on threads of its own: it runs in a pipeline's stage",
+                    ))
+                }),
+            )
         }
     }
 
@@ -164,6 +188,7 @@ impl PyNativeOp {
             per_epoch: None,
             group: Some((size, drop_last, combine)),
             config: None,
+            spawned: None,
         }
     }
 }

@@ -499,11 +499,12 @@ impl MapSpec {
         let work = match self.kind {
             MapKind::Native => {
                 let native = self.op.bind(py).cast::<PyNativeOp>()?.get();
-                let f = native.item_fn(env.epoch);
-                if native.blocking {
-                    Work::Blocking(f)
+                if let Some(start) = &native.spawned {
+                    Work::Async(Arc::clone(start))
+                } else if native.blocking {
+                    Work::Blocking(native.item_fn(env.epoch))
                 } else {
-                    Work::Inline(f)
+                    Work::Inline(native.item_fn(env.epoch))
                 }
             }
             MapKind::Sync => {
