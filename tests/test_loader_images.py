@@ -1078,18 +1078,18 @@ def test_collate_pool_timeout_is_settable() -> None:
 def test_native_batches_in_flight() -> None:
     from ferrofeed._executors import _batches_in_flight
 
-    # (num_threads, batch size) -> batches decoded at once: about 4 images queued or
+    # (num_threads, batch size) -> batches decoded at once: about 8 images queued or
     # decoding per thread, plus the batch being handed over; at least 2.
     cases = {
-        (1, 2): 3,  # 1 thread, batches of 2: 4 images queued, and one batch handed over
+        (1, 2): 5,  # 1 thread, batches of 2: 8 images queued, and one batch handed over
         (1, 32): 2,
-        (2, 4): 3,
+        (2, 4): 5,
         (2, 32): 2,
-        (16, 32): 3,  # 2 images a thread a batch, as batches of 2 on 1 thread
+        (16, 32): 5,  # 2 images a thread a batch, as batches of 2 on 1 thread
         (16, 256): 2,
-        (64, 32): 9,
-        (3, 1): 13,
-        (8, 0): 33,  # a batch size of 0 counts as 1
+        (64, 32): 17,
+        (3, 1): 25,
+        (8, 0): 65,  # a batch size of 0 counts as 1
     }
     for (threads, batch), want in cases.items():
         assert _batches_in_flight(threads, batch) == want, (threads, batch)
@@ -1098,7 +1098,7 @@ def test_native_batches_in_flight() -> None:
         depths = [_batches_in_flight(t, batch) for t in (1, 2, 4, 8, 16, 32, 64)]
         assert depths == sorted(depths), (batch, depths)
         assert all(
-            d * batch >= 4 * t for d, t in zip(depths, (1, 2, 4, 8, 16, 32, 64), strict=True)
+            d * batch >= 8 * t for d, t in zip(depths, (1, 2, 4, 8, 16, 32, 64), strict=True)
         )
     assert ferrofeed._core._cpu_pool_size() >= 1
 

@@ -664,9 +664,11 @@ class PipelineBuilder:
         """Set where items come from: any iterable or async iterable.
 
         A ``range`` is generated natively (no GIL). Other sync iterables are pulled on a
-        thread of their own; async iterables through a private event loop on that thread.
-        The source is iterated afresh by each `build`, so a list or a range gives every
-        epoch the same items.
+        thread of their own, several items per GIL acquisition (at least half of the
+        first stage's input queue, so the source may run that much ahead of the queue);
+        async iterables through a private event loop on that thread. The source is
+        iterated afresh by each `build`, so a list or a range gives every epoch the same
+        items.
         """
         if self._source is not None:
             raise ValueError("the pipeline already has a source")

@@ -11,9 +11,11 @@ use super::shared::{Emitter, Shared};
 use super::stage::Source;
 use super::tasks::MAX_BATCH;
 
-/// Starts the thread that pulls `source` (up to the room in its output
-/// channel at a time, at most [`MAX_BATCH`]) and emits every item, then the
-/// source's failure if it fails, until the source ends or the pipeline stops.
+/// Starts the thread that pulls `source` (the room in its output channel at
+/// a time, but at least half the channel's capacity, at most [`MAX_BATCH`];
+/// so the source runs at most half a channel ahead of its channel) and emits
+/// every item, then the source's failure if it fails, until the source ends
+/// or the pipeline stops.
 pub(super) fn spawn_source<T: Send + 'static, E: Send + 'static>(
     mut source: Box<dyn Source<T, E>>,
     out: Emitter<T, E>,
@@ -28,7 +30,13 @@ pub(super) fn spawn_source<T: Send + 'static, E: Send + 'static>(
                 if shared.stop.load(Ordering::Acquire) {
                     return;
                 }
-                let room = cap.saturating_sub(out.tx.len()).clamp(1, MAX_BATCH);
+                // At least half a channel's worth a pull: a source that kept
+                // its channel full would otherwise wake, and take the GIL, once
+                // per item taken from it.
+                let room = cap
+                    .saturating_sub(out.tx.len())
+                    .max(cap / 2)
+                    .clamp(1, MAX_BATCH);
                 let t = Instant::now();
                 let pulled = catch_unwind(AssertUnwindSafe(|| {
                     source
