@@ -561,19 +561,33 @@ def targets(results: dict[str, Any]) -> list[str]:
             f"(2 per thread) give {r:.2f}x the images/s of batches of {p['base_batch']} "
             f"(target >= 0.95x): {'met' if r >= 0.95 else 'NOT met'}"
         )
-    shares = [
-        (summary[k]["serial_share"]["median"], k)
-        for k, c in configs.items()
-        if c.loader == "ferrofeed"
-        and summary[k]["serial_share"] is not None
-        and all(r["decode_in_pool"] for r in results["runs"][k])
-    ]
-    if shares:
-        worst, key = max(shares)
-        lines.append(
-            f"serial part (CPU outside the decode pool), largest median share: {worst:.1%} "
-            f"({key}; target <= 2%): {'met' if worst <= 0.02 else 'NOT met'}"
-        )
+    # The serial target is about the training job's batches of 32 (the batch size
+    # of the 16-core runs); smaller batches are the proxy's, and their share is shown apart.
+    for source in SOURCES:
+        for small in (False, True):
+            shares = [
+                (summary[k]["serial_share"]["median"], k)
+                for k, c in configs.items()
+                if c.loader == "ferrofeed"
+                and c.source == source
+                and (c.batch < PROXY_BASE if small else c.batch == PROXY_BASE)
+                and summary[k]["serial_share"] is not None
+                and all(r["decode_in_pool"] for r in results["runs"][k])
+            ]
+            if not shares:
+                continue
+            worst, key = max(shares)
+            if small:
+                lines.append(
+                    f"serial part at batches under {PROXY_BASE} ({source}; no target, for "
+                    f"reference): largest median share {worst:.1%} ({key})"
+                )
+            else:
+                lines.append(
+                    f"serial part (CPU outside the decode pool) at batches of {PROXY_BASE} "
+                    f"({source}), largest median share: {worst:.1%} ({key}; target <= 2%): "
+                    f"{'met' if worst <= 0.02 else 'NOT met'}"
+                )
     full = [
         (summary[k]["threads_busy"]["median"], k)
         for k, c in configs.items()
@@ -808,7 +822,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     args = parse_args(argv[1:])
     if args.replot:
-        report(json.loads(args.replot.read_text()), args.out, args.name)
+        results = json.loads(args.replot.read_text())
+        results["targets"] = targets(results)  # as this version of the script reads them
+        report(results, args.out, args.name)
         return 0
     peers, not_run = [], {}
     for peer in PEERS if args.compare else ():

@@ -302,6 +302,7 @@ def _op_collate(
 ) -> NativeOp:
     """Return a native op that collates images into batch tensors laid out as ``layout``."""
 
+@final
 class _Lanes:
     """A loader's decode threads, and their busy and idle time per pass (internal).
 

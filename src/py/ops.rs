@@ -16,10 +16,9 @@ use super::spec::{PyBatchLayout, PyImageSpec};
 use super::staging::PyBufferPool;
 use crate::cpu::Lanes;
 use crate::dlpack::DType;
-use crate::image::batch::SpawnedOutcome;
 use crate::image::batch::{
     batch_shape, read_file, spawn_batch, write_slot, BatchItem, BatchOptions, Layout, OnError,
-    Source,
+    Source, SpawnedOutcome,
 };
 use crate::image::{decode, ImageError, Transform};
 use crate::pipeline::{BoxFuture, CombineFn};
@@ -342,6 +341,9 @@ impl LoadBatch {
             return Ok(Prepared::Empty(group.loaded(None, None, Vec::new())));
         }
         let nbytes = batch.len() * self.options.layout.slot_len(self.shape);
+        // On the stage's task: the loader's pool has no bound on its buffers (the batches in
+        // flight and the sink bound them), so taking one never waits; nor does taking the
+        // labels' in `finish`, on a decode thread.
         let buffer = self.pool.acquire(nbytes).map_err(PyErr::from)?;
         Ok(Prepared::Batch(batch, buffer, group))
     }
