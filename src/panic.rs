@@ -5,7 +5,7 @@
 use std::any::Any;
 
 /// The text a panic was raised with (`panic!("...")`'s message), or a
-/// placeholder when its payload is not a string.
+/// fixed text when its payload is not a string.
 pub(crate) fn message(payload: &(dyn Any + Send)) -> String {
     if let Some(s) = payload.downcast_ref::<&str>() {
         (*s).to_owned()
