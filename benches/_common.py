@@ -396,6 +396,13 @@ def child_pids(ppid: int) -> list[int]:
     return sorted(pid for pid, parent in parent_pids().items() if parent == ppid)
 
 
+def stat_fields(text: str) -> list[str]:
+    """The fields of a ``/proc/.../stat`` line after ``pid (comm)``: index 0 is the state,
+    1 the parent's pid, 11 and 12 utime and stime (``comm`` may hold spaces and
+    parentheses, so the fields start after its last ``)``)."""
+    return text[text.rfind(")") + 2 :].split()
+
+
 def parent_pids() -> dict[int, int]:
     """Every live process's parent: {pid: ppid} (from /proc/*/stat)."""
     out: dict[int, int] = {}
@@ -406,8 +413,7 @@ def parent_pids() -> dict[int, int]:
             stat = Path(f"/proc/{entry}/stat").read_text()
         except OSError:
             continue
-        # "pid (comm) state ppid ...": comm may contain spaces and parentheses.
-        fields = stat[stat.rfind(")") + 2 :].split()
+        fields = stat_fields(stat)
         if len(fields) > 1:
             out[int(entry)] = int(fields[1])
     return out

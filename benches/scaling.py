@@ -103,6 +103,7 @@ from _common import (
     pack_tar_shards,
     run_fresh,
     shutdown_workers,
+    stat_fields,
     tree_pids,
 )
 from bench_machine import cpu_model
@@ -175,11 +176,6 @@ class ThreadSample(NamedTuple):
     wait_s: float | None  # time runnable but waiting for a core (schedstat), None without it
 
 
-def _stat_fields(text: str) -> list[str]:
-    """The fields of a ``/proc/.../stat`` line after ``pid (comm)``: index 0 is the state."""
-    return text[text.rfind(")") + 2 :].split()
-
-
 def thread_samples() -> dict[int, ThreadSample]:
     """Every live thread of this process: ``{tid: ThreadSample}``.
 
@@ -199,7 +195,7 @@ def thread_samples() -> dict[int, ThreadSample]:
             on_cpu, waited = Path(f"{base}/schedstat").read_text().split()[:2]
             cpu, wait = int(on_cpu) / 1e9, int(waited) / 1e9
         except (OSError, ValueError):
-            fields = _stat_fields(stat)
+            fields = stat_fields(stat)
             cpu = (int(fields[11]) + int(fields[12])) / CLK_TCK
         out[int(entry)] = ThreadSample(comm, cpu, wait)
     return out
@@ -208,7 +204,7 @@ def thread_samples() -> dict[int, ThreadSample]:
 def _proc_cpu_s(pid: int) -> float:
     """CPU seconds of process ``pid`` and its reaped children (``stat``), 0 when it is gone."""
     try:
-        fields = _stat_fields(Path(f"/proc/{pid}/stat").read_text())
+        fields = stat_fields(Path(f"/proc/{pid}/stat").read_text())
     except OSError:
         return 0.0
     return sum(int(f) for f in fields[11:15]) / CLK_TCK  # utime, stime, cutime, cstime
@@ -822,9 +818,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     args = parse_args(argv[1:])
     if args.replot:
-        results = json.loads(args.replot.read_text())
-        results["targets"] = targets(results)  # as this version of the script reads them
-        report(results, args.out, args.name)
+        saved = json.loads(args.replot.read_text())
+        saved["targets"] = targets(saved)  # as this version of the script reads them
+        report(saved, args.out, args.name)
         return 0
     peers, not_run = [], {}
     for peer in PEERS if args.compare else ():
