@@ -286,14 +286,14 @@ pub fn decode_batch(
     })
 }
 
-/// The `(height, width, channels)` and slot length of a batch of `n`
-/// images into `out_len` bytes, or why it cannot be decoded.
+/// The slot length of a batch of `n` images into `out_len` bytes, or why
+/// it cannot be decoded (no fixed shape, or too short a buffer).
 fn batch_geometry(
     transform: &Transform,
     layout: Layout,
     n: usize,
     out_len: usize,
-) -> Result<((usize, usize, usize), usize), ImageError> {
+) -> Result<usize, ImageError> {
     let shape @ (h, w, c) = batch_shape(transform).ok_or_else(|| ImageError::InvalidTransform {
         reason: "images of a batch need one shape: give a size or a center crop".to_owned(),
     })?;
@@ -306,7 +306,7 @@ fn batch_geometry(
             ),
         });
     }
-    Ok((shape, slot_len))
+    Ok(slot_len)
 }
 
 /// A batch's images being decoded by the copies of its work: what they
@@ -416,7 +416,7 @@ fn decode_batch_with(
     run: impl FnOnce(usize, &(dyn Fn() + Sync)),
 ) -> Result<BatchReport, ImageError> {
     let n = items.len();
-    let (_, slot_len) = batch_geometry(transform, options.layout, n, out.len())?;
+    let slot_len = batch_geometry(transform, options.layout, n, out.len())?;
     if n == 0 || slot_len == 0 {
         return Ok(BatchReport {
             kept: n,
@@ -463,7 +463,7 @@ pub fn spawn_batch(
 ) {
     let n = items.len();
     let slot_len = match batch_geometry(transform, options.layout, n, buffer.len()) {
-        Ok((_, slot_len)) if n > 0 && slot_len > 0 => slot_len,
+        Ok(slot_len) if n > 0 && slot_len > 0 => slot_len,
         Ok(_) => {
             let report = BatchReport {
                 kept: n,
