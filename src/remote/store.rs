@@ -255,6 +255,7 @@ pub fn retry_config(url: &str, options: &StorageOptions) -> Result<RetryConfig, 
 /// Builds the client of `url`'s store: the store's environment
 /// (`AWS_*`, `GOOGLE_*`, `AZURE_*`), then `options` over it.
 fn build(url: &ObjectUrl, options: &StorageOptions) -> Result<Arc<dyn ObjectStore>, RemoteError> {
+    install_tls_provider();
     let bad = |key: &str, why: String| RemoteError::BadOption {
         url: url.url.clone(),
         key: key.to_string(),
@@ -340,6 +341,22 @@ fn build(url: &ObjectUrl, options: &StorageOptions) -> Result<Arc<dyn ObjectStor
             ))),
     };
     Ok(store)
+}
+
+/// Makes ring rustls's process-wide TLS provider, once, before the first
+/// client is built.
+///
+/// reqwest is built without a provider of its own (`rustls-no-provider` in
+/// Cargo.toml: the default would compile aws-lc), and panics when it makes a
+/// TLS client with none installed. `install_default` fails only when a
+/// provider is installed already; this extension's copy of rustls is its
+/// own (statically linked), so that one is ours, and ring either way.
+fn install_tls_provider() {
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    INSTALLED.call_once(|| {
+        // An Err holds a provider that was installed first: nothing to do.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
 }
 
 /// Makes reqwest clients whose requests, failures and body bytes are
@@ -432,6 +449,19 @@ mod tests {
         )
         .unwrap();
         client("http://127.0.0.1:9/data/a.tar", &[]).unwrap();
+    }
+
+    #[test]
+    fn https_clients_get_the_ring_tls_provider() {
+        // reqwest has no TLS provider of its own (Cargo.toml): without the one
+        // build() installs, making an https client panics.
+        client(
+            "s3://bucket/a.tar",
+            &[("region", "eu-west-1"), ("skip_signature", "true")],
+        )
+        .unwrap();
+        client("https://example.invalid/data/a.tar", &[]).unwrap();
+        assert!(rustls::crypto::CryptoProvider::get_default().is_some());
     }
 
     #[test]
