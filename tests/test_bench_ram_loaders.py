@@ -17,6 +17,9 @@ from pathlib import Path
 
 import pytest
 
+# The slow tier (a benchmark's smoke run): `make test-slow`, not `make test`.
+pytestmark = pytest.mark.slow
+
 BENCHES = Path(__file__).resolve().parents[1] / "benches"
 
 

@@ -18,6 +18,9 @@ from typing import Any, NamedTuple
 
 import pytest
 
+# The slow tier (a benchmark's smoke run): `make test-slow`, not `make test`.
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("PIL")
 pytest.importorskip("skimage")
 

@@ -46,7 +46,8 @@ from objstore import FaultProxy, S3Server, free_port
 pytest.importorskip("boto3")
 pytest.importorskip("moto.server")
 
-pytestmark = pytest.mark.timeout(240)
+# The slow tier (multi-node): `make test-slow`, not `make test`.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 TESTS = Path(__file__).resolve().parent
 JOB = TESTS / "multinode_job.py"

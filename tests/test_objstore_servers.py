@@ -35,7 +35,8 @@ boto3 = pytest.importorskip("boto3")
 botocore_exceptions = pytest.importorskip("botocore.exceptions")
 pytest.importorskip("moto.server")
 
-pytestmark = pytest.mark.timeout(60)
+# The slow tier (object storage): `make test-slow`, not `make test`.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 
 SIZE = 1 << 20
 DATA = random.Random(26).randbytes(SIZE)

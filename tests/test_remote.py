@@ -51,7 +51,8 @@ pytest.importorskip("moto.server")
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
-pytestmark = pytest.mark.timeout(120)
+# The slow tier (object storage): `make test-slow`, not `make test`.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 BUCKET = "ff-shards"
 TAR_SIZES = [30, 45, 20, 50, 35, 40]

@@ -13,6 +13,9 @@ from typing import Any
 import pytest
 from conftest import TESTS_DIR, last_json_line, run_python
 
+# The slow tier (soak): `make test-slow`, not `make test`.
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.timeout(240)
 def test_soak_short() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import faulthandler
 import gc
 import json
 import os
@@ -104,6 +105,9 @@ class Dies:
 
     def __getitem__(self, i: int) -> int:
         if i == self.bad:
+            # A fork worker inherits pytest's faulthandler, whose traceback of this
+            # deliberate SIGSEGV would reach the terminal under pytest-xdist.
+            faulthandler.disable()
             os.kill(os.getpid(), self.sig)
             time.sleep(10)
         return i
