@@ -12,18 +12,45 @@ PIP := $(PY) -m pip --disable-pip-version-check
 WHEEL_DIR := target/wheels
 export PYO3_PYTHON := $(abspath $(PY))
 
-# The build tools (maturin; zig, from the ziglang package, to link against glibc 2.17; and
-# auditwheel, to check the result) live in a venv of their own, so that $(VENV) holds only
-# ferrofeed, what it needs at run time, and what you add to it.
+# Two builds of the extension:
+# - The local build (`make install`, `make demo`, `make test`): one extension for this
+#   machine, optimised as release but without LTO (Cargo.toml's `fast` profile: parallel
+#   codegen), linked by the system's linker. It is about a third quicker to compile than the
+#   release build, and `make test-rust` runs `cargo test` with the same profile, so the
+#   tests reuse every dependency the wheel compiled. It costs 0-2% more CPU per image than
+#   the release build's portable extension (BENCHMARKS.md, "Build times").
+# - The release wheel (`make wheel`): manylinux2014 through zig, fat LTO, and on x86_64 a
+#   second extension for x86-64-v3 CPUs; what users install. `make install BUILD=release`
+#   (and so `make demo` or `make test` with BUILD=release) installs it instead. The benchmark
+#   targets (bench*, compare*) install it by default: their figures are the release wheel's.
+BENCH_GOALS := $(filter bench bench-% compare compare-%,$(MAKECMDGOALS))
+BUILD ?= $(if $(BENCH_GOALS),release,local)
+ifeq ($(filter local release,$(BUILD)),)
+$(error BUILD=$(BUILD): expected local or release)
+endif
+LOCAL_PROFILE := fast
+
+# The build tools live in a venv of their own, so that $(VENV) holds only ferrofeed, what it
+# needs at run time, and what you add to it: maturin for both builds; zig (the ziglang
+# package, to link against glibc 2.17), auditwheel (to check the result) and wheel (to add
+# the x86-64-v3 extension) for the release wheel only.
 BUILD_VENV := target/build-venv
 BUILD_PY := $(BUILD_VENV)/bin/python
+BUILD_PIP := $(BUILD_PY) -m pip --disable-pip-version-check
+RELEASE_TOOLS := $(BUILD_VENV)/.release-tools
 # A manylinux2014 wheel: installs on any x86_64 Linux with glibc >= 2.17, no compiler needed.
 MATURIN_FLAGS ?= --release --compatibility manylinux2014 --zig
-# The wheel is built once per tree: again only when one of its inputs changed (a second
+# Each wheel is built once per tree: again only when one of its inputs changed (a second
 # venv, as .ci/run's, installs the same wheel).
+WHEEL_DIR := target/wheels
 WHEEL_STAMP := $(WHEEL_DIR)/.built
+LOCAL_WHEEL_DIR := target/local-wheel
+LOCAL_STAMP := $(LOCAL_WHEEL_DIR)/.built
 WHEEL_INPUTS := Cargo.toml Cargo.lock pyproject.toml README.md \
 	$(shell find src python -type f -not -name '*.so' -not -name '*.pyc')
+# The wheel that `make install` installs.
+INSTALL_DIR := $(if $(filter release,$(BUILD)),$(WHEEL_DIR),$(LOCAL_WHEEL_DIR))
+INSTALL_STAMP := $(if $(filter release,$(BUILD)),$(WHEEL_STAMP),$(LOCAL_STAMP))
 
 .PHONY: help
 help: ## Show the targets
@@ -47,9 +74,11 @@ build-deps: ## Install cmake and nasm (libjpeg-turbo's build) with apt-get, when
 
 $(BUILD_PY):
 	$(PYTHON) -m venv $(BUILD_VENV)
-	$(BUILD_PY) -m pip --disable-pip-version-check install -q --upgrade pip
-	$(BUILD_PY) -m pip --disable-pip-version-check install -q \
-		"maturin>=1.8,<2" "ziglang>=0.13" "auditwheel>=6" "wheel>=0.42"
+	$(BUILD_PIP) install -q "maturin>=1.8,<2"
+
+$(RELEASE_TOOLS): | $(BUILD_PY)
+	$(BUILD_PIP) install -q "ziglang>=0.13" "auditwheel>=6" "wheel>=0.42"
+	touch $@
 
 # $(call build_wheel,OUT_DIR,EXTRA_MATURIN_FLAGS[,MORE]): build, run MORE (a recipe line, e.g.
 # add_v3_build), then fail unless auditwheel finds the wheel consistent with a manylinux tag.
@@ -75,7 +104,6 @@ HOST_ARCH := $(shell uname -m)
 # $(call add_v3_build,OUT_DIR): build the x86-64-v3 extension and add it to OUT_DIR's wheel.
 define add_v3_build
 	rm -rf $(V3_DIR)/wheel $(V3_DIR)/v3 $(V3_DIR)/merged
-	$(BUILD_PY) -c "import wheel" 2>/dev/null || $(BUILD_PY) -m pip install -q "wheel>=0.42"
 	PATH="$(abspath $(BUILD_VENV))/bin:$$PATH" PYO3_PYTHON="$(abspath $(BUILD_PY))" $(V3_ENV) \
 		$(BUILD_VENV)/bin/maturin build $(MATURIN_FLAGS) --target-dir $(V3_DIR) --out $(V3_DIR)/wheel
 	$(BUILD_PY) -m wheel unpack -d $(V3_DIR)/v3 $(V3_DIR)/wheel/ferrofeed-*.whl
@@ -86,24 +114,34 @@ define add_v3_build
 	$(BUILD_PY) -m wheel pack -d $(1) $(V3_DIR)/merged/ferrofeed-*
 endef
 
-$(WHEEL_STAMP): $(WHEEL_INPUTS) | $(BUILD_PY) build-deps
+$(WHEEL_STAMP): $(WHEEL_INPUTS) | $(RELEASE_TOOLS) build-deps
 	rm -f $@
 	$(call build_wheel,$(WHEEL_DIR),,$(if $(filter x86_64,$(HOST_ARCH)),$(call add_v3_build,$(WHEEL_DIR))))
 	touch $@
 
 .PHONY: wheel
-wheel: $(WHEEL_STAMP) ## Build the release (manylinux2014) wheel into target/wheels, checked by auditwheel
+wheel: $(WHEEL_STAMP) ## Build the release (manylinux2014, two extensions on x86_64) wheel into target/wheels, checked by auditwheel
 	@ls $(WHEEL_DIR)/ferrofeed-*.whl
 
+$(LOCAL_STAMP): $(WHEEL_INPUTS) | $(BUILD_PY) build-deps
+	rm -f $@ $(LOCAL_WHEEL_DIR)/ferrofeed-*.whl
+	PATH="$(abspath $(BUILD_VENV))/bin:$$PATH" PYO3_PYTHON="$(abspath $(BUILD_PY))" \
+		$(BUILD_VENV)/bin/maturin build --profile $(LOCAL_PROFILE) --out $(LOCAL_WHEEL_DIR)
+	touch $@
+
+.PHONY: local-wheel
+local-wheel: $(LOCAL_STAMP) ## Build the local wheel (one extension for this machine, no LTO) into target/local-wheel
+	@ls $(LOCAL_WHEEL_DIR)/ferrofeed-*.whl
+
 .PHONY: wheel-aarch64
-wheel-aarch64: | $(BUILD_PY) build-deps ## Cross-compile the manylinux2014 aarch64 wheel into target/wheels-aarch64 (with zig)
+wheel-aarch64: | $(RELEASE_TOOLS) build-deps ## Cross-compile the manylinux2014 aarch64 wheel into target/wheels-aarch64 (with zig)
 	rustup target add aarch64-unknown-linux-gnu
 	$(call build_wheel,target/wheels-aarch64,--target aarch64-unknown-linux-gnu)
 
 .PHONY: install
-install: $(PY) wheel ## Build the wheel and install it, with its dependencies, into .venv
+install: $(PY) $(INSTALL_STAMP) ## Build the local wheel (BUILD=release: the release wheel) and install it, with its dependencies, into .venv
 	$(PIP) uninstall -q -y ferrofeed
-	$(PIP) install -q $(WHEEL_DIR)/ferrofeed-*.whl
+	$(PIP) install -q $(INSTALL_DIR)/ferrofeed-*.whl
 
 .PHONY: demo
 demo: install ## Install ferrofeed and run its main job (ferrofeed demo)
@@ -111,7 +149,7 @@ demo: install ## Install ferrofeed and run its main job (ferrofeed demo)
 
 .PHONY: install-test
 install-test: install ## Install the wheel with everything the tests need
-	$(PIP) install -q "$$(ls $(WHEEL_DIR)/ferrofeed-*.whl)[test,lint]"
+	$(PIP) install -q "$$(ls $(INSTALL_DIR)/ferrofeed-*.whl)[test,lint]"
 
 .PHONY: build-dev
 build-dev: $(PY) ## Build the extension in place (editable, debug) for quick iteration
@@ -142,16 +180,46 @@ lint-python: ## ruff, ruff format --check, mypy and stubtest (needs install-test
 lint: lint-rust lint-python ## All lints
 
 .PHONY: test-rust
-test-rust: build-deps ## Rust unit, property and doc tests (and the image tests on the pure-Rust JPEG decoder)
-	cargo test
-	cargo test --lib --no-default-features image
+test-rust: build-deps ## Rust unit, property and doc tests
+	cargo test --profile $(LOCAL_PROFILE)
+
+.PHONY: test-rust-slow
+test-rust-slow: build-deps ## The Rust image tests again, on the pure-Rust JPEG decoder (a second build of the crate)
+	cargo test --profile $(LOCAL_PROFILE) --lib --no-default-features image
+
+# The test tiers: `make test` leaves out the pytest tests marked `slow` (the soak, multi-node
+# and object-storage suites, and the smoke runs of the benchmarks) and the Rust image tests
+# on zune-jpeg (test-rust-slow); `make test-slow` runs only those, `make test-all` everything
+# (CI does). Both run on PYTEST_WORKERS processes
+# (pytest-xdist; 0 or 1: in this process); PYTEST_ARGS adds options (e.g. -x, -k NAME).
+PYTEST_WORKERS ?= 2
+PYTEST_ARGS ?=
+PYTEST := $(PY) -m pytest $(if $(filter-out 0 1,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS)) $(PYTEST_ARGS)
 
 .PHONY: test-python
-test-python: ## pytest against the installed wheel
-	$(PY) -m pytest
+test-python: ## pytest's default tier (all but the tests marked slow) against the installed wheel
+	$(PYTEST) -m "not slow"
 
 .PHONY: test
-test: install-test test-rust test-python ## Install what the tests need, then run every test
+test: install-test test-rust test-python ## Install what the tests need, then run the Rust tests and pytest's default tier
+
+.PHONY: test-slow
+test-slow: install-test test-rust-slow ## The slow tier: pytest's soak, multi-node, object-storage and benchmark smoke tests, and test-rust-slow
+	$(PYTEST) -m slow
+
+.PHONY: test-all
+test-all: test test-slow ## Every test: `make test`, then the slow tier (what CI runs)
+
+# The tests of the release wheel's two extensions (the x86-64-v3 one is chosen where the CPU
+# runs it, and both give the same bytes) skip with the local build, which has one: this
+# installs the release wheel into .venv (with what the tests need) and runs them, and the
+# packaging and demo tests, against it. CI runs it after test-all.
+RELEASE_TESTS := tests/test_native_build.py tests/test_packaging.py tests/test_demo.py
+
+.PHONY: test-release
+test-release: ## Build the release wheel, install it into .venv, run the tests of its builds against it
+	$(MAKE) install-test BUILD=release
+	$(PY) -m pytest $(RELEASE_TESTS)
 
 # --- reliability: fuzzing and sanitizers (nightly toolchain; see RELIABILITY.md) ---
 NIGHTLY ?= +nightly
@@ -306,4 +374,4 @@ bench-ram-workers: install-test ## RAM of 2 ranks x 4 workers over 1M annotation
 .PHONY: clean
 clean: ## Remove build outputs (keeps .venv)
 	cargo clean
-	rm -rf $(WHEEL_DIR) python/ferrofeed/*.so
+	rm -rf $(WHEEL_DIR) $(LOCAL_WHEEL_DIR) python/ferrofeed/*.so

@@ -1,0 +1,223 @@
+"""Two or more builds of ferrofeed side by side: the same native-chain job, taking turns.
+
+``python benches/build_ab.py --build NAME=PYTHON [--build NAME=PYTHON ...] [--rounds 8]
+[--jobs train,exact] [--threads 2] [--batch-size 32] [--n 1000] [--env FERROFEED_CPU=baseline]``
+
+Each ``--build`` names a Python interpreter (a venv's ``bin/python``) with one build of
+ferrofeed installed: the release wheel (``make wheel``: fat LTO, one codegen unit) in one,
+the local build (``make install``: the ``fast`` profile) in another, say. The first build
+is the reference the ratios are taken against.
+
+Data: ``--n`` ImageNet-like JPEGs made from scikit-image's real photos
+(``_common.make_jpegs(..., varied=True, folders=True)``) in an image folder on /dev/shm,
+made once and read by every build (scikit-image and Pillow must be installed where this
+script runs and in the builds' interpreters, which import ``_common``).
+
+Each run is a fresh interpreter of one build (``_common.run_fresh``): ``DataLoader(folder,
+batch_size, transform=_common.native_op(job), num_threads)``, one warm-up epoch, then
+``--epochs`` timed epochs: images/s and the process's CPU ms per image (user + system,
+``getrusage``). The builds take turns within a round (the order rotated each round), so
+each round's ratio compares runs made one after the other on the same machine state: the
+summary gives the median and the range of those per-round ratios, which a noisy VM moves
+far less than it moves the figures themselves. ``--env NAME=VALUE`` is set in every run
+(``FERROFEED_CPU=baseline`` compares the portable builds of two x86_64 wheels).
+
+Results: ``--out`` (default bench-results/build_ab) gets ``{--name}.json`` (every run, the
+machine, each build's ``ferrofeed.build_info()``) and ``{--name}.md`` (the table, also
+printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common
+from bench_machine import cpu_model
+
+
+def child(spec: dict[str, Any]) -> dict[str, Any]:
+    """One run, in a fresh interpreter of one build."""
+    import ferrofeed
+
+    loader = ferrofeed.DataLoader(
+        spec["folder"],
+        spec["batch_size"],
+        shuffle=True,
+        seed=0,
+        transform=_common.native_op(spec["job"]),
+        num_threads=spec["threads"],
+    )
+    n = 0
+    for _ in loader:  # warm-up: page cache, the pools
+        pass
+    cpu0, t0 = _common.cpu_self(), time.perf_counter()
+    for epoch in range(spec["epochs"]):
+        loader.set_epoch(epoch + 1)
+        for batch in loader:
+            n += len(batch[0])
+    wall, cpu = time.perf_counter() - t0, _common.cpu_self() - cpu0
+    return {
+        "images": n,
+        "images_per_s": n / wall,
+        "cpu_ms_per_image": 1000 * cpu / n,
+        "build_info": ferrofeed.build_info(),
+    }
+
+
+def summarize(runs: list[dict[str, Any]], builds: list[str], jobs: list[str]) -> str:
+    """The markdown table: per job and build, images/s, CPU ms per image, and the per-round
+    ratios to the first build."""
+    ref = builds[0]
+    lines = [
+        f"| job | build | images/s | CPU ms per image | images/s / {ref}'s | "
+        f"CPU per image / {ref}'s |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for job in jobs:
+        by = {
+            b: {r["round"]: r for r in runs if r["job"] == job and r["build"] == b} for b in builds
+        }
+        for b in builds:
+            rs = list(by[b].values())
+            ips = _common.med_range([r["images_per_s"] for r in rs])
+            cpu = _common.med_range([r["cpu_ms_per_image"] for r in rs])
+            if b == ref:
+                ratio_ips = ratio_cpu = "1"
+            else:
+                rounds = sorted(set(by[b]) & set(by[ref]))
+                ratio_ips = _common.fmt_ratio(
+                    _common.med_range(
+                        [by[b][k]["images_per_s"] / by[ref][k]["images_per_s"] for k in rounds]
+                    )
+                )
+                ratio_cpu = _common.fmt_ratio(
+                    _common.med_range(
+                        [
+                            by[b][k]["cpu_ms_per_image"] / by[ref][k]["cpu_ms_per_image"]
+                            for k in rounds
+                        ]
+                    )
+                )
+            lines.append(
+                f"| {job} | {b} | {_common.fmt(ips)} | {_common.fmt(cpu, digits=3)} | "
+                f"{ratio_ips} | {ratio_cpu} |"
+            )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    if _common.child_entry(sys.argv, child):
+        return
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument(
+        "--build",
+        action="append",
+        required=True,
+        metavar="NAME=PYTHON",
+        help="a build: its name and the interpreter it is installed in (twice or more)",
+    )
+    p.add_argument("--rounds", type=int, default=8, help="turns each build takes (default 8)")
+    p.add_argument("--jobs", default="train", help="subset of train,exact")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--n", type=int, default=1000, help="JPEGs (default 1000)")
+    p.add_argument("--epochs", type=int, default=2, help="timed epochs per run")
+    p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=600.0, help="per run, seconds")
+    p.add_argument("--out", default="bench-results/build_ab")
+    p.add_argument("--name", default="build_ab")
+    args = p.parse_args()
+
+    builds: dict[str, str] = {}
+    for b in args.build:
+        name, sep, python = b.partition("=")
+        if not sep or not name or not python:
+            p.error(f"--build {b!r}: expected NAME=PYTHON")
+        builds[name] = python
+    if len(builds) < 2:
+        p.error("give two builds or more")
+    for e in args.env:
+        name, sep, value = e.partition("=")
+        if not sep:
+            p.error(f"--env {e!r}: expected NAME=VALUE")
+        os.environ[name] = value
+    jobs = args.jobs.split(",")
+
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(dir="/dev/shm", prefix="ff-build-ab-") as work:
+        folder = os.path.join(work, "images")
+        _, data = _common.make_jpegs(folder, args.n, args.seed, varied=True, folders=True)
+        names = list(builds)
+        for r in range(args.rounds):
+            order = names[r % len(names) :] + names[: r % len(names)]
+            for job in jobs:
+                for b in order:
+                    spec = {
+                        "folder": folder,
+                        "job": job,
+                        "threads": args.threads,
+                        "batch_size": args.batch_size,
+                        "epochs": args.epochs,
+                    }
+                    res = _common.run_fresh(__file__, spec, work, args.timeout, python=builds[b])
+                    res.update(build=b, job=job, round=r)
+                    runs.append(res)
+                    print(
+                        f"round {r} {job:5s} {b:>12s}: {res['images_per_s']:7,.0f} images/s, "
+                        f"{res['cpu_ms_per_image']:.3f} CPU ms/image",
+                        flush=True,
+                    )
+
+    table = summarize(runs, names, jobs)
+    print(table)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    info = {b: next(r["build_info"] for r in runs if r["build"] == b) for b in names}
+    (out / f"{args.name}.json").write_text(
+        json.dumps(
+            {
+                "machine": {
+                    "cpu": cpu_model(),
+                    "cores": os.cpu_count(),
+                    "platform": platform.platform(),
+                },
+                "args": vars(args),
+                "data": data,
+                "builds": {b: {"python": builds[b], "build_info": info[b]} for b in names},
+                "runs": runs,
+                "median_ratios": {
+                    job: {
+                        b: statistics.median(
+                            rb["images_per_s"] / ra["images_per_s"]
+                            for ra in runs
+                            for rb in runs
+                            if ra["job"] == rb["job"] == job
+                            and ra["round"] == rb["round"]
+                            and ra["build"] == names[0]
+                            and rb["build"] == b
+                        )
+                        for b in names[1:]
+                    }
+                    for job in jobs
+                },
+            },
+            indent=1,
+        )
+    )
+    (out / f"{args.name}.md").write_text(table + "\n")
+
+
+if __name__ == "__main__":
+    main()
