@@ -159,6 +159,33 @@ def test_ci_runs_the_readmes_quick_start_commands() -> None:
         )
 
 
+def test_readme_states_the_measured_time_of_each_command() -> None:
+    # Each quick-start command says how long it takes; the figures are the latest
+    # benches/fresh_clone.py run's, whose machine and date the text beside them names.
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```bash\n(.*?)```", section, re.DOTALL)
+    assert block, "README's Quick start has no ```bash block"
+    measured = json.loads(
+        (REPO_ROOT / "benches" / "results" / "fresh_clone.json").read_text(encoding="utf-8")
+    )
+    for target in ("demo", "test"):
+        line = next(
+            (ln for ln in block.group(1).splitlines() if ln.startswith(f"make {target} ")), None
+        )
+        assert line is not None, f"README's quick start has no 'make {target}' line"
+        stated = re.search(r"\((\d+\.\d) min\)\s*$", line)
+        assert stated, f"README's 'make {target}' line ends without its time (N.N min): {line!r}"
+        minutes = measured["targets"][target]["wall_s"] / 60
+        assert float(stated.group(1)) == round(minutes, 1), (
+            f"README says make {target} takes {stated.group(1)} min; "
+            f"benches/results/fresh_clone.json measured {minutes:.1f}"
+        )
+    prose = " ".join(section.split())
+    for fact in (measured["cpu"], f"{measured['cores']} vCPUs", measured["date"]):
+        assert str(fact) in prose, f"README's quick start does not name {fact!r}"
+
+
 @pytest.mark.parametrize("output", ["torch", "jax"])
 def test_python_dataloader_without_its_framework_says_so_at_construction(output: str) -> None:
     code = f"""
