@@ -150,6 +150,51 @@ def test_numpy_shares_memory(dtype: str) -> None:
     assert ferrofeed.to_numpy(t)[1, 2] == 7
 
 
+@pytest.mark.parametrize("dtype", [d for d in DTYPES if d != "bfloat16"])
+def test_numpy_array_protocol_views_and_copies_as_numpy_2_says(dtype: str) -> None:
+    t = ferrofeed.zeros((3, 5), dtype, pool=pool())
+    view = np.asarray(t)  # not a 0-d object array: a view of the same memory
+    assert isinstance(view, np.ndarray)
+    assert view.dtype == np.dtype(dtype)
+    assert view.shape == (3, 5)
+    assert view.ctypes.data == t.data_ptr
+    view[2, 4] = 3
+    assert np.asarray(t)[2, 4] == 3
+    assert np.asarray(t, copy=False).ctypes.data == t.data_ptr
+    assert np.asarray(t, dtype=dtype, copy=False).ctypes.data == t.data_ptr
+    # np.array copies by default, as copy=True does: a buffer of its own, the same values.
+    for copied in (np.array(t), np.asarray(t, copy=True)):
+        assert copied.ctypes.data != t.data_ptr
+        assert copied[2, 4] == 3
+        copied[0, 0] = 1
+        assert view[0, 0] == 0
+    # Another dtype is a conversion: a copy, which copy=False forbids.
+    other = "float64" if dtype != "float64" else "float32"
+    converted = np.asarray(t, dtype=other)
+    assert converted.dtype == np.dtype(other)
+    assert converted[2, 4] == 3
+    assert converted.ctypes.data != t.data_ptr
+    with pytest.raises(ValueError, match="copy"):
+        np.asarray(t, dtype=other, copy=False)
+    # Views keep the buffer alive after the tensor is gone.
+    del t
+    assert view[2, 4] == 3
+
+
+def test_numpy_array_protocol_refuses_bfloat16_clearly() -> None:
+    t = ferrofeed.zeros((2,), "bfloat16", pool=pool())
+    with pytest.raises(TypeError, match="NumPy has no bfloat16"):
+        np.asarray(t)
+
+
+def test_numpy_array_protocol_in_numpy_functions() -> None:
+    t = ferrofeed.zeros((4,), "int32", pool=pool())
+    np.asarray(t)[:] = [1, 2, 3, 4]
+    assert np.sum(t) == 10
+    assert np.stack([t, t]).shape == (2, 4)
+    assert (np.asarray(t) == np.arange(1, 5)).all()
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_torch_shares_memory(dtype: str) -> None:
     t = ferrofeed.zeros((4, 2, 3), dtype, pool=pool())

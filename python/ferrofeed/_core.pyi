@@ -745,6 +745,25 @@ class Tensor:
         """``(device_type, device_id)``: ``(1, 0)``, kDLCPU."""
     def numpy(self) -> npt.NDArray[np.generic]:
         """A NumPy array viewing the same memory (imports NumPy)."""
+    def __array__(
+        self, dtype: npt.DTypeLike | None = None, copy: bool | None = None
+    ) -> npt.NDArray[Any]:
+        """NumPy's array protocol: ``np.asarray(t)`` views the same memory.
+
+        NumPy 2's ``copy``: None copies only to convert to ``dtype``, True always copies,
+        False never does (a ValueError when ``dtype`` would need a copy). ``np.array(t)``
+        copies, as it does for any array.
+
+        Example:
+            >>> import numpy as np
+            >>> import ferrofeed
+            >>> t = ferrofeed.zeros((2, 3), "uint8", pool=ferrofeed.BufferPool(1, pinned=False))
+            >>> a = np.asarray(t)
+            >>> a.ctypes.data == t.data_ptr, a.shape, a.dtype
+            (True, (2, 3), dtype('uint8'))
+            >>> np.asarray(t, dtype="float32").dtype
+            dtype('float32')
+        """
 
 @final
 class BufferPool:

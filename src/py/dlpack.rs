@@ -18,7 +18,7 @@ use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyInt, PyTuple};
+use pyo3::types::{PyDict, PyInt, PyTuple};
 
 use crate::dlpack::{
     delete_managed_legacy, delete_managed_versioned, device_name, DLDevice, DLDeviceType,
@@ -163,6 +163,15 @@ fn numpy_from_dlpack(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
         .map(|f| f.bind(py))
 }
 
+fn numpy_asarray(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
+    static ASARRAY: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    ASARRAY
+        .get_or_try_init(py, || {
+            Ok::<_, PyErr>(py.import("numpy")?.getattr("asarray")?.unbind())
+        })
+        .map(|f| f.bind(py))
+}
+
 #[pymethods]
 impl PyTensor {
     /// Extents.
@@ -259,6 +268,30 @@ impl PyTensor {
     fn numpy<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
         let py = slf.py();
         numpy_from_dlpack(py)?.call1((slf,))
+    }
+
+    /// `NumPy`'s array protocol (`np.asarray(t)`, `np.array(t)`): a view of the
+    /// same memory where `NumPy` allows one, with `NumPy` 2's `copy`: None copies only
+    /// to convert to `dtype`, True always, False never (a `ValueError` when `dtype`
+    /// would need one).
+    #[pyo3(signature = (dtype=None, copy=None))]
+    fn __array__<'py>(
+        slf: &Bound<'py, Self>,
+        dtype: Option<&Bound<'py, PyAny>>,
+        copy: Option<bool>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        if slf.get().inner.desc().dtype == DType::BF16 {
+            return Err(PyTypeError::new_err(
+                "a bfloat16 tensor has no NumPy array (NumPy has no bfloat16): take it with \
+                 torch.from_dlpack(t) or ferrofeed.to_jax(t)",
+            ));
+        }
+        let view = numpy_from_dlpack(py)?.call1((slf,))?;
+        let kwargs = PyDict::new(py);
+        kwargs.set_item("dtype", dtype)?;
+        kwargs.set_item("copy", copy)?;
+        numpy_asarray(py)?.call((view,), Some(&kwargs))
     }
 
     fn __repr__(&self) -> String {
