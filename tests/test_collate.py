@@ -19,7 +19,7 @@ import ferrofeed
 import numpy as np
 import pytest
 from ferrofeed import DataLoader, default_collate
-from ferrofeed._collate import collating_into, describe_entries
+from ferrofeed._collate import _dlpack_only, collating_into, describe_entries
 
 POOLED = ("uint8", "int32", "int64", "float16", "float32")
 PACKAGE = Path(ferrofeed.__file__).parent
@@ -40,7 +40,15 @@ def raised(exc_type: type[BaseException], samples: list[Any]) -> Any:
     with pytest.raises(exc_type) as info:
         default_collate(samples)
     exc = info.value
-    assert str(exc).strip("'\"").startswith("default_collate: ")
+    # A ferrofeed error that is also the standard one (except FerrofeedError catches it).
+    typed = {
+        TypeError: ferrofeed.CollateTypeError,
+        ValueError: ferrofeed.CollateValueError,
+        KeyError: ferrofeed.CollateKeyError,
+    }[exc_type]
+    assert type(exc) is typed
+    assert isinstance(exc, ferrofeed.CollateError)
+    assert str(exc).startswith("default_collate: ")
     assert isinstance(exc.path, str)  # type: ignore[attr-defined]
     assert isinstance(exc.entries, tuple)  # type: ignore[attr-defined]
     assert exc.entries == tuple(sorted(set(exc.entries)))  # type: ignore[attr-defined]
@@ -195,7 +203,7 @@ def test_collate_stacks_ferrofeed_tensors(dtype: str) -> None:
         t = ferrofeed.zeros((2, 3), dtype)
         np.from_dlpack(t)[...] = i + 1  # the pooled buffer is writable through DLPack
         tensors.append(t)
-    assert not hasattr(tensors[0], "__array__")  # taken by DLPack, not __array__
+    assert _dlpack_only(tensors[0])  # taken by DLPack (its __array__ is a view too)
     batch = default_collate(tensors)
     assert isinstance(batch, np.ndarray)
     assert batch.dtype == np.dtype(dtype)
@@ -393,7 +401,7 @@ def test_ragged_and_incompatible_leaves() -> None:
 
 
 def test_empty_batch() -> None:
-    with pytest.raises(ValueError, match="no samples"):
+    with pytest.raises(ferrofeed.CollateValueError, match="no samples"):
         default_collate([])
 
 
@@ -401,7 +409,7 @@ def test_collate_errors_pickle_with_their_attributes() -> None:
     # A worker process sends its collate error to the main process pickled.
     exc = raised(ValueError, [{"x": np.zeros(1)}, {"x": np.zeros(2)}])
     back = pickle.loads(pickle.dumps(exc))
-    assert type(back) is ValueError
+    assert type(back) is ferrofeed.CollateValueError
     assert str(back) == str(exc)
     assert back.path == "sample['x']"
     assert back.entries == (0, 1)
@@ -426,6 +434,7 @@ def test_loader_collate_errors_explain_themselves() -> None:
         with pytest.raises(ValueError, match=r"sample\['x'\]: shapes differ") as info:
             list(DataLoader(data, 4, timeout=60, **kw))  # type: ignore[arg-type]
         assert "(5,) at entry 2" in str(info.value), kw
+        assert isinstance(info.value, ferrofeed.CollateValueError), kw
 
 
 # --------------------------------------------------------------------------------------
@@ -529,6 +538,7 @@ def test_workers_do_not_import_the_loader() -> None:
 
 
 def test_collate_and_slot_writer_modules_stand_alone() -> None:
-    assert _imports_of("_collate") <= {"_core"}
+    assert _imports_of("_collate") <= {"_core", "_errors"}
+    assert _imports_of("_errors") == set()
     assert _imports_of("_slot_writer") == set()
     assert ferrofeed.default_collate is default_collate

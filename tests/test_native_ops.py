@@ -165,7 +165,32 @@ def test_collate_refuses_mixed_shapes(tmp_path: Path) -> None:
     p = PipelineBuilder().add_source(paths).pipe(ops.decode_image()).pipe(ops.collate(6))
     with pytest.raises(PipelineError) as info:
         list(p.add_sink().build())
-    assert "size= or crop=" in str(info.value.exceptions[0])
+    (inner,) = info.value.exceptions
+    assert "size= or crop=" in str(inner)
+    assert isinstance(inner, ferrofeed.CollateValueError)
+    assert isinstance(inner, ValueError)
+    assert isinstance(inner, ferrofeed.FerrofeedError)
+
+
+def test_collate_errors_are_ferrofeed_errors_of_the_standard_types(tmp_path: Path) -> None:
+    paths = write_jpegs(tmp_path, 4)
+    decode = ops.decode_image(resize_shorter=32, crop=32)
+    # Labels on some images of the batch only.
+    items = [(p, 1) if k % 2 else p for k, p in enumerate(paths)]
+    p = PipelineBuilder().add_source(items).pipe(decode).pipe(ops.collate(4)).add_sink()
+    with pytest.raises(PipelineError) as info:
+        list(p.build())
+    (inner,) = info.value.exceptions
+    assert isinstance(inner, ferrofeed.CollateValueError)
+    assert "some images have a label and some do not" in str(inner)
+    # Items that are not decoded images.
+    p = PipelineBuilder().add_source([b"x", b"y"]).pipe(ops.collate(2)).add_sink()
+    with pytest.raises(PipelineError) as info:
+        list(p.build())
+    (inner,) = info.value.exceptions
+    assert isinstance(inner, ferrofeed.CollateTypeError)
+    assert isinstance(inner, TypeError)
+    assert "ops.collate() takes decoded images" in str(inner)
 
 
 def test_random_crops_do_not_depend_on_thread_timing(tmp_path: Path) -> None:

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NoReturn, TypeVar
 
 from . import _core
+from ._errors import CollateError, CollateKeyError, CollateTypeError, CollateValueError
 
 __all__ = ["collating_into", "default_collate", "describe_entries"]
 
@@ -54,7 +55,7 @@ _MAX_GROUPS = 4
 # sequence, ("attr", name) for a named tuple's field. Rendered only for an error.
 _Path = tuple[tuple[str, Any], ...]
 
-_E = TypeVar("_E", bound=BaseException)
+_E = TypeVar("_E", bound=CollateError)
 
 
 @contextlib.contextmanager
@@ -105,17 +106,19 @@ def default_collate(samples: Sequence[Any]) -> Any:
         strings) at each leaf.
 
     Raises:
-        TypeError: a field of a type that cannot be collated (``None``, an arbitrary
-            object), as PyTorch's ``default_collate`` does (pass your own ``collate`` for
-            those); or entries whose types disagree at one field (an int beside a str, a
-            dict beside a list), or dtypes that do not combine.
-        ValueError: arrays of different shapes at one field, sequences of different
-            lengths, or no samples at all.
-        KeyError: a dict sample without a key that the first sample has.
+        CollateTypeError: (a `TypeError`) a field of a type that cannot be collated
+            (``None``, an arbitrary object), as PyTorch's ``default_collate`` does (pass
+            your own ``collate`` for those); or entries whose types disagree at one field
+            (an int beside a str, a dict beside a list), or dtypes that do not combine.
+        CollateValueError: (a `ValueError`) arrays of different shapes at one field,
+            sequences of different lengths, or no samples at all.
+        CollateKeyError: (a `KeyError`) a dict sample without a key that the first sample
+            has.
 
-        Each of these (but the empty batch) names the field path, what disagrees and the
-        batch entries, and has the attributes ``path`` (a str, e.g. ``"sample['image']"``)
-        and ``entries`` (a tuple of the batch positions it names); see `describe_entries`.
+        All three are `CollateError`, and so `FerrofeedError`. Each (but the empty batch)
+        names the field path, what disagrees and the batch entries, and has the attributes
+        ``path`` (a str, e.g. ``"sample['image']"``) and ``entries`` (a tuple of the batch
+        positions it names); see `describe_entries`.
 
     Example:
         >>> batch = default_collate([{"x": [1.0, 2.0], "y": 0}, {"x": [3.0, 4.0], "y": 1}])
@@ -131,7 +134,7 @@ def default_collate(samples: Sequence[Any]) -> Any:
         sample['x'] (0, 1)
     """
     if len(samples) == 0:
-        raise ValueError("default_collate: no samples to collate (an empty batch)")
+        raise CollateValueError("default_collate: no samples to collate (an empty batch)")
     return _collate(samples, ())
 
 
@@ -217,7 +220,7 @@ def _collate(samples: Sequence[Any], path: _Path) -> Any:
 
 
 def _dlpack_only(x: Any) -> bool:
-    """Whether ``x`` is an array to take by DLPack (a ferrofeed Tensor has no __array__)."""
+    """Whether ``x`` is an array to take by DLPack (a ferrofeed Tensor is, straight)."""
     return isinstance(x, _Tensor) or (hasattr(x, "__dlpack__") and not hasattr(x, "__array__"))
 
 
@@ -279,7 +282,9 @@ def _checked_arrays(samples: Sequence[Any], path: _Path) -> list[Any]:
         try:
             arrays.append(np.from_dlpack(s) if _dlpack_only(s) else np.asarray(s))
         except Exception as e:
-            cls = ValueError if isinstance(e, ValueError) else TypeError
+            cls: type[CollateError] = (
+                CollateValueError if isinstance(e, ValueError) else CollateTypeError
+            )
             hint = ""
             if isinstance(s, _Tensor) and s.dtype == "bfloat16":
                 hint = " (NumPy has no bfloat16: pass collate= to batch these your own way)"
@@ -296,13 +301,15 @@ def _checked_arrays(samples: Sequence[Any], path: _Path) -> list[Any]:
     shapes = [a.shape for a in arrays]
     if len(set(shapes)) > 1:
         text, entries = _groups([str(shape) for shape in shapes])
-        raise _error(ValueError, f"cannot stack {where}: shapes differ: {text}", where, entries)
+        raise _error(
+            CollateValueError, f"cannot stack {where}: shapes differ: {text}", where, entries
+        )
     try:
         np.result_type(*arrays)
     except TypeError:
         text, entries = _groups([str(a.dtype) for a in arrays])
         raise _error(
-            TypeError, f"cannot stack {where}: dtypes do not combine: {text}", where, entries
+            CollateTypeError, f"cannot stack {where}: dtypes do not combine: {text}", where, entries
         ) from None
     return arrays
 
@@ -317,7 +324,7 @@ def _mapping_error(samples: Sequence[Any], path: _Path) -> BaseException | None:
             text = _entries_text(missing)
             shown = _shown(missing)
             return _error(
-                KeyError,
+                CollateKeyError,
                 f"{where} has no key {key!r} at {text} (entry 0 has it)",
                 where,
                 [0, *shown],
@@ -331,18 +338,18 @@ def _sequence_error(samples: Sequence[Any], path: _Path) -> BaseException:
     where = _render(path)
     text, entries = _groups([str(len(s)) for s in samples])
     return _error(
-        ValueError,
+        CollateValueError,
         f"the sequences at {where} must have the same length in one batch, not: {text}",
         where,
         entries,
     )
 
 
-def _unsupported_error(samples: Sequence[Any], path: _Path) -> TypeError:
+def _unsupported_error(samples: Sequence[Any], path: _Path) -> CollateTypeError:
     where = _render(path)
     text, entries = _groups([_type_name(s) for s in samples])
     return _error(
-        TypeError,
+        CollateTypeError,
         f"cannot collate {where}: {text}; samples must be arrays, numbers, strings, dicts or "
         "sequences of these (pass collate= to batch them your own way)",
         where,
@@ -352,14 +359,14 @@ def _unsupported_error(samples: Sequence[Any], path: _Path) -> TypeError:
 
 def _mixed_types_error(
     samples: Sequence[Any], path: _Path, arrays: Sequence[Any] | None = None
-) -> TypeError:
+) -> CollateTypeError:
     where = _render(path)
     if arrays is None:
         labels = [_type_name(s) for s in samples]
     else:
         labels = [_leaf_label(s, a) for s, a in zip(samples, arrays, strict=True)]
     text, entries = _groups(labels)
-    return _error(TypeError, f"{where} mixes types: {text}", where, entries)
+    return _error(CollateTypeError, f"{where} mixes types: {text}", where, entries)
 
 
 def _error(cls: type[_E], message: str, where: str, entries: Sequence[int]) -> _E:

@@ -21,6 +21,10 @@ __all__ = [
     "ArenaNotFoundError",
     "ArenaTimeoutError",
     "BufferAllocationError",
+    "CollateError",
+    "CollateKeyError",
+    "CollateTypeError",
+    "CollateValueError",
     "DLPackError",
     "FerrofeedError",
     "ImageDecodeError",
@@ -196,6 +200,42 @@ class TooManyFailuresError(FerrofeedError, RuntimeError):
     Also raised by a `DataLoader` epoch in which every sample failed (it would otherwise
     yield no batch at all). The failures are listed in ``loader.stats()["skipped"]``.
     """
+
+
+class CollateError(FerrofeedError):
+    """The samples of a batch cannot be collated into one.
+
+    Raised, as one of the subclasses below, by `default_collate` (and so by a `DataLoader`
+    that collates with it) and by the native chain's collate (``ops.collate()``, or a
+    `DataLoader` with ``transform=ops.decode_image(...)``). Each subclass is also the
+    standard error of the same meaning, so ``except ValueError`` keeps working. Those of
+    `default_collate` name the field path and the batch entries that disagree, with the
+    attributes ``path`` (e.g. ``"sample['image']"``) and ``entries`` (the batch positions
+    named; see `describe_entries`).
+    """
+
+
+class CollateTypeError(CollateError, TypeError):
+    """A field of a type that cannot be collated, or whose types or dtypes disagree.
+
+    Also raised for items the native collate does not take (not decoded images).
+    """
+
+
+class CollateValueError(CollateError, ValueError):
+    """Entries that do not fit together, or no entries at all.
+
+    Arrays or images of different shapes at one field, sequences of different lengths,
+    labels on some images of a batch only, or an empty batch.
+    """
+
+
+class CollateKeyError(CollateError, KeyError):
+    """A dict sample lacks a key that the batch's first sample has."""
+
+    def __str__(self) -> str:
+        # The message as it is (KeyError's own str() would quote it, as it does a key).
+        return str(self.args[0]) if self.args else ""
 
 
 class ShardError(FerrofeedError):

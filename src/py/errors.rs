@@ -53,6 +53,8 @@ exception_classes! {
     shard_field => "ShardFieldError",
     shard_not_found => "ShardNotFoundError",
     shard_denied => "ShardPermissionError",
+    collate_type => "CollateTypeError",
+    collate_value => "CollateValueError",
 }
 
 /// Builds an exception of `cls` whose `str()` is `msg`; for `OSError`
@@ -83,6 +85,20 @@ fn make(
 #[cold]
 pub(crate) fn closed_error(py: Python<'_>, path: &str) -> PyErr {
     make(closed(py), &format!("arena {path:?} is closed"), None, None)
+}
+
+/// A `CollateValueError` with the given message: the items of a batch do not
+/// collate (images of different shapes, labels on some only).
+#[cold]
+pub(crate) fn collate_value_error(py: Python<'_>, msg: &str) -> PyErr {
+    make(collate_value(py), msg, None, None)
+}
+
+/// A `CollateTypeError` with the given message: an item that the native
+/// collate does not take.
+#[cold]
+pub(crate) fn collate_type_error(py: Python<'_>, msg: &str) -> PyErr {
+    make(collate_type(py), msg, None, None)
 }
 
 /// An `ArenaCorruptError` with the given message.

@@ -11,6 +11,7 @@ use pyo3::exceptions::{PyOSError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
 use super::cpu::PyLanes;
+use super::errors;
 use super::pipeline::{Item, OpConfig, PerEpochFn, PyNativeOp};
 use super::spec::{PyBatchLayout, PyImageSpec};
 use super::staging::PyBufferPool;
@@ -177,11 +178,12 @@ fn collate(pool: &BufferPool, layout: Layout, items: Vec<Item>) -> PyResult<Item
                 images.push((image, name));
             }
             other => {
-                return Err(wrong_item(
-                    "collate",
-                    "decoded images (ops.decode_image())",
-                    &other,
-                ))
+                let msg = format!(
+                    "ops.collate() takes decoded images (ops.decode_image()), or (item, \
+                     label) pairs; got {}",
+                    other.kind()
+                );
+                return Err(Python::attach(|py| errors::collate_type_error(py, &msg)));
             }
         }
     }
@@ -190,11 +192,12 @@ fn collate(pool: &BufferPool, layout: Layout, items: Vec<Item>) -> PyResult<Item
         .iter()
         .find(|(i, _)| (i.height, i.width, i.channels) != (h, w, c))
     {
-        return Err(PyValueError::new_err(format!(
+        let msg = format!(
             "cannot collate {name:?} ({}x{}x{}) with images of {h}x{w}x{c}: give \
              ops.decode_image() a size= or crop= so that all images have one shape",
             img.height, img.width, img.channels
-        )));
+        );
+        return Err(Python::attach(|py| errors::collate_value_error(py, &msg)));
     }
     let mut tensor = Tensor::empty(pool, &layout.shape(n, (h, w, c)), dtype_of(layout))?;
     let slot_len = layout.slot_len((h, w, c));
@@ -208,9 +211,12 @@ fn collate(pool: &BufferPool, layout: Layout, items: Vec<Item>) -> PyResult<Item
         0 => None,
         k if k == n => Some(label_tensor(pool, &labels)?),
         _ => {
-            return Err(PyValueError::new_err(
-                "some images of the batch have a label and some do not",
-            ))
+            return Err(Python::attach(|py| {
+                errors::collate_value_error(
+                    py,
+                    "cannot collate a batch in which some images have a label and some do not",
+                )
+            }))
         }
     };
     Ok(Item::Batch {
