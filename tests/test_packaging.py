@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import platform
 import re
 import shlex
+import shutil
+import subprocess
 import tomllib
 from pathlib import Path
 
@@ -157,6 +160,50 @@ def test_ci_runs_the_readmes_quick_start_commands() -> None:
         assert any(line[: len(words)] == words for line in ci_lines), (
             f"the README's {command!r} is not run by .ci/run"
         )
+
+
+def _make_dry_run(*args: str) -> str:
+    """What ``make -n -B ARGS`` would run (every recipe, whatever is built already)."""
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    proc = subprocess.run(
+        ["make", "-n", "-B", *args], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+    )
+    return proc.stdout
+
+
+def test_make_builds_once_for_demo_and_test_and_the_release_wheel_twice() -> None:
+    # demo and test: one extension, the fast profile, the system linker; cargo test with the
+    # same profile (so it reuses the wheel's dependencies).
+    for goal in ("demo", "test"):
+        run = _make_dry_run(goal)
+        builds = [ln for ln in run.splitlines() if "maturin build" in ln]
+        assert len(builds) == 1, builds
+        assert "--profile fast" in builds[0], builds
+        assert "--zig" not in builds[0], builds
+    assert "cargo test --profile fast\n" in _make_dry_run("test-rust")
+    # The release wheel: zig, release (fat LTO) and, on x86_64, the x86-64-v3 build too; the
+    # benchmark targets install it by default.
+    for args in (("install", "BUILD=release"), ("bench-scaling",), ("compare",)):
+        builds = [ln for ln in _make_dry_run(*args).splitlines() if "maturin build" in ln]
+        assert builds, args
+        assert all("--release" in b for b in builds), (args, builds)
+        assert all("--zig" in b for b in builds), (args, builds)
+        if platform.machine() == "x86_64":
+            assert any("target-cpu=x86-64-v3" in b for b in builds), (args, builds)
+
+
+def test_make_test_leaves_the_slow_tier_to_make_test_slow() -> None:
+    test = _make_dry_run("test")
+    slow = _make_dry_run("test-slow")
+    assert '-m "not slow"' in test
+    assert "-m slow" not in test
+    assert "-m slow" in slow
+    assert "--no-default-features image" in slow
+    assert "--no-default-features" not in test
+    every = _make_dry_run("test-all")
+    assert '-m "not slow"' in every
+    assert "-m slow" in every
 
 
 def test_readme_states_the_measured_time_of_each_command() -> None:
