@@ -759,6 +759,17 @@ def test_construction_errors(data: Dataset) -> None:
     files = data.indexed()
     with pytest.raises(ValueError, match="batch size"):
         DataLoader(files, batch_size=4, collate=ops.collate(5))
+    # A pipeline's collate sizes its own buffers; a DataLoader has its own: refused, not
+    # ignored. The defaults, given or not, are what a DataLoader takes.
+    for kw, shown in (
+        ({"max_batches": 4}, r"max_batches=4, timeout=60\.0"),
+        ({"timeout": None}, "max_batches=16, timeout=None"),
+        ({"timeout": 5.0}, r"timeout=5\.0"),
+    ):
+        with pytest.raises(ValueError, match=shown) as info:
+            DataLoader(files, batch_size=4, collate=ops.collate(**kw))  # type: ignore[arg-type]
+        assert "leave them out" in str(info.value)
+    DataLoader(files, batch_size=4, collate=ops.collate(max_batches=16, timeout=60.0))
     with pytest.raises(TypeError, match="Python collate"):
         DataLoader(files, batch_size=4, collate=default_collate)
     with pytest.raises(TypeError, match="Python collate"):

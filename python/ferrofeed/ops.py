@@ -132,7 +132,9 @@ def collate(
     `PoolExhaustedError`.
 
     In a `DataLoader`, leave ``batch_size`` out: the loader's own is used (give it, and it
-    must match). A pipeline needs it.
+    must match). A pipeline needs it. Leave ``max_batches`` and ``timeout`` out there too:
+    a `DataLoader` has batch buffers of its own (as many batches in flight as its threads
+    need, plus ``prefetch``; its ``timeout`` bounds a stuck batch), and refuses them.
 
     ``layout``, ``dtype`` and ``normalize`` become one `BatchLayout`, shown as ``.layout``;
     the group size is ``.group_size`` and ``drop_last`` is ``.drop_last``.

@@ -120,13 +120,19 @@ fn _op_decode_image(spec: &PyImageSpec, seed: Option<u64>) -> PyNativeOp {
     PyNativeOp::per_epoch("decode_image", true, make).with_config(config)
 }
 
+/// `ops.collate`'s default `max_batches` (its pool holds twice as many buffers).
+const COLLATE_MAX_BATCHES: usize = 16;
+/// `ops.collate`'s default `timeout`, in seconds.
+const COLLATE_TIMEOUT_S: f64 = 60.0;
+
 /// `ops.collate(batch_size, ...)`: groups images into one batch tensor
 /// (and their labels into an int64 tensor), from a bounded buffer pool.
 /// Without a batch size (group size 0) it only says how to lay a batch out,
 /// for a `DataLoader`, which brings its own batch size; a pipeline refuses it.
 #[pyfunction]
 #[pyo3(signature = (
-    batch_size=None, /, *, layout=None, drop_last=false, max_batches=16, timeout=Some(60.0)
+    batch_size=None, /, *, layout=None, drop_last=false, max_batches=COLLATE_MAX_BATCHES,
+    timeout=Some(COLLATE_TIMEOUT_S)
 ), text_signature = "(batch_size=None, /, *, layout=None, drop_last=False, max_batches=16, \
     timeout=60.0)")]
 fn _op_collate(
@@ -140,6 +146,10 @@ fn _op_collate(
         return Err(PyValueError::new_err("batch_size must be at least 1"));
     }
     let batch_size = batch_size.unwrap_or(0);
+    // (Compared by bits: the default is the one float the signature gives.)
+    let own_pool = (max_batches != COLLATE_MAX_BATCHES
+        || timeout.map(f64::to_bits) != Some(COLLATE_TIMEOUT_S.to_bits()))
+    .then_some((max_batches, timeout));
     let timeout = match timeout {
         None => None,
         Some(t) if t.is_finite() && t > 0.0 => Some(std::time::Duration::from_secs_f64(t)),
@@ -162,7 +172,7 @@ fn _op_collate(
         Arc::new(move |items: Vec<Item>| collate(&pool, layout, items));
     Ok(
         PyNativeOp::aggregate("collate", batch_size, drop_last, combine)
-            .with_config(OpConfig::Collate(layout)),
+            .with_config(OpConfig::Collate { layout, own_pool }),
     )
 }
 
@@ -475,7 +485,17 @@ fn _op_load_batch(
     }
     let layout = match collate.map(|c| (c.config(), c.grouping())) {
         None => Layout::default(),
-        Some((Some(OpConfig::Collate(layout)), Some((size, op_drop_last)))) => {
+        Some((Some(OpConfig::Collate { layout, own_pool }), Some((size, op_drop_last)))) => {
+            if let Some((max_batches, timeout)) = own_pool {
+                return Err(PyValueError::new_err(format!(
+                    "collate=ops.collate(max_batches={max_batches}, timeout={}) in a \
+                     DataLoader: those size a pipeline's own batch buffers and bound its wait \
+                     for one, and a DataLoader has buffers of its own (as many batches in \
+                     flight as its threads need, plus prefetch=; its timeout= bounds a stuck \
+                     batch): leave them out of ops.collate",
+                    timeout.map_or_else(|| "None".to_owned(), |t| format!("{t:?}"))
+                )));
+            }
             if size != 0 && size != batch_size {
                 return Err(PyValueError::new_err(format!(
                     "collate=ops.collate({size}, ...) but batch_size={batch_size}: give both \

@@ -17,8 +17,14 @@ pub(crate) enum OpConfig {
         spec: crate::image::spec::ImageSpec,
         seed: Option<u64>,
     },
-    /// `collate`: the layout and dtype of the batch.
-    Collate(crate::image::batch::Layout),
+    /// `collate`: the layout and dtype of the batch, and the `max_batches` and
+    /// `timeout` of its own buffer pool when either is not the default (a
+    /// pipeline's collate takes its batches from that pool; a `DataLoader` has
+    /// a pool of its own, so it refuses them).
+    Collate {
+        layout: crate::image::batch::Layout,
+        own_pool: Option<(usize, Option<f64>)>,
+    },
 }
 
 /// Makes a native op's function for a pipeline's epoch (see
@@ -93,7 +99,7 @@ impl PyNativeOp {
     #[getter]
     fn layout(&self) -> Option<crate::py::spec::PyBatchLayout> {
         match self.config {
-            Some(OpConfig::Collate(layout)) => Some(crate::py::spec::PyBatchLayout(layout)),
+            Some(OpConfig::Collate { layout, .. }) => Some(crate::py::spec::PyBatchLayout(layout)),
             _ => None,
         }
     }
