@@ -17,7 +17,7 @@ export PYO3_PYTHON := $(abspath $(PY))
 #   machine, optimised as release but without LTO (Cargo.toml's `fast` profile: parallel
 #   codegen), linked by the system's linker. It is about a third quicker to compile than the
 #   release build, and `make test-rust` runs `cargo test` with the same profile, so the
-#   tests reuse every dependency the wheel compiled. It costs 0-2% more CPU per image than
+#   tests reuse every dependency the wheel compiled. It costs 1-2% more CPU per image than
 #   the release build's portable extension (BENCHMARKS.md, "Build times").
 # - The release wheel (`make wheel`): manylinux2014 through zig, fat LTO, and on x86_64 a
 #   second extension for x86-64-v3 CPUs; what users install. `make install BUILD=release`
