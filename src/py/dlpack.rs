@@ -156,20 +156,12 @@ fn parse_stream(stream: Option<&Bound<'_, PyAny>>) -> PyResult<Option<i64>> {
 
 fn numpy_from_dlpack(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
     static FROM_DLPACK: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-    FROM_DLPACK
-        .get_or_try_init(py, || {
-            Ok::<_, PyErr>(py.import("numpy")?.getattr("from_dlpack")?.unbind())
-        })
-        .map(|f| f.bind(py))
+    FROM_DLPACK.import(py, "numpy", "from_dlpack")
 }
 
 fn numpy_asarray(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
     static ASARRAY: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-    ASARRAY
-        .get_or_try_init(py, || {
-            Ok::<_, PyErr>(py.import("numpy")?.getattr("asarray")?.unbind())
-        })
-        .map(|f| f.bind(py))
+    ASARRAY.import(py, "numpy", "asarray")
 }
 
 #[pymethods]
