@@ -42,7 +42,6 @@ RELEASE_TOOLS := $(BUILD_VENV)/.release-tools
 MATURIN_FLAGS ?= --release --compatibility manylinux2014 --zig
 # Each wheel is built once per tree: again only when one of its inputs changed (a second
 # venv, as .ci/run's, installs the same wheel).
-WHEEL_DIR := target/wheels
 WHEEL_STAMP := $(WHEEL_DIR)/.built
 LOCAL_WHEEL_DIR := target/local-wheel
 LOCAL_STAMP := $(LOCAL_WHEEL_DIR)/.built
@@ -190,8 +189,8 @@ test-rust-slow: build-deps ## The Rust image tests again, on the pure-Rust JPEG 
 # The test tiers: `make test` leaves out the pytest tests marked `slow` (the soak, multi-node
 # and object-storage suites, and the smoke runs of the benchmarks) and the Rust image tests
 # on zune-jpeg (test-rust-slow); `make test-slow` runs only those, `make test-all` everything
-# (CI does). Both run on PYTEST_WORKERS processes
-# (pytest-xdist; 0 or 1: in this process); PYTEST_ARGS adds options (e.g. -x, -k NAME).
+# (CI does). pytest runs on PYTEST_WORKERS processes (pytest-xdist; 0 or 1: in this one);
+# PYTEST_ARGS adds options (e.g. -x, -k NAME).
 PYTEST_WORKERS ?= 2
 PYTEST_ARGS ?=
 PYTEST := $(PY) -m pytest $(if $(filter-out 0 1,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS)) $(PYTEST_ARGS)

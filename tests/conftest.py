@@ -97,7 +97,7 @@ def _our_shm_files() -> set[str]:
 # The checks after each test collect the test's cyclic garbage first (an owner in a cycle
 # unlinks its file when collected). A full collection visits every object the process holds:
 # with torch and JAX imported, about 250,000 objects before the first test and more later,
-# 0.1 to 0.3 s a time, which made a third of the suite's time over its 2,200 tests. So after
+# 0.1 to 0.3 s a time, more than half of the suite's time over its 2,200 tests. So after
 # each collection the survivors are frozen (gc.freeze: the permanent generation, which the
 # collector does not visit), and the next test's collection visits only what was made since:
 # that test's objects. Once per module everything is unfrozen and collected in full, for what
