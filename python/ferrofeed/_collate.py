@@ -220,7 +220,7 @@ def _collate(samples: Sequence[Any], path: _Path) -> Any:
 
 
 def _dlpack_only(x: Any) -> bool:
-    """Whether ``x`` is an array to take by DLPack (a ferrofeed Tensor is, straight)."""
+    """Whether ``x`` is an array to take by DLPack (a ferrofeed Tensor always is)."""
     return isinstance(x, _Tensor) or (hasattr(x, "__dlpack__") and not hasattr(x, "__array__"))
 
 

@@ -68,10 +68,15 @@ fn read_path(path: &std::path::Path) -> PyResult<(Vec<u8>, String)> {
 
 #[cold]
 fn wrong_item(op: &str, wants: &str, item: &Item) -> PyErr {
-    PyTypeError::new_err(format!(
+    PyTypeError::new_err(wrong_item_text(op, wants, item))
+}
+
+/// What an op says of an item it does not take.
+fn wrong_item_text(op: &str, wants: &str, item: &Item) -> String {
+    format!(
         "ops.{op}() takes {wants}, or (item, label) pairs; got {}",
         item.kind()
-    ))
+    )
 }
 
 /// The seed of a file's random crop in `epoch` of a run seeded with `seed`:
@@ -188,11 +193,7 @@ fn collate(pool: &BufferPool, layout: Layout, items: Vec<Item>) -> PyResult<Item
                 images.push((image, name));
             }
             other => {
-                let msg = format!(
-                    "ops.collate() takes decoded images (ops.decode_image()), or (item, \
-                     label) pairs; got {}",
-                    other.kind()
-                );
+                let msg = wrong_item_text("collate", "decoded images (ops.decode_image())", &other);
                 return Err(Python::attach(|py| errors::collate_type_error(py, &msg)));
             }
         }
