@@ -75,6 +75,17 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def round_ratios(
+    runs: list[dict[str, Any]], job: str, build: str, ref: str, key: str
+) -> list[float]:
+    """``key`` of ``build`` over ``ref``'s, round by round (rounds both ran), for ``job``."""
+    by = {
+        b: {r["round"]: r[key] for r in runs if r["job"] == job and r["build"] == b}
+        for b in (build, ref)
+    }
+    return [by[build][k] / by[ref][k] for k in sorted(set(by[build]) & set(by[ref]))]
+
+
 def summarize(runs: list[dict[str, Any]], builds: list[str], jobs: list[str]) -> str:
     """The markdown table: per job and build, images/s, CPU ms per image, and the per-round
     ratios to the first build."""
@@ -85,33 +96,19 @@ def summarize(runs: list[dict[str, Any]], builds: list[str], jobs: list[str]) ->
         "|---|---|---:|---:|---:|---:|",
     ]
     for job in jobs:
-        by = {
-            b: {r["round"]: r for r in runs if r["job"] == job and r["build"] == b} for b in builds
-        }
         for b in builds:
-            rs = list(by[b].values())
+            rs = [r for r in runs if r["job"] == job and r["build"] == b]
             ips = _common.med_range([r["images_per_s"] for r in rs])
             cpu = _common.med_range([r["cpu_ms_per_image"] for r in rs])
-            if b == ref:
-                ratio_ips = ratio_cpu = "1"
-            else:
-                rounds = sorted(set(by[b]) & set(by[ref]))
-                ratio_ips = _common.fmt_ratio(
-                    _common.med_range(
-                        [by[b][k]["images_per_s"] / by[ref][k]["images_per_s"] for k in rounds]
-                    )
-                )
-                ratio_cpu = _common.fmt_ratio(
-                    _common.med_range(
-                        [
-                            by[b][k]["cpu_ms_per_image"] / by[ref][k]["cpu_ms_per_image"]
-                            for k in rounds
-                        ]
-                    )
-                )
+            ratios = [
+                "1"
+                if b == ref
+                else _common.fmt_ratio(_common.med_range(round_ratios(runs, job, b, ref, key)))
+                for key in ("images_per_s", "cpu_ms_per_image")
+            ]
             lines.append(
                 f"| {job} | {b} | {_common.fmt(ips)} | {_common.fmt(cpu, digits=3)} | "
-                f"{ratio_ips} | {ratio_cpu} |"
+                f"{ratios[0]} | {ratios[1]} |"
             )
     return "\n".join(lines)
 
@@ -199,15 +196,7 @@ def main() -> None:
                 "runs": runs,
                 "median_ratios": {
                     job: {
-                        b: statistics.median(
-                            rb["images_per_s"] / ra["images_per_s"]
-                            for ra in runs
-                            for rb in runs
-                            if ra["job"] == rb["job"] == job
-                            and ra["round"] == rb["round"]
-                            and ra["build"] == names[0]
-                            and rb["build"] == b
-                        )
+                        b: statistics.median(round_ratios(runs, job, b, names[0], "images_per_s"))
                         for b in names[1:]
                     }
                     for job in jobs
