@@ -14,7 +14,7 @@ time, which depends on the network).
 
 Results: ``--out`` gets the machine (CPU model, cores), the commit, and each target's wall
 seconds and CPU seconds (user + system of make and everything it ran); the README's quick
-start quotes these figures, and ``tests/test_readme.py`` checks that it quotes the latest.
+start quotes these figures, and ``tests/test_packaging.py`` checks that it quotes the latest.
 Each target's output goes to ``--logs``/fresh_clone-TARGET.log. Run it with nothing
 else running: the figures are the machine's, not a share of it.
 """
@@ -26,7 +26,6 @@ import datetime
 import json
 import os
 import platform
-import resource
 import shutil
 import subprocess
 import sys
@@ -36,15 +35,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _common import cpu_children
 from bench_machine import cpu_model
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def children_cpu() -> float:
-    """CPU seconds of this process's reaped children (and theirs)."""
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
 
 
 def run_target(commit: str, target: str, log: Path, timeout: float) -> dict[str, float | int]:
@@ -55,7 +49,7 @@ def run_target(commit: str, target: str, log: Path, timeout: float) -> dict[str,
         subprocess.run(["git", "clone", "-q", "--no-checkout", str(REPO), str(clone)], check=True)
         subprocess.run(["git", "-C", str(clone), "checkout", "-q", commit], check=True)
         env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
-        cpu0, t0 = children_cpu(), time.perf_counter()
+        cpu0, t0 = cpu_children(), time.perf_counter()
         with log.open("w") as f:
             proc = subprocess.run(
                 ["make", target],
@@ -66,7 +60,7 @@ def run_target(commit: str, target: str, log: Path, timeout: float) -> dict[str,
                 timeout=timeout,
                 check=False,
             )
-        wall, cpu = time.perf_counter() - t0, children_cpu() - cpu0
+        wall, cpu = time.perf_counter() - t0, cpu_children() - cpu0
         return {"wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "returncode": proc.returncode}
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -92,7 +86,6 @@ def main() -> None:
         "cpu": cpu_model(),
         "cores": os.cpu_count(),
         "machine": platform.platform(),
-        "targets": {},
     }
     targets: dict[str, object] = {}
     for target in args.targets.split(","):
