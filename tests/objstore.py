@@ -38,7 +38,7 @@ import tempfile
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -54,8 +54,10 @@ __all__ = [
     "Match",
     "S3Server",
     "free_port",
+    "python_http_server",
     "ranged_get",
     "server_threads",
+    "whole_get",
 ]
 
 HOST: Final = "127.0.0.1"
@@ -118,6 +120,36 @@ def free_port() -> int:
 def ranged_get(method: str, path: str, headers: Message) -> bool:
     """A ``Match`` for GET requests with a ``Range`` header (the reads of a shard's bytes)."""
     return method == "GET" and headers.get("Range") is not None
+
+
+def whole_get(method: str, path: str, headers: Message) -> bool:
+    """A ``Match`` for GET requests without a ``Range`` header."""
+    return method == "GET" and headers.get("Range") is None
+
+
+@contextlib.contextmanager
+def python_http_server(root: str | os.PathLike[str]) -> Iterator[str]:
+    """``python -m http.server`` serving ``root`` on 127.0.0.1 (it ignores ``Range``: every
+    GET is answered 200 with the whole file); yields its URL and stops it on exit.
+
+    Example::
+
+        with python_http_server(shard_dir) as url:
+            src = ferrofeed.TarShards(f"{url}/shard-0.tar")
+    """
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", HOST, "--directory", root],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        if not _wait_listening(port, time.monotonic() + 30, lambda: proc.poll() is None):
+            raise RuntimeError(f"python -m http.server did not start (exit {proc.poll()})")
+        yield f"http://{HOST}:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 def _wait_listening(port: int, deadline: float, alive: Callable[[], bool]) -> bool:
@@ -527,7 +559,8 @@ class _FileHandler(_Handler):
         with f:
             st = os.fstat(f.fileno())
             size = st.st_size
-            rng = _parse_range(self.headers["Range"], size) if "Range" in self.headers else None
+            asked = self.server.ranges and "Range" in self.headers
+            rng = _parse_range(self.headers["Range"], size) if asked else None
             if rng == "unsatisfiable":
                 self.send_response(416)
                 self.send_header("Content-Range", f"bytes */{size}")
@@ -544,7 +577,7 @@ class _FileHandler(_Handler):
             length = last - first + 1
             self.send_header("Content-Type", "application/octet-stream")
             self.send_header("Content-Length", str(length))
-            self.send_header("Accept-Ranges", "bytes")
+            self.send_header("Accept-Ranges", "bytes" if self.server.ranges else "none")
             self.send_header("Last-Modified", email.utils.formatdate(st.st_mtime, usegmt=True))
             if self.server.etag:
                 tag = f"{st.st_ino:x}-{st.st_size:x}-{st.st_mtime_ns:x}"
@@ -555,10 +588,11 @@ class _FileHandler(_Handler):
 
 
 class _FileServer(_Server):
-    def __init__(self, root: Path, etag: bool) -> None:
+    def __init__(self, root: Path, etag: bool, ranges: bool) -> None:
         super().__init__(_FileHandler, "HttpFileServer")
         self.root = root
         self.etag = etag
+        self.ranges = ranges
 
     def count(self, method: str, path: str, range_header: str | None) -> None:
         with self._lock:
@@ -610,7 +644,8 @@ class HttpFileServer(_Running):
 
     GET and HEAD; a single byte range (``bytes=a-b``, ``bytes=a-``, ``bytes=-n``) is answered
     206 with ``Content-Range``, an unsatisfiable one 416 (``Content-Range: bytes */SIZE``), any
-    other ``Range`` value is ignored (200, the whole file). Every file answer has
+    other ``Range`` value is ignored (200, the whole file), and with ``ranges=False`` every
+    ``Range`` is (as ``python -m http.server`` does). Every file answer has
     ``Content-Length``, ``Last-Modified`` and, unless ``etag=False``, an ``ETag`` that changes
     when the file does. A missing file or a directory is 404 (no listings); a path with
     ``..`` or leading out of ``root`` is 403. Connections are kept alive, each served by its
@@ -620,6 +655,7 @@ class HttpFileServer(_Running):
         root: the directory served as ``/``.
         etag: whether responses carry an ``ETag`` (object_store resumes an interrupted body
             only when they do).
+        ranges: whether a ``Range`` header is honoured (206) or ignored (200, the whole file).
 
     Example::
 
@@ -629,8 +665,10 @@ class HttpFileServer(_Running):
 
     _server: _FileServer
 
-    def __init__(self, root: str | os.PathLike[str], *, etag: bool = True) -> None:
-        self._server = _FileServer(Path(root).resolve(), etag)
+    def __init__(
+        self, root: str | os.PathLike[str], *, etag: bool = True, ranges: bool = True
+    ) -> None:
+        self._server = _FileServer(Path(root).resolve(), etag, ranges)
         self._server.start()
 
 

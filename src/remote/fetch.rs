@@ -7,9 +7,19 @@
 //! the same limits (`max_retries` times, `retry_timeout` from the part's
 //! first request), so a dropped connection costs the bytes not yet
 //! received, not the part, and never a sample.
+//!
+//! A server that answers a ranged GET with the whole object (200, not 206:
+//! `python -m http.server`, many plain web servers) is read with one GET of
+//! the whole body instead, streamed: the bytes before the range are skipped
+//! as they arrive, the request is dropped once the range is in, and a body
+//! that breaks off is asked for again from the start (the only way without
+//! ranges), within the same limits. The store is remembered for the rest of
+//! the process, so it is asked for a range once, not once per shard.
 
+use std::collections::HashSet;
 use std::mem::MaybeUninit;
 use std::ops::Range;
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -128,47 +138,78 @@ impl Object {
         // job's CPU): the parts write every byte, and the length is set only
         // once they all have.
         let mut buf: Vec<u8> = Vec::with_capacity(len);
-        let chunks = buf.spare_capacity_mut()[..len].chunks_mut(part);
-        let parts = chunks.enumerate().map(|(k, out)| async move {
-            let _permit = requests.acquire().await.map_err(|_| RemoteError::Failed {
-                url: self.url.url.clone(),
-                message: "the source was closed".into(),
-            })?;
-            self.part(store, range.start + (k * part) as u64, out, retry)
-                .await
-        });
-        futures_util::future::try_join_all(parts).await?;
-        // SAFETY: the chunks cover bytes 0..len of the buffer's capacity, and
-        // `part` returns Ok only once it has written every byte of its chunk
-        // (`done == out.len()`); all of them returned Ok, so 0..len is
+        let mut ranged = !ranges_refused(&self.url.store);
+        if ranged {
+            let chunks = buf.spare_capacity_mut()[..len].chunks_mut(part);
+            let parts = chunks.enumerate().map(|(k, out)| async move {
+                let _permit = self.permit(requests).await?;
+                self.part(store, range.start + (k * part) as u64, out, true, retry)
+                    .await
+            });
+            let served = futures_util::future::try_join_all(parts).await?;
+            if served.contains(&Served::RangesRefused) {
+                refuse_ranges(&self.url.store);
+                ranged = false;
+            }
+        }
+        if !ranged {
+            // One request for the whole range: parts would each download the
+            // object from its first byte.
+            let _permit = self.permit(requests).await?;
+            let out = &mut buf.spare_capacity_mut()[..len];
+            self.part(store, range.start, out, false, retry).await?;
+        }
+        // SAFETY: bytes 0..len of the buffer's capacity are covered either by
+        // the chunks of the ranged parts, all of which returned `Served::All`,
+        // or by the one unranged part, which returned Ok. `part` returns
+        // `Served::All` (the only Ok of an unranged part) only once it has
+        // written every byte of its slice (`done == out.len()`), so 0..len is
         // initialised. On an error the buffer is dropped with length 0.
         unsafe { buf.set_len(len) };
         Ok(Bytes::from(buf))
     }
 
+    /// A permit of `requests`, or the error of a closed source.
+    async fn permit<'s>(
+        &self,
+        requests: &'s tokio::sync::Semaphore,
+    ) -> Result<tokio::sync::SemaphorePermit<'s>, RemoteError> {
+        requests.acquire().await.map_err(|_| RemoteError::Failed {
+            url: self.url.url.clone(),
+            message: "the source was closed".into(),
+        })
+    }
+
     /// Fills `out` with the bytes from `start`, resuming a broken body up to
-    /// `retry.max_retries` times within `retry.retry_timeout`.
+    /// `retry.max_retries` times within `retry.retry_timeout`: ranged GETs
+    /// from the byte where the last one stopped, or (`ranged` false) GETs of
+    /// the whole object whose bytes before `start + done` are skipped.
+    ///
+    /// A ranged part that the server answers with the whole object returns
+    /// [`Served::RangesRefused`] at once, having written nothing.
     async fn part(
         &self,
         store: &dyn ObjectStore,
         start: u64,
         out: &mut [MaybeUninit<u8>],
+        ranged: bool,
         retry: &RetryConfig,
-    ) -> Result<(), RemoteError> {
+    ) -> Result<Served, RemoteError> {
         let began = std::time::Instant::now();
         let mut done = 0usize;
         let mut resumes = 0usize;
         while done < out.len() {
             let from = start + done as u64;
             let options = GetOptions {
-                range: Some(GetRange::Bounded(from..start + out.len() as u64)),
+                range: ranged.then(|| GetRange::Bounded(from..start + out.len() as u64)),
                 if_match: self.etag.clone(),
                 ..GetOptions::default()
             };
-            let result = store
-                .get_opts(&self.url.path, options)
-                .await
-                .map_err(|e| RemoteError::from_store(&self.url.url, &e))?;
+            let result = match store.get_opts(&self.url.path, options).await {
+                Ok(result) => result,
+                Err(e) if ranged && is_whole_answer(&e) => return Ok(Served::RangesRefused),
+                Err(e) => return Err(RemoteError::from_store(&self.url.url, &e)),
+            };
             if result.meta.size != self.size {
                 return Err(RemoteError::Changed {
                     url: self.url.url.clone(),
@@ -177,9 +218,21 @@ impl Object {
             }
             let mut body = result.into_stream();
             let mut broke: Option<object_store::Error> = None;
+            // Bytes of an unranged body still to skip before `from`.
+            let mut skip = if ranged { 0 } else { from };
             while let Some(chunk) = body.next().await {
                 match chunk {
-                    Ok(bytes) => {
+                    Ok(mut bytes) => {
+                        if skip > 0 {
+                            let n = skip.min(bytes.len() as u64);
+                            skip -= n;
+                            bytes = bytes.slice(n as usize..);
+                        }
+                        if !ranged {
+                            // The rest of the object is not wanted: dropping
+                            // the body ends the request.
+                            bytes.truncate(out.len() - done);
+                        }
                         let n = bytes.len();
                         let Some(slot) = out.get_mut(done..done + n) else {
                             return Err(RemoteError::Failed {
@@ -202,6 +255,9 @@ impl Object {
                             );
                         }
                         done += n;
+                        if done == out.len() {
+                            break;
+                        }
                     }
                     Err(e) => {
                         broke = Some(e);
@@ -238,8 +294,50 @@ impl Object {
             }
             tokio::time::sleep(backoff(u32::try_from(resumes).unwrap_or(u32::MAX))).await;
         }
-        Ok(())
+        Ok(Served::All)
     }
+}
+
+/// What a part's requests gave.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Served {
+    /// Every byte asked for.
+    All,
+    /// Nothing: the server answered the range with the whole object.
+    RangesRefused,
+}
+
+/// Whether `e` is a store's refusal of a range: the whole object (200) in
+/// answer to a ranged GET. The HTTP store says `NotSupported`; the cloud
+/// stores' shared client "non-partial response".
+fn is_whole_answer(e: &object_store::Error) -> bool {
+    matches!(e, object_store::Error::NotSupported { .. })
+        || super::store_message(e).contains("non-partial response when range requested")
+}
+
+/// The stores (by [`ObjectUrl::store`]) that answered a ranged GET with the
+/// whole object, in this process. A forked child keeps its parent's: they
+/// are facts about servers, not about the process. The lock is held for a
+/// lookup or an insert only.
+fn refused() -> &'static Mutex<HashSet<String>> {
+    static REFUSED: OnceLock<Mutex<HashSet<String>>> = OnceLock::new();
+    REFUSED.get_or_init(|| Mutex::new(HashSet::new()))
+}
+
+/// Whether `store` is known to refuse ranges.
+fn ranges_refused(store: &str) -> bool {
+    refused()
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .contains(store)
+}
+
+/// Remembers that `store` refuses ranges.
+fn refuse_ranges(store: &str) {
+    refused()
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .insert(store.to_string());
 }
 
 /// Runs `attempt` again (after a backoff) while it fails with

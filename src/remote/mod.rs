@@ -180,7 +180,7 @@ impl RemoteError {
 
 /// `e` with its chain of sources, without repeating a source's text that the
 /// one above already holds (the store's errors often embed their source).
-fn store_message(e: &object_store::Error) -> String {
+pub(crate) fn store_message(e: &object_store::Error) -> String {
     use std::error::Error as _;
     let mut text = e.to_string();
     let mut source = e.source();
