@@ -12,7 +12,9 @@ import gzip
 import io
 import itertools
 import json
+import logging
 import os
+import re
 import tarfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -163,14 +165,59 @@ def test_a_sample_split_across_two_shards_is_refused(tmp_path: Path) -> None:
     assert str(a) in str(e.value)
 
 
-def test_a_truncated_tar_is_refused_naming_the_shard(tmp_path: Path) -> None:
-    path = write_tar(tmp_path / "cut.tar", labelled_members(range(20)))
-    data = path.read_bytes()
-    path.write_bytes(data[: len(data) // 2 + 100])
+@pytest.mark.parametrize("gz", [False, True])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_damaged_tar_is_refused_without_skip_and_read_up_to_the_damage_with_it(
+    tmp_path: Path, gz: bool, workers: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    first = write_tar(tmp_path / "a.tar", labelled_members(range(20)))
+    cut = write_tar(
+        tmp_path / ("b.tar.gz" if gz else "b.tar"), labelled_members(range(20, 40)), gz=gz
+    )
+    last = write_tar(tmp_path / "c.tar", labelled_members(range(40, 60)))
+    data = cut.read_bytes()
+    cut.write_bytes(data[: len(data) // 2 + 100])
+    src = ff.TarShards([first, cut, last])  # made: the damage is counted, not raised
+    [damage] = src.damaged
+    assert isinstance(damage, ff.ShardCorruptError)
+    assert damage.shard == str(cut)
+    assert str(cut) in str(damage)
+    assert damage.at is not None
+    assert "truncated" in str(damage)
+    before = src.shards[1][1]  # the samples complete before the damage
+    assert 0 < before < 20
+    assert len(src) == 40 + before
+
+    # Without skip: the loader refuses the source, naming the shard and where.
     with pytest.raises(ff.ShardCorruptError) as e:
-        ff.TarShards(path)
-    assert str(path) in str(e.value)
-    assert e.value.shard == str(path)
+        ff.DataLoader(src, 4)
+    assert e.value.shard == str(cut)
+    assert e.value.at == damage.at
+    # On its own, the source yields what comes before the damage, then raises it.
+    got: list[int] = []
+    samples = iter(src)
+    with pytest.raises(ff.ShardCorruptError, match=re.escape(str(cut))):
+        got.extend(int(sample["cls"]) for sample in samples)
+    assert got == list(range(20 + before))
+
+    # Under skip: every other shard, and the damaged one's samples before the damage.
+    with caplog.at_level(logging.WARNING, logger="ferrofeed.loader"):
+        dl = ff.DataLoader(
+            src,
+            4,
+            on_error="skip",
+            shuffle=True,
+            num_workers=workers,
+            transform=to_ids,
+            collate=list,
+        )
+    warned = [r for r in caplog.records if str(cut) in r.getMessage()]
+    assert len(warned) == 1
+    for _ in range(2):  # logged once, not per epoch
+        ids = sorted(int(s["cls"]) for batch in dl for s in batch)
+        assert ids == [*range(20 + before), *range(40, 60)]
+    assert dl.stats()["skipped_shards"] == [(str(cut), str(damage))]
+    assert len([r for r in caplog.records if str(cut) in r.getMessage()]) == 1
 
 
 def test_a_missing_file_and_a_non_tar_are_named(tmp_path: Path) -> None:

@@ -510,9 +510,14 @@ class _ShardReader:
         paths: Sequence[str],
         columns: Sequence[str] | None = None,
         remote: _RemoteShards | None = None,
+        decode: bool = True,
     ) -> Self: ...
-    def count(self, threads: int) -> list[tuple[int, str | None, str | None]]:
-        """Return ``(samples, first_key, last_key)`` of every shard (on ``threads`` threads)."""
+    def count(
+        self, threads: int
+    ) -> list[tuple[int, str | None, str | None, tuple[str, str] | None]]:
+        """Return ``(samples, first_key, last_key, damage)`` of every shard (on ``threads``
+        threads); ``damage`` is ``(at, message)`` for a shard counted up to where it breaks
+        off."""
     def read(
         self, pieces: Sequence[tuple[int, int, int]], first_ids: Sequence[int]
     ) -> _ShardWindow:

@@ -406,6 +406,15 @@ class DataLoader:
         self._skipped: list[tuple[int, str]] = []
         self._skipped_lock = threading.Lock()
         self._failures = 0  # samples skipped in the current iteration
+        # Damaged shards (see ShardedSource.damaged): refused, or logged once and read up to
+        # the damage.
+        damaged = source.damaged if isinstance(source, ShardedSource) else []
+        if damaged and on_error == "raise":
+            damaged[0].add_note("on_error='skip' reads the samples before it and the others")
+            raise damaged[0]
+        for e in damaged:
+            _log.warning("damaged shard, read up to the damage (on_error='skip'): %s", e)
+        self._skipped_shards = [(e.shard, str(e)) for e in damaged]
         # The native image chain: image files with a native (or the default) transform.
         self.native = isinstance(transform, _core.NativeOp) or (
             transform is None and isinstance(source, ImageFiles)
@@ -755,7 +764,9 @@ class DataLoader:
         """Return the pipeline's figures and the samples skipped so far.
 
         ``pipeline``: the current (or last) pass's per-stage figures; ``skipped``: the
-        samples left out under ``on_error="skip"``, as (index, reason); ``buffers``: the
+        samples left out under ``on_error="skip"``, as (index, reason), and
+        ``skipped_shards`` the damaged shards read only up to the damage, as (shard, reason)
+        (see `ShardedSource.damaged`); ``buffers``: the
         batch buffer pool's counters with the native image chain (see
         `BufferPool.stats`), else empty. ``pools``: with the native image chain,
         ``pools["decode"]``, the threads that decode its batches over the current (or last)
@@ -782,6 +793,7 @@ class DataLoader:
             "remote": remote,
             "skipped": skipped,
             "skipped_count": len(skipped),
+            "skipped_shards": list(self._skipped_shards),
             "buffers": {},
             "pools": {},
             "workers": {},

@@ -36,11 +36,16 @@ _log = logging.getLogger("ferrofeed")
 
 # How long a node's listing of a source is reused by the node's other processes.
 LIST_TTL = 60.0
+# The node index's layout: 2 added each shard's damage (an index of another version is
+# listed and counted again).
+INDEX_VERSION = 2
 _SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "azure", "abfs", "abfss", "adl", "http", "https")
 _URL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
 
 Listed = tuple[str, int, str | None]
-Counted = tuple[int, str | None, str | None]
+# A shard's count: samples, first and last key (tar), and where it is damaged, ``(at,
+# message)``, if it is (the samples are then those before the damage).
+Counted = tuple[int, str | None, str | None, tuple[str, str] | None]
 
 
 def is_url(text: str) -> bool:
@@ -239,7 +244,7 @@ def _read_index(path: Path) -> dict[str, Any] | None:
             data = json.load(f)
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) and data.get("version") == 1 else None
+    return data if isinstance(data, dict) and data.get("version") == INDEX_VERSION else None
 
 
 def _write_index(path: Path, data: dict[str, Any]) -> None:
@@ -252,6 +257,12 @@ def _write_index(path: Path, data: dict[str, Any]) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def _counted(row: list[Any]) -> Counted:
+    """The count of an index row, ``[url, size, etag, samples, first, last, damage]``."""
+    c, f, la, d = row[3:7]
+    return int(c), f, la, (str(d[0]), str(d[1])) if d is not None else None
 
 
 def resolve(
@@ -287,15 +298,13 @@ def resolve(
         old = _read_index(path)
         if old is not None and time.time() - float(old.get("listed_at", 0)) < LIST_TTL:
             shards = old["shards"]
-            return (
-                [(u, int(n), e) for u, n, e, *_ in shards],
-                [(int(c), f, la) for *_, c, f, la in shards],
-            )
+            return [(u, int(n), e) for u, n, e, *_ in shards], [_counted(r) for r in shards]
         objects = list_objects(patterns, config)
         known: dict[tuple[str, int, str | None], Counted] = {}
         if old is not None:
-            for u, n, e, c, f, la in old["shards"]:
-                known[(u, int(n), e)] = (int(c), f, la)
+            for row in old["shards"]:
+                u, n, e = row[:3]
+                known[(u, int(n), e)] = _counted(row)
         missing = [o for o in objects if o not in known]
         if missing:
             known.update(zip(missing, count(missing), strict=True))
@@ -303,7 +312,7 @@ def resolve(
         _write_index(
             path,
             {
-                "version": 1,
+                "version": INDEX_VERSION,
                 "listed_at": time.time(),
                 "patterns": list(patterns),
                 "shards": [[*o, *c] for o, c in zip(objects, counted, strict=True)],

@@ -121,16 +121,18 @@ class ShardedSource:
         urls: Urls,
         *,
         columns: Sequence[str] | None = None,
+        decode: bool = True,
         count_threads: int | None = None,
         storage_options: Mapping[str, str] | None = None,
         prefetch_bytes: int | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | None = None,
-        _counted: list[tuple[int, str | None, str | None]] | None = None,
+        _counted: list[_remote.Counted] | None = None,
         _objects: list[_remote.Listed] | None = None,
         _config: _remote.RemoteConfig | None = None,
     ) -> None:
         self._columns = list(columns) if columns is not None else None
+        self._decode = decode
         # Remote shards: how they are reached, `(url, size, etag)` of each, and the Rust side.
         self._config = _config
         self._objects = _objects
@@ -188,18 +190,23 @@ class ShardedSource:
                 self._remote = config.shards(self._objects)
         else:
             self._paths = expand_shards(urls) if _objects is None else []
-        self._reader = _core._ShardReader(self._kind, self._paths, self._columns, self._remote)
+        self._reader = _core._ShardReader(
+            self._kind, self._paths, self._columns, self._remote, self._decode
+        )
         if _counted is None:
             threads = count_threads or min(8, os.cpu_count() or 2, len(self._paths))
             _counted = self._reader.count(threads)
         self._counted = _counted
-        self._counts = [n for n, _, _ in _counted]
+        self._counts = [n for n, *_ in _counted]
         self._offsets: list[int] = []
         total = 0
         for n in self._counts:
             self._offsets.append(total)
             total += n
         self._len = total
+        damaged = self.damaged
+        if damaged and total == 0:
+            raise damaged[0]  # nothing at all is readable: not a source to skip through
         # The next epoch's first window, read ahead at the end of an epoch: its pieces and
         # the read (see `_groups`).
         self._ahead: (
@@ -221,6 +228,24 @@ class ShardedSource:
                     f"sample {first}",
                 )
 
+    @property
+    def damaged(self) -> list[ShardCorruptError]:
+        """The errors of the shards whose content breaks off (truncated, corrupt), in order.
+
+        Counting stops at the damage: such a shard's samples are those complete before it.
+        (A source with no readable sample at all is refused when made, with the first.)
+        A `DataLoader` with ``on_error="raise"`` refuses the source with the first of these
+        errors; with ``on_error="skip"`` it reads the samples before the damage and every
+        other shard, and counts the damaged shards in ``stats()["skipped_shards"]``.
+        Iterating the source on its own yields the samples before the damage, then raises.
+        """
+        return [
+            ShardCorruptError(message, self._paths[k], at)
+            for k, (*_, damage) in enumerate(self._counted)
+            if damage is not None
+            for at, message in [damage]
+        ]
+
     # -- the public face ------------------------------------------------------------------
 
     def __len__(self) -> int:
@@ -241,6 +266,10 @@ class ShardedSource:
                 first = self._offsets[shard] + lo
                 for i in range(first, first + hi - lo):
                     yield window.sample(i)
+            damage = self._counted[shard][3]
+            if damage is not None:
+                at, message = damage
+                raise ShardCorruptError(message, self._paths[shard], at)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({len(self._paths)} shards, {self._len} samples)"
@@ -249,7 +278,15 @@ class ShardedSource:
         # To worker processes (spawn) without listing or counting the shards again.
         return (
             _restore,
-            (type(self), self._paths, self._columns, self._counted, self._objects, self._config),
+            (
+                type(self),
+                self._paths,
+                self._columns,
+                self._counted,
+                self._objects,
+                self._config,
+                self._decode,
+            ),
         )
 
     # -- for the DataLoader -----------------------------------------------------------------
@@ -407,13 +444,20 @@ def _restore(
     cls: type[ShardedSource],
     paths: list[str],
     columns: list[str] | None,
-    counted: list[tuple[int, str | None, str | None]],
+    counted: list[_remote.Counted],
     objects: list[_remote.Listed] | None = None,
     config: _remote.RemoteConfig | None = None,
+    decode: bool = True,
 ) -> ShardedSource:
     source = cls.__new__(cls)
     ShardedSource.__init__(
-        source, paths, columns=columns, _counted=counted, _objects=objects, _config=config
+        source,
+        paths,
+        columns=columns,
+        decode=decode,
+        _counted=counted,
+        _objects=objects,
+        _config=config,
     )
     return source
 
@@ -468,14 +512,29 @@ class TarShards(ShardedSource):
 
     A sample is a dict in the WebDataset layout: the members sharing a key (the member
     path up to the first dot of its base name) grouped, one entry per extension, plus
-    ``"__key__"`` and ``"__shard__"``. ``cls`` and ``index`` (and their ``.txt`` forms)
-    decode to `int`, ``txt`` and ``text`` to `str`, ``json`` to the parsed object;
-    everything else stays `bytes` (never unpickled or ``torch.load``-ed: a shard is data,
-    not code).
+    ``"__key__"`` and ``"__shard__"``. Fields decode as webdataset's default decoder does,
+    by the last part of the extension (``seg.json`` as ``json``): ``cls``, ``cls2``,
+    ``index``, ``inx`` and ``id`` to `int` (Python's ``int()`` of the bytes), ``txt`` and
+    ``text`` to `str` (UTF-8), ``json`` and ``jsn`` by Python's ``json.loads`` (key order,
+    exact floats, ``NaN``, big integers as Python reads them); everything else stays
+    `bytes` (never unpickled or ``torch.load``-ed: a shard is data, not code). With
+    ``decode=False`` every field is its member's `bytes`. A field that does not decode is
+    that sample's `ShardCorruptError`.
+
+    Members are grouped as webdataset groups them, with these rules of their own: hidden
+    names (a base name starting with a dot: ``.DS_Store``, ``dir/.x.jpg``, macOS's
+    ``._NAME``) and anything under a top-level ``__MACOSX/`` are passed over (webdataset
+    makes samples keyed ``dir/`` of those); a member named ``KEY.__key__`` or
+    ``KEY.__shard__`` makes its sample a `ShardCorruptError` (it would replace the
+    metadata); a PAX sparse member (``tar --sparse --format=posix``) is refused the same
+    way; bzip2 and xz shards are refused, naming the compression. A tar without its
+    end-of-archive blocks is read whole, as GNU tar reads it.
 
     Args:
         urls: a path or URL (``s3://``, ``gs://``, ``az://``, ``http(s)://``), a pattern
             with brace ranges (``train-{000000..000099}.tar``) or globs, or a list of them.
+        decode: decode fields by their extension (default), or give every field as the
+            `bytes` of its member (``cls`` too).
         count_threads: threads that count the shards' samples (default: up to 8; for
             URLs 4, each holding a shard it fetched whole).
         storage_options: for shards in object storage (URLs): options of the store, over
@@ -495,8 +554,9 @@ class TarShards(ShardedSource):
         FileNotFoundError: a pattern names no file (`ShardNotFoundError` for a missing
             object or bucket).
         ShardPermissionError: the store refused the credentials.
-        ShardCorruptError: a shard is not a tar (or is truncated where counting reads
-            it), or a sample's members straddle two shards.
+        ShardCorruptError: no shard has a readable sample (a truncated or corrupt shard
+            among others is counted up to the damage: see `ShardedSource.damaged`), or a
+            sample's members straddle two shards.
         ShardReadError: a shard cannot be read (or fetched, once retries are spent).
 
     Example:
@@ -511,6 +571,7 @@ class TarShards(ShardedSource):
         self,
         urls: Urls,
         *,
+        decode: bool = True,
         count_threads: int | None = None,
         storage_options: Mapping[str, str] | None = None,
         prefetch_bytes: int | None = None,
@@ -519,6 +580,7 @@ class TarShards(ShardedSource):
     ) -> None:
         super().__init__(
             urls,
+            decode=decode,
             count_threads=count_threads,
             storage_options=storage_options,
             prefetch_bytes=prefetch_bytes,

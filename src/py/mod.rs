@@ -16,6 +16,7 @@ mod pipeline;
 mod plan;
 mod remote;
 mod sampler;
+mod samples;
 mod shards;
 mod slots;
 mod spec;

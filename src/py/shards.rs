@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 
 use pyo3::exceptions::{PyIndexError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList};
+use pyo3::types::PyDict;
 
 use crate::remote::{RemoteError, RemoteShards};
 use crate::shard_plan::{Segment, ShardPlan, ShardPlanConfig};
@@ -28,6 +28,7 @@ use crate::shards::{Sample, Shard, ShardError, ShardFormat, Value};
 use super::errors::{shard_error, shard_exception, ShardClass};
 use super::pipeline::{Item, PyPlanGroup};
 use super::remote::PyRemoteShards;
+use super::samples::{tar_sample, to_py};
 
 /// The format of a source's shards.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,8 +38,13 @@ enum Kind {
     Parquet,
 }
 
-/// `(samples, first_key, last_key)` of a shard, as `count` returns it.
-type Counted = (u64, Option<String>, Option<String>);
+/// `(samples, first_key, last_key, damage)` of a shard, as `count` returns it.
+type Counted = (
+    u64,
+    Option<String>,
+    Option<String>,
+    Option<(String, String)>,
+);
 
 /// Bytes of a remote Parquet file's tail fetched to count it: its footer, in
 /// one GET for most files (a second one fetches a larger footer whole).
@@ -107,17 +113,20 @@ struct PyShardReader {
     kind: Kind,
     format: Arc<dyn ShardFormat>,
     sources: Sources,
+    /// Whether a tar sample's fields are decoded (see `samples::tar_sample`).
+    decode: bool,
 }
 
 #[pymethods]
 impl PyShardReader {
     #[new]
-    #[pyo3(signature = (kind, paths, columns=None, remote=None))]
+    #[pyo3(signature = (kind, paths, columns=None, remote=None, decode=true))]
     fn new(
         kind: &str,
         paths: Vec<PathBuf>,
         columns: Option<Vec<String>>,
         remote: Option<PyRef<'_, PyRemoteShards>>,
+        decode: bool,
     ) -> PyResult<Self> {
         let (kind, format): (Kind, Arc<dyn ShardFormat>) = match kind {
             "tar" => (Kind::Tar, Arc::new(TarFormat)),
@@ -147,12 +156,15 @@ impl PyShardReader {
                 paths: Arc::new(paths),
                 remote,
             },
+            decode,
         })
     }
 
-    /// `(samples, first_key, last_key)` of every shard, counted on up to
-    /// `threads` threads without the GIL. The first error (in shard order)
-    /// is raised, naming its shard.
+    /// `(samples, first_key, last_key, damage)` of every shard, counted on up
+    /// to `threads` threads without the GIL; `damage` is `(at, message)` of a
+    /// shard whose content breaks off (`samples` are those before it), else
+    /// `None`. The first other error (in shard order) is raised, naming its
+    /// shard.
     fn count(&self, py: Python<'_>, threads: usize) -> PyResult<Vec<Counted>> {
         let sources = self.sources.clone();
         let format = Arc::clone(&self.format);
@@ -160,7 +172,12 @@ impl PyShardReader {
         let mut out = Vec::with_capacity(results.len());
         for r in results {
             match r {
-                Ok(info) => out.push((info.samples, info.first_key, info.last_key)),
+                Ok(info) => out.push((
+                    info.samples,
+                    info.first_key,
+                    info.last_key,
+                    info.damage.map(|d| (d.at, d.message)),
+                )),
                 Err(e) => return Err(shard_error(py, &e)),
             }
         }
@@ -201,6 +218,7 @@ impl PyShardReader {
         });
         Ok(PyShardWindow {
             kind: self.kind,
+            decode: self.decode,
             paths: Arc::clone(&self.sources.paths),
             spans,
         })
@@ -307,6 +325,8 @@ fn read_piece(
 #[pyclass(name = "_ShardWindow", module = "ferrofeed._core", frozen)]
 struct PyShardWindow {
     kind: Kind,
+    /// As the reader's.
+    decode: bool,
     paths: Arc<Vec<PathBuf>>,
     spans: Vec<Span>,
 }
@@ -348,7 +368,7 @@ impl PyShardWindow {
         let sample = entry.as_ref().map_err(|e| shard_error(py, e))?;
         let shard = self.shard_name(span);
         match self.kind {
-            Kind::Tar => tar_sample(py, sample, &shard),
+            Kind::Tar => tar_sample(py, sample, &shard, self.decode),
             Kind::Parquet => {
                 let d = PyDict::new(py);
                 for (k, v) in &sample.fields {
@@ -563,93 +583,6 @@ fn int_label(v: &Value) -> Option<i64> {
         Value::Str(s) => s.trim().parse().ok(),
         Value::Bytes(b) => std::str::from_utf8(b).ok()?.trim().parse().ok(),
         _ => None,
-    }
-}
-
-/// A [`Value`] as Python objects.
-fn to_py<'py>(py: Python<'py>, v: &Value) -> PyResult<Bound<'py, PyAny>> {
-    Ok(match v {
-        Value::Null => py.None().into_bound(py),
-        Value::Bool(b) => b.into_pyobject(py)?.to_owned().into_any(),
-        Value::Int(i) => i.into_pyobject(py)?.into_any(),
-        Value::Float(f) => f.into_pyobject(py)?.into_any(),
-        Value::Str(s) => s.into_pyobject(py)?.into_any(),
-        Value::Bytes(b) => PyBytes::new(py, b).into_any(),
-        Value::List(items) => {
-            let l = PyList::empty(py);
-            for item in items {
-                l.append(to_py(py, item)?)?;
-            }
-            l.into_any()
-        }
-        Value::Map(fields) => {
-            let d = PyDict::new(py);
-            for (k, v) in fields {
-                d.set_item(k, to_py(py, v)?)?;
-            }
-            d.into_any()
-        }
-    })
-}
-
-/// A tar sample in the `WebDataset` layout: `__key__`, `__shard__`, and one
-/// entry per extension: `cls`, `index` (and `.txt` forms) as `int`, `txt`
-/// and `text` as `str`, `json` parsed; everything else `bytes` (never
-/// unpickled or loaded: a shard's content is data, not code).
-fn tar_sample<'py>(py: Python<'py>, sample: &Sample, shard: &str) -> PyResult<Bound<'py, PyAny>> {
-    let d = PyDict::new(py);
-    d.set_item("__key__", &sample.key)?;
-    d.set_item("__shard__", shard)?;
-    for (ext, v) in &sample.fields {
-        let Value::Bytes(bytes) = v else {
-            d.set_item(ext, to_py(py, v)?)?;
-            continue;
-        };
-        let bad = |what: &str| {
-            let at = format!("member {}.{ext}", sample.key);
-            shard_exception(
-                py,
-                ShardClass::Corrupt,
-                &format!("{shard}: {at}: {what}"),
-                shard,
-                Some(&at),
-            )
-        };
-        let text = || std::str::from_utf8(bytes).map_err(|e| bad(&format!("not UTF-8 text ({e})")));
-        match ext.to_ascii_lowercase().as_str() {
-            "cls" | "cls.txt" | "index" | "index.txt" | "cls2" => {
-                let t = text()?;
-                let n: i64 = t
-                    .trim()
-                    .parse()
-                    .map_err(|_| bad(&format!("not an integer: {:?}", &t[..t.len().min(40)])))?;
-                d.set_item(ext, n)?;
-            }
-            "txt" | "text" => d.set_item(ext, text()?)?,
-            "json" => {
-                let parsed: serde_json::Value =
-                    serde_json::from_slice(bytes).map_err(|e| bad(&format!("not JSON: {e}")))?;
-                d.set_item(ext, to_py(py, &json_value(parsed))?)?;
-            }
-            _ => d.set_item(ext, PyBytes::new(py, bytes))?,
-        }
-    }
-    Ok(d.into_any())
-}
-
-/// A parsed JSON value as a [`Value`] (integers that fit `i64` stay ints).
-fn json_value(v: serde_json::Value) -> Value {
-    match v {
-        serde_json::Value::Null => Value::Null,
-        serde_json::Value::Bool(b) => Value::Bool(b),
-        serde_json::Value::Number(n) => n
-            .as_i64()
-            .map_or_else(|| Value::Float(n.as_f64().unwrap_or(f64::NAN)), Value::Int),
-        serde_json::Value::String(s) => Value::Str(s),
-        serde_json::Value::Array(a) => Value::List(a.into_iter().map(json_value).collect()),
-        serde_json::Value::Object(o) => {
-            Value::Map(o.into_iter().map(|(k, v)| (k, json_value(v))).collect())
-        }
     }
 }
 

@@ -58,6 +58,9 @@ pub(super) enum Codec {
     Gzip,
     /// zstd (`28 b5 2f fd`), one frame or several.
     Zstd,
+    /// A compression recognised but not read: bzip2 (`BZh`), xz (`fd 37 7a
+    /// 58 5a 00`). Its name.
+    Unsupported(&'static str),
 }
 
 impl Codec {
@@ -67,7 +70,20 @@ impl Codec {
             Codec::Plain => "file",
             Codec::Gzip => "gzip stream",
             Codec::Zstd => "zstd stream",
+            Codec::Unsupported(name) => name,
         }
+    }
+
+    /// The error of a shard compressed with an [`Codec::Unsupported`] codec.
+    pub(super) fn refused(shard: &Path, name: &str) -> ShardError {
+        ShardError::corrupt(
+            shard,
+            "start of file",
+            format!(
+                "{name}-compressed: not read (compress shards with gzip or zstd, or leave them \
+                 plain)"
+            ),
+        )
     }
 }
 
@@ -89,6 +105,10 @@ pub(super) fn sniff(reader: &mut impl BufRead) -> io::Result<Codec> {
         Codec::Gzip
     } else if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
         Codec::Zstd
+    } else if head.len() >= 4 && head.starts_with(b"BZh") && (b'1'..=b'9').contains(&head[3]) {
+        Codec::Unsupported("bzip2")
+    } else if head.starts_with(&[0xfd, b'7', b'z', b'X', b'Z', 0x00]) {
+        Codec::Unsupported("xz")
     } else {
         Codec::Plain
     })
@@ -111,6 +131,7 @@ fn open(shard: &Shard) -> Result<(Codec, Box<dyn BufRead>), ShardError> {
             zstd::stream::read::Decoder::with_buffer(reader)
                 .map_err(|e| ShardError::io(shard, e))?,
         )),
+        Codec::Unsupported(name) => return Err(Codec::refused(shard, name)),
     };
     Ok((codec, text))
 }
@@ -226,6 +247,7 @@ impl ShardFormat for JsonLinesFormat {
             samples,
             first_key: None,
             last_key: None,
+            damage: None,
         })
     }
 

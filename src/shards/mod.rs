@@ -362,6 +362,34 @@ pub struct ShardInfo {
     pub first_key: Option<String>,
     /// See `first_key`.
     pub last_key: Option<String>,
+    /// Where the shard is damaged, if it is: counting stopped there, and
+    /// `samples` (and the keys) are those complete before it. A format that
+    /// cannot tell the samples before the damage fails the count instead.
+    pub damage: Option<Damage>,
+}
+
+/// Where a shard's content stops being readable ([`ShardInfo::damage`]):
+/// a [`ShardError::Corrupt`] met while counting, kept as data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Damage {
+    /// Where in the shard (`"member 000123.jpg"`, `"end of file"`).
+    pub at: String,
+    /// The error's whole text, naming the shard, where, and what is wrong.
+    pub message: String,
+}
+
+impl Damage {
+    /// The damage `e` describes, if it is corruption of the shard (not an
+    /// I/O error, a change or a fetch that failed).
+    pub fn of(e: &ShardError) -> Option<Self> {
+        match e {
+            ShardError::Corrupt { at, .. } => Some(Self {
+                at: at.clone(),
+                message: e.to_string(),
+            }),
+            _ => None,
+        }
+    }
 }
 
 /// What went wrong reading a shard. Every variant names the shard.

@@ -176,6 +176,7 @@ impl ShardFormat for ParquetFormat {
             samples: groups.iter().sum(),
             first_key: None,
             last_key: None,
+            damage: None,
         })
     }
 

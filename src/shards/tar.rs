@@ -22,9 +22,23 @@
 //!   `dir/000123.seg.png` has key `dir/000123`) and the field name (the rest,
 //!   lowercased: `seg.png`; `A.JPG` is field `jpg`).
 //! - A member whose base name has no dot (`README`), or starts with one
-//!   (`.hidden`, `dir/.x.jpg`), has no key and is passed over, as is a member
-//!   under a top-level `__name__` entry (`__index__`, `__meta__/x.json`:
-//!   webdataset's metadata).
+//!   (`.hidden`, `.DS_Store`, `dir/.x.jpg`, macOS's `._NAME` resource forks),
+//!   has no key and is passed over, as is a member under a top-level
+//!   `__name__` entry (`__index__`, `__meta__/x.json`: webdataset's metadata)
+//!   or under `__MACOSX/`. (webdataset passes over a top-level hidden name
+//!   only: `dir/.x.jpg` becomes its sample `dir/` with a field `x.jpg`, and
+//!   `__MACOSX/._a.jpg` the sample `__MACOSX/`; those are not samples a
+//!   writer meant, and a macOS tar's `dir/._a.jpg` before each `dir/a.jpg`
+//!   would split its samples.)
+//! - A member whose field name is `__key__` or `__shard__` (the sample's own
+//!   metadata, which it would replace; webdataset refuses `__key__` too) is
+//!   that sample's [`ShardError::Corrupt`].
+//! - A PAX-format sparse member (`GNU.sparse.*` records, as `tar --sparse
+//!   --format=posix` writes) is that sample's [`ShardError::Corrupt`]: its
+//!   data would be read as stored, not expanded. GNU-format sparse members
+//!   are expanded by the `tar` crate and read.
+//! - bzip2 and xz compressed shards are refused at their start, naming the
+//!   compression.
 //! - Consecutive members with the same key form one sample, whose fields are
 //!   the members' contents ([`Value::Bytes`]) in member order. Members passed
 //!   over do not end a sample.
@@ -41,14 +55,18 @@
 //! - Two members of one sample with the same field (`a.jpg`, `a.JPG`) are
 //!   that sample's [`ShardError::Corrupt`] at the second member, and reading
 //!   goes on ([`ShardFormat::count`] does not look).
-//! - A file that ends before the tar end-of-archive marker (a zero block) is
-//!   truncated: [`ShardError::Corrupt`] at `"member NAME"` when the file ends
-//!   inside that member's data, at `"end of file after member NAME"` when it
-//!   ends after it (a cut at a header, where a tar reader would see a clean
-//!   end, is caught too). A header that does not check out is corrupt at
-//!   `"header after member NAME"`; a compressed stream that breaks, at the
-//!   member being read (or the header after it). Any of these ends a read:
-//!   the samples before it were delivered, the one it falls in is lost.
+//! - A file that ends without the tar end-of-archive marker (a zero block)
+//!   right after a member's data and padding is whole (as GNU tar and
+//!   webdataset read it: some writers leave the marker out). One that ends
+//!   anywhere else is truncated: [`ShardError::Corrupt`] at `"member NAME"`
+//!   when the file ends inside that member's data, at `"end of file after
+//!   member NAME"` when it ends in the padding or a header after it. A header
+//!   that does not check out is corrupt at `"header after member NAME"`; a
+//!   compressed stream that breaks, at the member being read (or the header
+//!   after it). Any of these ends a read: the samples before it were
+//!   delivered, the one it falls in is lost. Counting such a shard gives the
+//!   samples complete before the damage and the damage itself
+//!   ([`ShardInfo::damage`]), so that a source can read up to it.
 
 use std::cell::Cell;
 use std::collections::HashSet;
@@ -74,9 +92,14 @@ const STREAM_RESERVE: u64 = 1 << 20;
 pub struct TarFormat;
 
 impl ShardFormat for TarFormat {
+    /// A corrupt or truncated shard counts the samples complete before the
+    /// damage ([`ShardInfo::damage`]): a read of them stops before it, as a
+    /// read stops once its last sample's next member (or the end) is seen.
     fn count(&self, shard: &Shard) -> Result<ShardInfo, ShardError> {
         let mut info = ShardInfo::default();
-        walk(shard, &mut Job::Count(&mut info))?;
+        if let Err(e) = walk(shard, &mut Job::Count(&mut info)) {
+            info.damage = Some(super::Damage::of(&e).ok_or(e)?);
+        }
         Ok(info)
     }
 
@@ -141,6 +164,7 @@ fn walk(shard: &Shard, job: &mut Job<'_>) -> Result<u64, ShardError> {
                 .map_err(|e| ShardError::io(shard, e))?;
             walk_stream(shard, codec, decoder, job)
         }
+        Codec::Unsupported(name) => Err(Codec::refused(shard, name)),
     }
 }
 
@@ -280,11 +304,13 @@ impl<'p> Walker<'p> {
             let mut entry = match entries.next() {
                 Some(Ok(entry)) => entry,
                 Some(Err(e)) => return Err(self.broken(e)),
-                None if self.state.eof.get() => return Err(self.truncated(None)),
+                None if self.state.eof.get() && !self.ended_after_a_member() => {
+                    return Err(self.truncated(None))
+                }
                 None => break,
             };
             let size = entry.size();
-            let name = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
+            let (name, sparse) = member_name(&mut entry);
             let start = entry.raw_file_position();
             self.last = Some(Member {
                 name,
@@ -334,12 +360,8 @@ impl<'p> Walker<'p> {
                 continue;
             }
             let ext = ext.to_lowercase();
-            if g.fields.iter().any(|(e, _)| *e == ext) {
-                g.error = Some(ShardError::corrupt(
-                    self.shard,
-                    format!("member {name}"),
-                    format!("a second {ext:?} member in sample {:?}", g.key),
-                ));
+            if let Some(e) = self.refused(g, name, &ext, sparse) {
+                g.error = Some(e);
                 g.fields.clear();
                 continue;
             }
@@ -351,6 +373,42 @@ impl<'p> Walker<'p> {
             finish(g, job);
         }
         Ok(done)
+    }
+
+    /// Why member `name` (field `ext`) makes its sample `g` an error, if it
+    /// does: a PAX sparse file, a field named as the sample's metadata, or a
+    /// second member with `g`'s field `ext`.
+    fn refused(&self, g: &Group, name: &str, ext: &str, sparse: bool) -> Option<ShardError> {
+        let why = if sparse {
+            "a PAX sparse file (GNU.sparse.* records, as `tar --sparse --format=posix` \
+             writes): not read (pack it without --sparse, or with --format=gnu)"
+                .to_owned()
+        } else if METADATA.contains(&ext) {
+            format!(
+                "its field {ext:?} is the name of the sample's own metadata (the key and the \
+                 shard): rename the member"
+            )
+        } else if g.fields.iter().any(|(e, _)| e == ext) {
+            format!("a second {ext:?} member in sample {:?}", g.key)
+        } else {
+            return None;
+        };
+        Some(ShardError::corrupt(
+            self.shard,
+            format!("member {name}"),
+            why,
+        ))
+    }
+
+    /// Whether the stream ended right after the last member's data and its
+    /// padding to a 512-byte block: a tar without its end-of-archive blocks,
+    /// which GNU tar and webdataset read as whole (and which a cut at a
+    /// header boundary cannot be told from).
+    fn ended_after_a_member(&self) -> bool {
+        let end = self.len.unwrap_or_else(|| self.state.pos.get());
+        self.last
+            .as_ref()
+            .is_some_and(|m| end >= m.data.end.next_multiple_of(512))
     }
 
     /// Reads the `size` bytes of data of the member `name` (at `start` in the
@@ -486,6 +544,36 @@ fn finish(g: Group, job: &mut Job<'_>) -> bool {
     }
 }
 
+/// The fields a sample has besides its members' (set by the bindings): a
+/// member with one of these as its field name is refused, not let replace
+/// them.
+const METADATA: [&str; 2] = ["__key__", "__shard__"];
+
+/// A member's name, and whether it is a PAX-format sparse file (`GNU.sparse.*`
+/// records, which the `tar` crate does not expand): its name is then the
+/// one in `GNU.sparse.name` when there is one (it is stored under
+/// `GNUSparseFile.N/NAME`), so that it groups with its sample's other
+/// members.
+fn member_name<R: Read>(entry: &mut tar::Entry<'_, R>) -> (String, bool) {
+    let mut sparse = false;
+    let mut real = None;
+    // A PAX header that does not parse has already failed the entry's path
+    // in the `tar` crate, or holds nothing read here.
+    if let Ok(Some(records)) = entry.pax_extensions() {
+        for record in records.flatten() {
+            let Ok(key) = record.key() else { continue };
+            if let Some(what) = key.strip_prefix("GNU.sparse.") {
+                sparse = true;
+                if what == "name" {
+                    real = Some(String::from_utf8_lossy(record.value_bytes()).into_owned());
+                }
+            }
+        }
+    }
+    let name = real.unwrap_or_else(|| String::from_utf8_lossy(&entry.path_bytes()).into_owned());
+    (name, sparse)
+}
+
 /// Whether an entry of this type is a file (webdataset's `isreg`).
 fn is_member_file(kind: tar::EntryType) -> bool {
     matches!(
@@ -495,10 +583,11 @@ fn is_member_file(kind: tar::EntryType) -> bool {
 }
 
 /// Whether `name` is webdataset's metadata (a top-level `__name__` entry, or
-/// one under it), which samples do not include.
+/// one under it), which samples do not include, or under a top-level
+/// `__MACOSX/` (macOS's resource forks, `._NAME` each).
 fn is_meta(name: &str) -> bool {
     let top = name.split('/').next().unwrap_or("");
-    top.len() >= 4 && top.starts_with("__") && top.ends_with("__")
+    top == "__MACOSX" || (top.len() >= 4 && top.starts_with("__") && top.ends_with("__"))
 }
 
 /// Splits a member's name into its sample's key and its field name (not yet
@@ -600,6 +689,15 @@ mod tests {
         }
     }
 
+    /// The samples counted before a shard's damage, and where it is.
+    fn damaged(shard: &Shard) -> (u64, String) {
+        let info = TarFormat.count(shard).unwrap();
+        let damage = info
+            .damage
+            .unwrap_or_else(|| panic!("no damage: {} samples", info.samples));
+        (info.samples, damage.at)
+    }
+
     fn corrupt_at(result: &Result<(), ShardError>) -> (&str, &str) {
         match result {
             Err(ShardError::Corrupt { at, message, .. }) => (at, message),
@@ -632,6 +730,7 @@ mod tests {
                 samples: 4,
                 first_key: Some("train/000001".into()),
                 last_key: Some("000002".into()),
+                damage: None,
             }
         );
         let all = read_all(path.path());
@@ -688,10 +787,9 @@ mod tests {
         ));
         // An empty file is not a tar.
         let path = shard(b"");
-        let err = TarFormat.count(&Shard::file(path.path())).unwrap_err();
-        assert!(
-            matches!(&err, ShardError::Corrupt { at, .. } if at == "end of file"),
-            "{err:?}"
+        assert_eq!(
+            damaged(&Shard::file(path.path())),
+            (0, "end of file".into())
         );
     }
 
@@ -807,7 +905,7 @@ mod tests {
     }
 
     #[test]
-    fn split_key_fails_count_and_is_a_sample_error_in_read() {
+    fn split_key_is_damage_to_count_and_a_sample_error_in_read() {
         let bytes = tar_bytes(&[
             file("a.jpg", b"a"),
             file("b.jpg", b"b"),
@@ -815,15 +913,15 @@ mod tests {
             file("c.jpg", b"c"),
         ]);
         let path = shard(&bytes);
-        let err = TarFormat.count(&Shard::file(path.path())).unwrap_err();
-        match &err {
-            ShardError::Corrupt { shard, at, message } => {
-                assert_eq!(shard, path.path());
-                assert_eq!(at, "member a.cls");
-                assert!(message.contains("consecutive"), "{message}");
-            }
-            other => panic!("{other:?}"),
-        }
+        // Counting stops at the split: the samples before it are whole.
+        let info = TarFormat.count(&Shard::file(path.path())).unwrap();
+        assert_eq!(info.samples, 2);
+        let damage = info.damage.unwrap();
+        assert_eq!(damage.at, "member a.cls");
+        assert!(damage.message.contains("consecutive"), "{damage:?}");
+        assert!(damage
+            .message
+            .starts_with(&path.path().display().to_string()));
         let (got, end) = read(path.path(), 0, 4);
         end.unwrap();
         assert_eq!(got.len(), 4);
@@ -890,8 +988,11 @@ mod tests {
             .collect()
     }
 
-    /// Every cut of a shard: the samples wholly before it are delivered, then
-    /// an error naming the member the file ends in, or after.
+    /// Every cut of a shard: at a header, after a member's padding, the tar
+    /// reads whole (as one without its end-of-archive marker); anywhere else,
+    /// the samples wholly before it are delivered, then an error naming the
+    /// member the file ends in, or after, and counting gives those samples
+    /// and that error as the damage.
     #[test]
     fn truncated_shards_name_the_member() {
         // Short names (no long-name entries), data sizes around the block.
@@ -904,6 +1005,30 @@ mod tests {
         let mut checked = 0;
         for cut in 0..marker + 512 {
             let cut_bytes = &bytes[..cut as usize];
+            if let Some(i) = (1..places.len())
+                .map(|i| (i, places[i].header))
+                .chain([(places.len(), marker)])
+                .find_map(|(i, at)| (at == cut).then_some(i))
+            {
+                // Members 0..i whole, and nothing after: a tar without its
+                // end-of-archive marker. Its last sample has the members
+                // before the cut (1 of 2 when `i` is odd).
+                for (kind, data) in [("plain", cut_bytes.to_vec()), ("gzip", gzip(cut_bytes))] {
+                    let path = shard(&data);
+                    let info = TarFormat.count(&Shard::file(path.path())).unwrap();
+                    assert_eq!(info.damage, None, "count {kind} cut {cut}");
+                    assert_eq!(info.samples, i.div_ceil(2) as u64, "count {kind} cut {cut}");
+                    let got = read_all(path.path());
+                    assert_eq!(got[..i / 2], full[..i / 2], "read {kind} cut {cut}");
+                    if i % 2 == 1 {
+                        let (n, last) = &got[i / 2];
+                        assert_eq!(*n, (i / 2) as u64);
+                        assert_eq!(last.fields, full[i / 2].1.fields[..1]);
+                    }
+                    checked += 1;
+                }
+                continue;
+            }
             // The error expected at this cut.
             let want_at = match places.iter().rposition(|p| p.header <= cut) {
                 None => "end of file".to_owned(),
@@ -919,8 +1044,16 @@ mod tests {
             let delivered = (1..4).filter(|s| places[s * 2].data.start <= cut).count();
             for (kind, data) in [("plain", cut_bytes.to_vec()), ("gzip", gzip(cut_bytes))] {
                 let path = shard(&data);
-                let count = TarFormat.count(&Shard::file(path.path())).map(|_| ());
-                assert_eq!(corrupt_at(&count).0, want_at, "count {kind} cut {cut}");
+                let (samples, at) = damaged(&Shard::file(path.path()));
+                assert_eq!(at, want_at, "count {kind} cut {cut}");
+                assert_eq!(samples, delivered as u64, "count {kind} cut {cut}");
+                if samples > 0 {
+                    // The samples before the damage read without meeting it.
+                    let (got, end) = read(path.path(), 0, samples);
+                    end.unwrap();
+                    let got: Vec<_> = got.into_iter().map(|(n, s)| (n, s.unwrap())).collect();
+                    assert_eq!(got, full[..delivered], "read {kind} cut {cut}");
+                }
                 for lo in [0, 1] {
                     let (got, end) = read(path.path(), lo, 4);
                     let (at, message) = corrupt_at(&end);
@@ -949,11 +1082,7 @@ mod tests {
         // loses nothing and is not looked for.)
         for cut in [10, gz.len() / 3, gz.len() / 2, gz.len() * 2 / 3] {
             let path = shard(&gz[..cut]);
-            let count = TarFormat.count(&Shard::file(path.path()));
-            assert!(
-                matches!(count, Err(ShardError::Corrupt { .. })),
-                "cut {cut}: {count:?}"
-            );
+            let (samples, _) = damaged(&Shard::file(path.path()));
             let (got, end) = read(path.path(), 0, 20);
             let (at, message) = corrupt_at(&end);
             assert!(
@@ -963,6 +1092,7 @@ mod tests {
             assert!(message.contains("gzip stream"), "{message}");
             let got: Vec<_> = got.into_iter().map(|(n, s)| (n, s.unwrap())).collect();
             assert_eq!(got, full[..got.len()]);
+            assert_eq!(samples, got.len() as u64, "cut {cut}");
         }
     }
 
@@ -973,8 +1103,11 @@ mod tests {
         let places = placed(&entries);
         bytes[places[1].header as usize + 20] ^= 0x55;
         let path = shard(&bytes);
-        let count = TarFormat.count(&Shard::file(path.path())).map(|_| ());
-        assert_eq!(corrupt_at(&count).0, "header after member part/000000.jpg");
+        let (samples, at) = damaged(&Shard::file(path.path()));
+        assert_eq!(
+            (samples, at.as_str()),
+            (0, "header after member part/000000.jpg")
+        );
         let (got, end) = read(path.path(), 0, 3);
         assert_eq!(corrupt_at(&end).0, "header after member part/000000.jpg");
         assert!(got.is_empty());
@@ -1089,9 +1222,11 @@ mod tests {
             for data in [bytes[..cut].to_vec(), gzip(&bytes[..cut])] {
                 let file = shard(&data);
                 let memory = Shard::memory(file.path(), data);
-                let count = TarFormat.count(&memory).map(|_| ());
-                let (at, message) = corrupt_at(&count);
-                assert!(cut == 0 || message.contains("truncated"), "{at}: {message}");
+                let info = TarFormat.count(&memory).unwrap();
+                assert_eq!(info, TarFormat.count(&Shard::file(file.path())).unwrap());
+                if let Some(d) = &info.damage {
+                    assert!(cut == 0 || d.message.contains("truncated"), "{d:?}");
+                }
                 for lo in [0, 2] {
                     assert_eq!(
                         outcome(&memory, lo, 4),
