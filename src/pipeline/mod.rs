@@ -58,9 +58,12 @@
 //! are thrown away, they end when the call returns) and named by
 //! [`Pipeline::take_left_running`]: no thread can interrupt a call that holds it
 //! (a Python `time.sleep`). Every other thread is joined before `stop`
-//! returns, so stopping takes about `STOP_GRACE` at most. A thread stage's function is not wrapped in `catch_unwind`
-//! (an interpreter that ends a thread with a forced unwind at exit must be
-//! let through): a panic ends its thread and fails the stage.
+//! returns, so stopping takes about `STOP_GRACE` at most. A thread stage's
+//! function is not wrapped in `catch_unwind`: a panic ends its thread and
+//! fails the stage. (A thread left inside a Python call when the interpreter
+//! exits is ended by `CPython` with a forced unwind; the bindings' calls into
+//! Python park such a thread where the unwind starts, `src/py/hang.rs`, so it
+//! never reaches the engine's frames.)
 
 mod engine;
 mod error;

@@ -133,9 +133,9 @@ pub(super) fn thread_name(stage: &str, i: usize) -> String {
 
 /// Records a failure if a stage thread unwinds out of its function (a
 /// panic). Functions run on dedicated threads are not wrapped in
-/// `catch_unwind`: an interpreter that ends a thread with a forced unwind
-/// (`CPython` does at exit, through `pthread_exit`) must be let through, and
-/// catching it would abort the process.
+/// `catch_unwind`; a panic ends the thread. (The forced unwind with which
+/// `CPython` ends a thread at exit never gets here: the bindings park such a
+/// thread inside their call into Python, `src/py/hang.rs`.)
 pub(super) struct UnwindGuard<'a, E> {
     pub(super) shared: &'a Shared<E>,
     pub(super) stage: &'a str,

@@ -44,8 +44,9 @@
 //! # Failures and shutdown
 //!
 //! Results are sent on, and the error policy applied, by the thread that
-//! sends, in order; after a fatal one nothing more goes out. The function is not wrapped in `catch_unwind` (see
-//! [`UnwindGuard`]): a panic ends its thread and fails the stage. Threads
+//! sends, in order; after a fatal one nothing more goes out. The function
+//! is not wrapped in `catch_unwind` (see [`UnwindGuard`]): a panic ends its
+//! thread and fails the stage. Threads
 //! that wait (for an item, for room in the window) look at the stop flag at
 //! least every [`POLL`].
 

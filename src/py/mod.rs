@@ -10,6 +10,7 @@ mod arena;
 mod cpu;
 mod dlpack;
 mod errors;
+mod hang;
 mod image;
 mod ops;
 mod pipeline;

@@ -6,6 +6,7 @@ use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 
 use super::{logger, Item};
+use crate::py::hang;
 
 /// The bridge to the pipeline's event loop for `async def` stages: each
 /// call submits a coroutine (through the Python-side runner, on a feeder
@@ -81,13 +82,14 @@ impl AsyncFeeder {
                                 reply: Mutex::new(Some(reply)),
                             };
                             let submitted = item.into_py(py).and_then(|arg| {
-                                runner.bind(py).call_method1("submit", (op, arg, done))
+                                hang::call_method(runner.bind(py), "submit", (op, arg, done))
                             });
                             if let Err(e) = submitted {
                                 // The runner refused (it is stopping): the
                                 // pipeline is going away; say why in the log.
                                 let _ = logger(py).and_then(|l| {
-                                    l.call_method1(
+                                    hang::call_method(
+                                        l,
                                         "debug",
                                         ("async submit failed: %r", e.value(py)),
                                     )

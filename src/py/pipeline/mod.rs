@@ -69,9 +69,12 @@ pub(super) fn logger(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
     LOGGER
         .get_or_try_init(py, || {
             Ok::<_, PyErr>(
-                py.import("logging")?
-                    .call_method1("getLogger", ("ferrofeed.pipeline",))?
-                    .unbind(),
+                crate::py::hang::call_method(
+                    py.import("logging")?.as_any(),
+                    "getLogger",
+                    ("ferrofeed.pipeline",),
+                )?
+                .unbind(),
             )
         })
         .map(|l| l.bind(py))

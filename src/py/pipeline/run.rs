@@ -16,6 +16,7 @@ use crate::pipeline::{
     format_table, Failure, FailureKind, Next, Pipeline, PipelineConfig, ReportFn, SkipHook, Stall,
     StallFn, StallWatch, StatsReporter, StatsSnapshot,
 };
+use crate::py::hang;
 
 /// How long `__next__` waits without the GIL before checking for signals.
 const WAIT_SLICE: Duration = Duration::from_millis(50);
@@ -62,7 +63,8 @@ fn stall_watch(secs: f64) -> PyResult<StallWatch> {
     let report: StallFn = Arc::new(|stall: &Stall| {
         Python::attach(|py| {
             let _ = logger(py).and_then(|l| {
-                l.call_method1(
+                hang::call_method(
+                    l,
                     "warning",
                     (
                         "pipeline made no progress for %.1f s; stage %r holds it \
@@ -180,10 +182,12 @@ impl PyPipeline {
             // Not a warning: Ctrl-C during a long call is the usual cause,
             // and nothing is wrong (see `stop` in `PipelineBuilder`'s docs).
             let _ = logger(py).and_then(|l| {
-                l.call_method1(
+                hang::call_method(
+                    l,
                     "info",
                     (
-                        "pipeline stopped; %d thread(s) still inside a call of user code                          (%s) are left to finish on their own, their results discarded",
+                        "pipeline stopped; %d thread(s) still inside a call of user code (%s) are left to \
+                         finish on their own, their results discarded",
                         left.len(),
                         left.join(", "),
                     ),
@@ -252,7 +256,8 @@ impl PyPipeline {
         let hook: SkipHook<PyErr> = Arc::new(|stage: &str, e: &PyErr| {
             Python::attach(|py| {
                 let _ = logger(py).and_then(|l| {
-                    l.call_method1(
+                    hang::call_method(
+                        l,
                         "warning",
                         (
                             "stage %r skipped an item: %s: %s",
@@ -298,7 +303,7 @@ impl PyPipeline {
                 let table = format_table(snaps);
                 Python::attach(|py| {
                     let _ = logger(py)
-                        .and_then(|l| l.call_method1("info", ("pipeline stats\n%s", table)));
+                        .and_then(|l| hang::call_method(l, "info", ("pipeline stats\n%s", table)));
                 });
             });
             pipeline.set_reporter(StatsReporter {

@@ -5,6 +5,7 @@ use pyo3::types::PyIterator;
 
 use super::Item;
 use crate::pipeline::Source;
+use crate::py::hang;
 
 /// A Python iterator pulled on the source thread, several items per GIL
 /// acquisition.
@@ -43,9 +44,9 @@ impl Source<Item, PyErr> for PySource {
         offer: &mut dyn FnMut(Item) -> Option<Item>,
     ) -> PyResult<bool> {
         Python::attach(|py| {
-            let mut it = self.iter.bind(py).clone();
+            let it = self.iter.bind(py).clone();
             for _ in 0..max {
-                let Some(v) = it.next() else {
+                let Some(v) = hang::next(&it) else {
                     return Ok(false);
                 };
                 let item = self.convert(v?);

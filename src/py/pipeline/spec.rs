@@ -16,6 +16,7 @@ use crate::pipeline::{
     AccumulateStage, AggregateStage, AsyncItemFn, CombineFn, DisaggregateStage, ErrorPolicy,
     FlushFn, MapStage, SessionFn, SplitFn, Stage, StageTimeout, TimeoutErrorFn, Work,
 };
+use crate::py::hang;
 
 /// The attribute that marks an exception raised by the call of a stage
 /// function itself (see [`mark_if_call_failed`]).
@@ -48,9 +49,10 @@ pub(super) fn mark_if_call_failed(py: Python<'_>, err: &PyErr, op: &Bound<'_, Py
         // The traceback as pyo3 holds it: on Python 3.11 the value's own
         // `__traceback__` is set only when the error is raised again.
         let tb = err.traceback(py);
-        if check.bind(py).call1((value, op, tb))?.is_truthy()? {
+        if hang::call(check.bind(py), (value, op, tb))?.is_truthy()? {
             value.setattr(CALL_FAILED, true)?;
-            value.call_method1(
+            hang::call_method(
+                value.as_any(),
                 "add_note",
                 (
                     "the stage's function could not be called with the item (its body never \
@@ -71,7 +73,7 @@ fn call_python(callable: &Py<PyAny>, item: Item) -> PyResult<Option<Item>> {
     Python::attach(|py| {
         let arg = item.into_py(py)?;
         let f = callable.bind(py);
-        match f.call1((arg,)) {
+        match hang::call(f, (arg,)) {
             Ok(out) => Ok((!out.is_none()).then(|| Item::Py(out.unbind()))),
             Err(e) => {
                 mark_if_call_failed(py, &e, f);
@@ -588,7 +590,7 @@ impl AggregateSpec {
                     Arc::new(move |items: Vec<Item>| {
                         Python::attach(|py| {
                             let list = py_list(py, items)?;
-                            let out = f.bind(py).call1((list,))?;
+                            let out = hang::call(f.bind(py), (list,))?;
                             Ok(Item::Py(out.unbind()))
                         })
                     })
@@ -619,7 +621,7 @@ impl AccumulateSpec {
             let flush = flush.clone_ref(py);
             Arc::new(move || {
                 Python::attach(|py| {
-                    let out = flush.bind(py).call0()?;
+                    let out = hang::call(flush.bind(py), ())?;
                     Ok((!out.is_none()).then(|| Item::Py(out.unbind())))
                 })
             })
@@ -641,8 +643,8 @@ impl DisaggregateSpec {
             Item::List(items) => Ok(items),
             other => Python::attach(|py| {
                 let obj = other.into_py(py)?;
-                obj.bind(py)
-                    .try_iter()?
+                let it = obj.bind(py).try_iter()?;
+                std::iter::from_fn(|| hang::next(&it))
                     .map(|v| v.map(|v| Item::Py(v.unbind())))
                     .collect()
             }),
