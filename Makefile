@@ -10,6 +10,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 WHEEL_DIR := target/wheels
+# mosaicml-streaming, whose MDSWriter writes tests/test_mds.py's datasets (installed without its
+# pins by install-test: see pyproject.toml's test extra).
+STREAMING_VERSION := 0.13.0
 export PYO3_PYTHON := $(abspath $(PY))
 
 # Two builds of the extension:
@@ -149,6 +152,7 @@ demo: install ## Install ferrofeed and run its main job (ferrofeed demo)
 .PHONY: install-test
 install-test: install ## Install the wheel with everything the tests need
 	$(PIP) install -q "$$(ls $(INSTALL_DIR)/ferrofeed-*.whl)[test,lint]"
+	$(PIP) install -q --no-deps "mosaicml-streaming==$(STREAMING_VERSION)"
 
 .PHONY: build-dev
 build-dev: $(PY) ## Build the extension in place (editable, debug) for quick iteration

@@ -67,7 +67,7 @@ from ._images import IMAGE_EXTENSIONS, ImageFiles, ImageFolder
 from ._loader import DataLoader
 from ._pipeline import Aggregator, Pipeline, PipelineBuilder, TaskHook
 from ._sample import sample_rng
-from ._shards import JsonLines, ParquetShards, ShardedSource, TarShards
+from ._shards import JsonLines, MDSShards, ParquetShards, ShardedSource, TarShards
 from ._shared_list import SharedList, default_arena_dir
 from ._workers import WorkerInfo, get_worker_info
 
@@ -105,6 +105,7 @@ __all__ = [
     "ImageFolder",
     "ImageReadError",
     "JsonLines",
+    "MDSShards",
     "ParquetShards",
     "PinnedMemoryError",
     "Pipeline",

@@ -506,7 +506,7 @@ class _ShardReader:
 
     def __new__(
         cls,
-        kind: Literal["tar", "jsonl", "parquet"],
+        kind: Literal["tar", "jsonl", "parquet", "mds"],
         paths: Sequence[str],
         columns: Sequence[str] | None = None,
         remote: _RemoteShards | None = None,
@@ -515,9 +515,11 @@ class _ShardReader:
     def count(
         self, threads: int
     ) -> list[tuple[int, str | None, str | None, tuple[str, str] | None]]:
-        """Return ``(samples, first_key, last_key, damage)`` of every shard (on ``threads``
-        threads); ``damage`` is ``(at, message)`` for a shard counted up to where it breaks
-        off."""
+        """Return ``(samples, first_key, last_key, damage)`` of every shard.
+
+        Counted on ``threads`` threads; ``damage`` is ``(at, message)`` for a shard counted up
+        to where it breaks off.
+        """
     def read(
         self, pieces: Sequence[tuple[int, int, int]], first_ids: Sequence[int]
     ) -> _ShardWindow:
@@ -555,6 +557,9 @@ def _remote_head(
     urls: Sequence[str], storage_options: Sequence[tuple[str, str]], concurrency: int
 ) -> list[tuple[str, int, str | None]]:
     """Return ``(url, size, etag)`` of each URL (one HEAD each)."""
+
+def _remote_get(url: str, storage_options: Sequence[tuple[str, str]]) -> bytes:
+    """Return the object ``url``'s bytes, whole."""
 
 def _remote_environment(url: str) -> list[tuple[str, str]]:
     """Return the environment variables locating ``url``'s store, as ``(env:NAME, value)``."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import glob
+import json
 import os
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -21,7 +22,14 @@ from typing import Any, ClassVar, Literal
 from . import _core, _remote
 from ._errors import ShardCorruptError, ShardError
 
-__all__ = ["JsonLines", "ParquetShards", "ShardedSource", "TarShards", "expand_shards"]
+__all__ = [
+    "JsonLines",
+    "MDSShards",
+    "ParquetShards",
+    "ShardedSource",
+    "TarShards",
+    "expand_shards",
+]
 
 Urls = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 
@@ -114,7 +122,7 @@ class ShardedSource:
     time, in Rust). Pass it to `DataLoader` for shuffled, sharded, resumable batches.
     """
 
-    _kind: ClassVar[Literal["tar", "jsonl", "parquet"]]
+    _kind: ClassVar[Literal["tar", "jsonl", "parquet", "mds"]]
 
     def __init__(
         self,
@@ -168,7 +176,7 @@ class ShardedSource:
 
                 def count(
                     objects: list[_remote.Listed],
-                ) -> list[tuple[int, str | None, str | None]]:
+                ) -> list[_remote.Counted]:
                     # A Parquet file is counted from its footer; a tar or JSON lines shard
                     # is fetched whole, and each counting thread holds one in memory.
                     most = 16 if self._kind == "parquet" else 4
@@ -676,3 +684,128 @@ class JsonLines(ShardedSource):
             cache_dir=cache_dir,
             cache_limit=cache_limit,
         )
+
+
+# What MDSShards reads of an index.json shard entry: the compressions Rust decompresses.
+_MDS_COMPRESSIONS = ("zstd", "gz")
+
+
+class MDSShards(ShardedSource):
+    """A MosaicML Streaming dataset in MDS format, as ``MDSWriter`` writes it.
+
+    The dataset is a directory (local, or a URL prefix in object storage) holding
+    ``index.json`` and the shards it names (``shard.00000.mds``, or ``.mds.zstd`` and
+    ``.mds.gz`` when written with ``compression="zstd"`` or ``"gz"``). The index gives each
+    shard's samples, so making the source reads the index alone (and, for URLs, one HEAD per
+    shard), not the shards. A sample is a dict of its columns, decoded as `streaming`'s
+    reader decodes them, except that nothing is unpickled and images stay encoded:
+
+    - ``bytes``, ``jpeg``, ``png``: `bytes` (an image's encoded file: ``image="jpeg"`` feeds
+      it to the native image chain); ``pkl``, ``jpeg_array`` and ``list[...]``: their bytes;
+    - ``str``: `str`; ``int``, ``int8``..``uint64``, ``str_int``: `int`; ``float16``,
+      ``float32``, ``float64``, ``str_float``: `float`; ``str_decimal``: its text;
+    - ``json``: Python's ``json.loads`` of the text;
+    - ``ndarray`` (any dtype and shape, fixed or stored): a writable ``numpy.ndarray``;
+    - ``pil``: the image's pixels as ``numpy.asarray(image)`` gives them (``H x W`` or
+      ``H x W x C``).
+
+    Args:
+        path: the dataset's directory or its ``index.json`` (a path or a URL: ``s3://``,
+            ``gs://``, ``az://``, ``http(s)://``).
+        storage_options, prefetch_bytes, cache_dir, cache_limit: for URLs, as for
+            `TarShards`.
+
+    Raises:
+        FileNotFoundError: no ``index.json`` there, or a shard it names is missing
+            (`ShardNotFoundError` for a URL).
+        ValueError: the index is not an MDS index (another format, a compression other than
+            zstd or gzip, a shard without its sample count).
+        ShardCorruptError: a shard's header does not check out (when read).
+
+    Example:
+        >>> ds = MDSShards("s3://bucket/imagenet-mds/train")  # doctest: +SKIP
+        >>> loader = DataLoader(ds, 256, transform=ops.decode_image(size=224),
+        ...                     image="jpeg", label="class")  # doctest: +SKIP
+    """
+
+    _kind = "mds"
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        storage_options: Mapping[str, str] | None = None,
+        prefetch_bytes: int | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | None = None,
+    ) -> None:
+        where = os.fspath(path)
+        remote = _remote.is_url(where)
+        index_at = where if where.endswith("index.json") else where.rstrip("/") + "/index.json"
+        root = index_at[: -len("index.json")]
+        if remote:
+            text = _core._remote_get(index_at, sorted((storage_options or {}).items()))
+        else:
+            with open(index_at, "rb") as f:
+                text = f.read()
+        shards = _mds_shards(index_at, text)
+        paths = [root + name for name, _ in shards]
+        counted: list[_remote.Counted] = [(n, None, None, None) for _, n in shards]
+        if not remote:
+            if any(
+                a is not None for a in (storage_options, prefetch_bytes, cache_dir, cache_limit)
+            ):
+                raise ValueError(
+                    "storage_options=, prefetch_bytes=, cache_dir= and cache_limit= are for a "
+                    f"dataset in object storage (a URL); {where!r} is a local path"
+                )
+            super().__init__(paths, _counted=counted)
+            return
+        config = _remote.RemoteConfig(
+            storage_options=dict(storage_options or {}),
+            prefetch_bytes=(
+                prefetch_bytes
+                if prefetch_bytes is not None
+                else _remote.RemoteConfig.prefetch_bytes
+            ),
+            cache_dir=os.fspath(cache_dir) if cache_dir is not None else None,
+            cache_limit=cache_limit,
+        )
+        objects = _remote.list_objects(paths, config)
+        super().__init__(paths, _counted=counted, _objects=objects, _config=config)
+
+
+def _mds_shards(index_at: str, text: bytes) -> list[tuple[str, int]]:
+    """``(file name relative to the index, samples)`` of each shard an MDS index names."""
+    try:
+        index = json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"{index_at}: not JSON ({e})") from None
+    entries = index.get("shards") if isinstance(index, dict) else None
+    if not isinstance(entries, list) or not entries:
+        raise ValueError(f"{index_at}: not an MDS index (no list of shards)")
+    out = []
+    for k, entry in enumerate(entries):
+        what = f"{index_at}: shard {k}"
+        if not isinstance(entry, dict):
+            raise ValueError(f"{what} is not an object")
+        kind = entry.get("format")
+        if kind != "mds":
+            raise ValueError(
+                f"{what} is in format {kind!r}: MDSShards reads 'mds' (for 'jsonl' shards, "
+                "JsonLines reads the raw files)"
+            )
+        compression = entry.get("compression")
+        algorithm = compression.split(":", 1)[0] if isinstance(compression, str) else None
+        if compression is not None and algorithm not in _MDS_COMPRESSIONS:
+            raise ValueError(
+                f"{what} is compressed with {compression!r}: MDSShards reads plain, zstd and gz "
+                "shards"
+            )
+        data = entry.get("zip_data" if compression is not None else "raw_data")
+        name = data.get("basename") if isinstance(data, dict) else None
+        samples = entry.get("samples")
+        if not isinstance(name, str) or not isinstance(samples, int) or samples < 0:
+            raise ValueError(f"{what} has no file name or sample count")
+        out.append((name, samples))
+    return out

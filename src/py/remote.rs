@@ -4,6 +4,7 @@
 //!   and cache; `_core._ShardReader` reads through it.
 //! - `_core._remote_list`, `_core._remote_head`: the objects a pattern names
 //!   (one listing) or the metadata of given URLs (one HEAD each).
+//! - `_core._remote_get`: one small object whole (a dataset's index).
 //! - `_core._remote_stats`: the process's counters.
 //!
 //! Every call that waits on the network releases the GIL.
@@ -14,9 +15,9 @@ use std::sync::Arc;
 use futures_util::StreamExt;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyBytes, PyDict};
 
-use crate::remote::store::{store_environment, Process};
+use crate::remote::store::{retry_config, store_environment, Process};
 use crate::remote::{stats, Object, ObjectUrl, RemoteError, RemoteOptions, RemoteShards};
 
 use super::errors::remote_error;
@@ -160,6 +161,35 @@ fn remote_head(
     }
 }
 
+/// The bytes of the object `url`, whole (one HEAD, then ranged GETs of 8
+/// MiB, or one GET from a server without ranges), retried as shards are.
+#[pyfunction]
+#[pyo3(name = "_remote_get")]
+fn remote_get<'py>(
+    py: Python<'py>,
+    url: &str,
+    storage_options: Vec<(String, String)>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let options = sorted(storage_options);
+    let result = py.detach(|| -> Result<bytes::Bytes, RemoteError> {
+        let parsed = ObjectUrl::parse(url)?;
+        let p = process(url)?;
+        let store = p.client(&parsed, &options)?;
+        let retry = retry_config(url, &options)?;
+        p.runtime().block_on(async {
+            let object = Object::head(&*store, parsed).await?;
+            let requests = tokio::sync::Semaphore::new(4);
+            object
+                .get(&*store, 0..object.size, 8 << 20, &requests, &retry)
+                .await
+        })
+    });
+    match result {
+        Ok(bytes) => Ok(PyBytes::new(py, &bytes)),
+        Err(e) => Err(remote_error(py, &e)),
+    }
+}
+
 /// The variables of the environment that locate `url`'s store (its
 /// endpoint, region, account; no secrets), as `(env:NAME, value)`: what
 /// keys the process's clients, and a node's index of a source.
@@ -192,6 +222,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyRemoteShards>()?;
     m.add_function(wrap_pyfunction!(remote_list, m)?)?;
     m.add_function(wrap_pyfunction!(remote_head, m)?)?;
+    m.add_function(wrap_pyfunction!(remote_get, m)?)?;
     m.add_function(wrap_pyfunction!(remote_stats, m)?)?;
     m.add_function(wrap_pyfunction!(remote_environment, m)?)?;
     Ok(())

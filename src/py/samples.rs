@@ -4,16 +4,27 @@
 
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBytes, PyDict, PyList};
+use pyo3::types::{PyByteArray, PyBytes, PyDict, PyList};
 
 use crate::shards::{Sample, Value};
 
 use super::errors::{shard_exception, ShardClass};
 
-/// A [`Value`] as Python objects.
+/// A [`Value`] as Python objects: JSON text parsed by Python's `json.loads`,
+/// an array as a (writable) numpy array.
 pub(super) fn to_py<'py>(py: Python<'py>, v: &Value) -> PyResult<Bound<'py, PyAny>> {
     Ok(match v {
         Value::Null => py.None().into_bound(py),
+        Value::UInt(u) => u.into_pyobject(py)?.into_any(),
+        Value::Json(text) => json_loads(py, text)?,
+        Value::Array(a) => {
+            static FROMBUFFER: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+            let values = PyByteArray::new(py, &a.data);
+            let flat = FROMBUFFER
+                .import(py, "numpy", "frombuffer")?
+                .call1((values, a.dtype))?;
+            flat.call_method1("reshape", (a.shape.clone(),))?
+        }
         Value::Bool(b) => b.into_pyobject(py)?.to_owned().into_any(),
         Value::Int(i) => i.into_pyobject(py)?.into_any(),
         Value::Float(f) => f.into_pyobject(py)?.into_any(),
@@ -115,16 +126,20 @@ pub(super) fn tar_sample<'py>(
                     .map_err(|_| bad(format!("not an integer: {}", excerpt(bytes))))?
             }
             Decode::Json => {
-                static LOADS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-                LOADS
-                    .import(py, "json", "loads")?
-                    .call1((raw,))
-                    .map_err(|e| bad(format!("not JSON: {}", e.value(py))))?
+                json_loads(py, bytes).map_err(|e| bad(format!("not JSON: {}", e.value(py))))?
             }
         };
         d.set_item(field, value)?;
     }
     Ok(d.into_any())
+}
+
+/// `json.loads(text)`.
+fn json_loads<'py>(py: Python<'py>, text: &[u8]) -> PyResult<Bound<'py, PyAny>> {
+    static LOADS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    LOADS
+        .import(py, "json", "loads")?
+        .call1((PyBytes::new(py, text),))
 }
 
 /// The start of `bytes`, for a message: at most 40 bytes, escaped as Python

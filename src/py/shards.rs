@@ -21,6 +21,7 @@ use pyo3::types::PyDict;
 use crate::remote::{RemoteError, RemoteShards};
 use crate::shard_plan::{Segment, ShardPlan, ShardPlanConfig};
 use crate::shards::jsonl::JsonLinesFormat;
+use crate::shards::mds::MdsFormat;
 use crate::shards::parquet::ParquetFormat;
 use crate::shards::tar::TarFormat;
 use crate::shards::{Sample, Shard, ShardError, ShardFormat, Value};
@@ -36,6 +37,7 @@ enum Kind {
     Tar,
     JsonLines,
     Parquet,
+    Mds,
 }
 
 /// `(samples, first_key, last_key, damage)` of a shard, as `count` returns it.
@@ -132,9 +134,10 @@ impl PyShardReader {
             "tar" => (Kind::Tar, Arc::new(TarFormat)),
             "jsonl" => (Kind::JsonLines, Arc::new(JsonLinesFormat)),
             "parquet" => (Kind::Parquet, Arc::new(ParquetFormat::new(columns))),
+            "mds" => (Kind::Mds, Arc::new(MdsFormat)),
             other => {
                 return Err(PyValueError::new_err(format!(
-                    "unknown shard format {other:?}: 'tar', 'jsonl' or 'parquet'"
+                    "unknown shard format {other:?}: 'tar', 'jsonl', 'parquet' or 'mds'"
                 )))
             }
         };
@@ -359,9 +362,9 @@ impl PyShardWindow {
 
     /// Sample `id` as Python objects: a tar sample as a dict in the
     /// `WebDataset` layout (`__key__`, `__shard__`, one entry per extension,
-    /// decoded by it), a Parquet row as a dict of its columns, a JSON line
-    /// as its parsed value. A sample that could not be read raises its
-    /// error, naming the shard and where in it.
+    /// decoded by it), a Parquet row or an MDS sample as a dict of its
+    /// columns, a JSON line as its parsed value. A sample that could not be
+    /// read raises its error, naming the shard and where in it.
     fn sample<'py>(&self, py: Python<'py>, id: u64) -> PyResult<Bound<'py, PyAny>> {
         let (span, entry) = self.entry(id)?;
         let entry = lock(entry);
@@ -369,10 +372,15 @@ impl PyShardWindow {
         let shard = self.shard_name(span);
         match self.kind {
             Kind::Tar => tar_sample(py, sample, &shard, self.decode),
-            Kind::Parquet => {
+            Kind::Parquet | Kind::Mds => {
                 let d = PyDict::new(py);
                 for (k, v) in &sample.fields {
-                    d.set_item(k, to_py(py, v)?)?;
+                    let value = to_py(py, v).map_err(|e| {
+                        let at = format!("{}, column {k:?}", sample.key);
+                        let message = format!("{shard}: {at}: {}", e.value(py));
+                        shard_exception(py, ShardClass::Corrupt, &message, &shard, Some(&at))
+                    })?;
+                    d.set_item(k, value)?;
                 }
                 Ok(d.into_any())
             }
@@ -564,6 +572,9 @@ fn value_kind(v: &Value) -> &'static str {
         Value::Bytes(_) => "bytes",
         Value::List(_) => "a list",
         Value::Map(_) => "a map",
+        Value::UInt(_) => "an int beyond 64 bits",
+        Value::Json(_) => "JSON",
+        Value::Array(_) => "an array",
     }
 }
 

@@ -28,6 +28,7 @@
 //! with an `Err`, and the samples not yet delivered are lost with it.
 
 pub mod jsonl;
+pub mod mds;
 pub mod parquet;
 pub mod tar;
 
@@ -328,6 +329,57 @@ pub enum Value {
     /// Named fields in stored order (a JSON object, a Parquet struct or map
     /// with string keys).
     Map(Vec<(String, Value)>),
+    /// An unsigned integer beyond `i64` (an MDS `uint64`; those that fit are
+    /// [`Value::Int`]).
+    UInt(u64),
+    /// JSON text, to be parsed by the bindings (Python's `json.loads` keeps
+    /// key order, exact floats and integers of any size): an MDS `json`
+    /// column.
+    Json(Vec<u8>),
+    /// A typed n-dimensional array (an MDS `ndarray` or `pil` column).
+    Array(Array),
+}
+
+/// An n-dimensional array of numbers: numpy's dtype name, the shape and the
+/// values, little-endian, in C order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Array {
+    /// numpy's name of the element type (`"uint8"`, `"float32"`, `"bool"`).
+    pub dtype: &'static str,
+    /// The extent of each dimension.
+    pub shape: Vec<usize>,
+    /// The values' bytes.
+    pub data: Vec<u8>,
+}
+
+impl Array {
+    /// The array of `shape` of elements of `size` bytes in `data`.
+    ///
+    /// # Errors
+    ///
+    /// `data` does not hold exactly the shape's elements.
+    pub fn new(
+        dtype: &'static str,
+        size: usize,
+        shape: Vec<usize>,
+        data: &[u8],
+    ) -> Result<Self, String> {
+        let want = shape
+            .iter()
+            .try_fold(size, |n, &d| n.checked_mul(d))
+            .ok_or("its shape overflows")?;
+        if data.len() != want {
+            return Err(format!(
+                "{} bytes of values for a {dtype} array of shape {shape:?} ({want} bytes)",
+                data.len()
+            ));
+        }
+        Ok(Self {
+            dtype,
+            shape,
+            data: data.to_vec(),
+        })
+    }
 }
 
 /// One sample of a shard.
@@ -512,6 +564,7 @@ pub fn fuzz_every_format(data: &[u8], dir: &Path) -> Result<(), String> {
             ("shard.tar", &tar::TarFormat),
             ("shard.jsonl", &jsonl::JsonLinesFormat),
             ("shard.parquet", &parquet),
+            ("shard.mds", &mds::MdsFormat),
         ],
     )
 }
