@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, Self
 from . import _core
 from ._pipeline_async import _AsyncIterBridge, _AsyncRunner
 
-# `_call_failed` is imported from here by the engine (src/py/pipeline/spec.rs).
+# Extensions built before `_call_failed` moved to _pipeline_calls import it from here.
 from ._pipeline_calls import _call_failed as _call_failed
 from ._pipeline_calls import (
     _Collect,
@@ -27,7 +27,6 @@ from ._pipeline_calls import (
     _is_async,
     _is_async_generator,
     _is_generator,
-    _op_name,
     _Timeout,
 )
 from ._pipeline_hooks import (
@@ -99,6 +98,13 @@ def _stop_live_pipelines() -> None:
 
 # How long stopping waits for the event loop's thread to end; with the engine's own
 # grace for stage threads (0.25 s: STOP_GRACE in src/pipeline/engine.rs) it keeps Ctrl-C
+
+
+def _op_name(op: Any) -> str:
+    if isinstance(op, _core.NativeOp):
+        return op.name
+    name = getattr(op, "__qualname__", None) or getattr(op, "__name__", None)
+    return str(name or type(op).__name__)
 
 
 class PipelineBuilder:

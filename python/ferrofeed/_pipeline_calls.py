@@ -1,10 +1,10 @@
-"""What a Python stage calls: the builder's wrappers around a user's function, and their names.
+"""What a Python stage calls: the builder's wrappers around a user's function.
 
 The wrappers are classes at module level (not closures), so that a stage run in a
 ``ProcessPoolExecutor`` pickles them by reference. `_call_failed` tells the engine whether
 a stage's `TypeError` came from calling the function itself (a programming error, which
-fails the pipeline even under ``on_error="skip"``); the engine imports it as
-``ferrofeed._pipeline._call_failed`` (``src/py/pipeline/spec.rs``).
+fails the pipeline even under ``on_error="skip"``); the engine imports it from here
+(``src/py/pipeline/calls.rs``), so this module imports nothing of the engine (``_core``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import inspect
 from collections.abc import AsyncIterable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from . import _core
 from ._pipeline_hooks import _AsyncTaskHooks, _SyncTaskHooks
 
 if TYPE_CHECKING:
@@ -158,10 +157,3 @@ def _call_failed(exc: BaseException, op: Any, tb: TracebackType | None = None) -
         text = str(cause)
         return not (f'"{code.co_filename}"' in text and f"in {code.co_name}" in text)
     return True
-
-
-def _op_name(op: Any) -> str:
-    if isinstance(op, _core.NativeOp):
-        return op.name
-    name = getattr(op, "__qualname__", None) or getattr(op, "__name__", None)
-    return str(name or type(op).__name__)
