@@ -5,6 +5,9 @@
 //! thread until one comes, forever for a loader. [`open_regular`] opens with
 //! `O_NONBLOCK` and checks with `fstat` before any read, so such a path is
 //! refused at once, with an error that says what it is.
+//!
+//! A temporary file whose name carries its writer's pid (an arena being
+//! built, a shard being cached) is an orphan once [`process_is_dead`].
 
 use std::fs::File;
 use std::path::Path;
@@ -56,6 +59,17 @@ fn not_regular(kind: rustix::fs::FileType) -> std::io::Error {
     )
 }
 
+/// Whether no process `pid` exists (on this machine, in this PID namespace).
+pub(crate) fn process_is_dead(pid: i32) -> bool {
+    match rustix::process::Pid::from_raw(pid) {
+        Some(p) => matches!(
+            rustix::process::test_kill_process(p),
+            Err(rustix::io::Errno::SRCH)
+        ),
+        None => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -79,6 +93,13 @@ mod tests {
         let file = dir.path().join("f");
         std::fs::write(&file, b"abc").unwrap();
         assert_eq!(open_regular(&file).unwrap().1, 3);
+    }
+
+    #[test]
+    fn live_and_dead_pids() {
+        assert!(!process_is_dead(i32::try_from(std::process::id()).unwrap()));
+        // Linux pids never reach i32::MAX (pid_max is at most 2^22).
+        assert!(process_is_dead(i32::MAX));
     }
 
     fn libc_eisdir() -> i32 {

@@ -14,26 +14,29 @@
 //!
 //! - [`seed`]: the one stable, pinned seed mixer behind every shuffle, crop
 //!   and per-sample seed.
-//! - [`cpu`]: the process's one CPU pool (re-created in a forked child).
+//! - `panic` and [`fs`]: a caught panic's message; files opened without
+//!   blocking, and whether a temporary file's writer is gone.
+//! - [`cpu`]: the process's CPU pools (re-created in a forked child).
 //! - [`sampler`]: seekable shuffled index orders, O(1) to start or resume.
 //! - [`plan`]: the epoch plan: numbered batches of dataset indices per rank,
 //!   from any resume point, for every executor.
+//! - [`shard_plan`]: the plan of a sharded source across epochs and ranks.
+//! - [`recycle`]: a process-wide pool of byte buffers for the shard readers.
+//! - [`remote`]: shards in object storage (S3, GCS, Azure, HTTP), fetched
+//!   ahead within a byte budget and cached on local disk.
+//! - [`shards`]: the readers of sharded sources (tar, Parquet, JSON lines),
+//!   local or fetched by [`remote`].
 //! - [`arena`]: the shared arena, one memory-mapped file of opaque items that
 //!   every process on a node maps, so dataset metadata exists once per node.
-//! - [`image`]: decode, resize, crop and flip into a slot of a batch, and the
-//!   batch engine ([`image::batch`]).
 //! - [`dlpack`]: the `DLPack` structs, the `__dlpack__` request rules, and
 //!   managed tensors whose deleter drops a Rust owner.
 //! - [`staging`]: a bounded pool of 64-byte aligned (and, with a CUDA
 //!   driver, pinned) host buffers, and [`staging::Tensor`], a pooled buffer
 //!   exported by `DLPack`.
+//! - [`image`]: decode, resize, crop and flip into a slot of a batch, and the
+//!   batch engine ([`image::batch`]), which decodes into [`staging`] buffers.
 //! - [`pipeline`]: the engine: a source, stages on a tokio runtime linked by
 //!   bounded channels, stats, clean failure and shutdown.
-//! - [`shards`], [`shard_plan`]: sharded sources (tar, Parquet, JSON lines)
-//!   and their plan across epochs and ranks.
-//! - [`remote`]: shards in object storage (S3, GCS, Azure, HTTP), fetched
-//!   ahead within a byte budget and cached on local disk; the readers of
-//!   [`shards`] read the fetched bytes.
 //!
 //! The Python bindings (`py`) are built on all of these.
 

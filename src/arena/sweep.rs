@@ -11,10 +11,10 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use rustix::fs::OFlags;
-use rustix::io::Errno;
 
 use super::format::MAGIC;
 use super::lock::try_lock_exclusive;
+use crate::fs::process_is_dead;
 
 /// Suffix of every arena file ferrofeed names.
 pub const ARENA_SUFFIX: &str = ".arena";
@@ -54,14 +54,6 @@ fn classify(name: &str) -> Option<Candidate> {
     let stem = parts.next()?;
     stem.ends_with(ARENA_SUFFIX)
         .then_some(Candidate::Partial { pid })
-}
-
-/// Whether no process `pid` exists (on this machine, in this PID namespace).
-pub(crate) fn process_is_dead(pid: i32) -> bool {
-    match rustix::process::Pid::from_raw(pid) {
-        Some(p) => matches!(rustix::process::test_kill_process(p), Err(Errno::SRCH)),
-        None => false,
-    }
 }
 
 /// Opens a sweep candidate for reading, if it is a regular file (never
@@ -162,12 +154,5 @@ mod tests {
         assert_eq!(classify("x.txt"), None);
         assert_eq!(classify("ferrofeed-shared-x.claim"), Some(Candidate::Claim));
         assert_eq!(classify("other.claim"), None);
-    }
-
-    #[test]
-    fn live_and_dead_pids() {
-        assert!(!process_is_dead(i32::try_from(std::process::id()).unwrap()));
-        // Linux pids never reach i32::MAX (pid_max is at most 2^22).
-        assert!(process_is_dead(i32::MAX));
     }
 }

@@ -71,7 +71,7 @@ impl Cache {
             let Some(pid) = name.to_str().and_then(tmp_pid) else {
                 continue;
             };
-            if crate::arena::sweep::process_is_dead(pid) {
+            if crate::fs::process_is_dead(pid) {
                 // Best effort: another process may remove it first.
                 let _ = std::fs::remove_file(entry.path());
             }

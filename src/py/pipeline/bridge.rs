@@ -34,7 +34,7 @@ impl Completion {
                 }
                 e => {
                     let e = PyErr::from_value(e);
-                    super::spec::mark_if_call_failed(task.py(), &e, self.op.bind(task.py()));
+                    super::calls::mark_if_call_failed(task.py(), &e, self.op.bind(task.py()));
                     Err(e)
                 }
             }

@@ -10,6 +10,8 @@
 //! - `source`: the sources (a Python iterator, a native range);
 //! - `spec`: the stage specifications the Python builder hands over, as
 //!   typed classes, and the engine stages they become;
+//! - `calls`: a stage's failed call told from a failure inside it (a
+//!   programming error, which no `on_error="skip"` hides);
 //! - `bridge`: the bridge to the event loop of `async def` stages;
 //! - `run`: the `Pipeline` class, its life from start to stop, and how a
 //!   failure reaches the consumer.
@@ -18,6 +20,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 
 mod bridge;
+mod calls;
 mod item;
 mod native;
 mod run;

@@ -9,8 +9,9 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyRange, PyRangeMethods, PyTuple};
 
 use super::bridge::AsyncFeeder;
+use super::calls::is_call_failure;
 use super::source::{PySource, RangeSource};
-use super::spec::{is_call_failure, takes_native_items, to_stage, StageEnv};
+use super::spec::{takes_native_items, to_stage, StageEnv};
 use super::{fork_generation, logger, Item};
 use crate::pipeline::{
     format_table, Failure, FailureKind, Next, Pipeline, PipelineConfig, ReportFn, SkipHook, Stall,

@@ -7,66 +7,16 @@ use std::time::Duration;
 
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
 use pyo3::types::PyList;
 
 use super::bridge::AsyncFeeder;
+use super::calls::mark_if_call_failed;
 use super::{Item, PyNativeOp};
 use crate::pipeline::{
     AccumulateStage, AggregateStage, AsyncItemFn, CombineFn, DisaggregateStage, ErrorPolicy,
     FlushFn, MapStage, SessionFn, SplitFn, Stage, StageTimeout, TimeoutErrorFn, Work,
 };
 use crate::py::hang;
-
-/// The attribute that marks an exception raised by the call of a stage
-/// function itself (see [`mark_if_call_failed`]).
-const CALL_FAILED: &str = "_ferrofeed_call_failed";
-
-/// Whether `err` was marked by [`mark_if_call_failed`]: a programming error
-/// that fails the pipeline whatever the stage's `on_error`.
-pub(super) fn is_call_failure(py: Python<'_>, err: &PyErr) -> bool {
-    err.value(py).hasattr(CALL_FAILED).unwrap_or(false)
-}
-
-/// Marks `err` if it is a `TypeError` from calling `op` itself (wrong
-/// arity), raised before `op`'s body ran: `ferrofeed._pipeline._call_failed`
-/// tells (it sees through the builder's wrappers). Such an error is a
-/// programming error, not a bad item, and a note says so.
-pub(super) fn mark_if_call_failed(py: Python<'_>, err: &PyErr, op: &Bound<'_, PyAny>) {
-    static CHECK: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-    if !err.is_instance_of::<PyTypeError>(py) {
-        return;
-    }
-    let value = err.value(py);
-    let mark = || -> PyResult<()> {
-        let check = CHECK.get_or_try_init(py, || {
-            Ok::<_, PyErr>(
-                py.import("ferrofeed._pipeline")?
-                    .getattr("_call_failed")?
-                    .unbind(),
-            )
-        })?;
-        // The traceback as pyo3 holds it: on Python 3.11 the value's own
-        // `__traceback__` is set only when the error is raised again.
-        let tb = err.traceback(py);
-        if hang::call(check.bind(py), (value, op, tb))?.is_truthy()? {
-            value.setattr(CALL_FAILED, true)?;
-            hang::call_method(
-                value.as_any(),
-                "add_note",
-                (
-                    "the stage's function could not be called with the item (its body never \
-                  ran): a programming error, which fails the pipeline even under \
-                  on_error='skip'",
-                ),
-            )?;
-        }
-        Ok(())
-    };
-    // Telling fails only if the interpreter is going away: the error stays
-    // what it is.
-    let _ = mark();
-}
 
 /// Calls a Python callable on an item, with the GIL, on the caller's thread.
 fn call_python(callable: &Py<PyAny>, item: Item) -> PyResult<Option<Item>> {
