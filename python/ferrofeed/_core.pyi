@@ -558,6 +558,9 @@ def _remote_head(
 ) -> list[tuple[str, int, str | None]]:
     """Return ``(url, size, etag)`` of each URL (one HEAD each)."""
 
+def _swap_image_seed(seed: int | None) -> int | None:
+    """Set this thread's sample crop-and-flip seed for ``io.decode_image``; return the old."""
+
 def _remote_get(url: str, storage_options: Sequence[tuple[str, str]]) -> bytes:
     """Return the object ``url``'s bytes, whole."""
 

@@ -59,10 +59,13 @@ def sample_scope(seed: int, epoch: int, index: int, *, seed_globals: bool) -> It
         seed_generators(_core.sample_seed(seed, epoch, index))
     outer = _current()
     _local.sample = _Sample(seed, epoch, index)
+    # The native decode (io.decode_image without seed=) reads this thread's crop seed in Rust.
+    outer_image_seed = _core._swap_image_seed(_core.mix_seed(seed, epoch, index, "crop"))
     try:
         yield
     finally:
         _local.sample = outer
+        _core._swap_image_seed(outer_image_seed)
 
 
 def seed_generators(seed: int) -> None:
@@ -87,7 +90,7 @@ def image_seed() -> int | None:
     """The seed of the current sample's random crop and flip, or ``None`` outside a loader.
 
     The same value the native image chain gives the sample: ``mix_seed(seed, epoch, index,
-    "crop")``.
+    "crop")``, which `sample_scope` also hands to ``io.decode_image`` (in Rust).
     """
     sample = _current()
     if sample is None:

@@ -64,14 +64,26 @@ fn call_seed(spec: &ImageSpec, seed: Option<u64>) -> u64 {
     seed.unwrap_or_else(|| if spec.is_random() { fresh_seed() } else { 0 })
 }
 
+thread_local! {
+    /// The seed of the random crop and flip of the sample a `DataLoader` is
+    /// loading on this thread, if it is loading one: set by
+    /// `ferrofeed._sample.sample_scope` (through `_swap_image_seed`), read by
+    /// `decode_image` without `seed=`. A Python thread is one OS thread.
+    static SAMPLE_IMAGE_SEED: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
+}
+
 /// The seed of the random crop and flip of the sample a `DataLoader` is
-/// loading on this thread (`ferrofeed._sample.image_seed()`), or `None`.
-fn sample_image_seed(py: Python<'_>) -> PyResult<Option<u64>> {
-    static IMAGE_SEED: pyo3::sync::PyOnceLock<Py<PyAny>> = pyo3::sync::PyOnceLock::new();
-    IMAGE_SEED
-        .import(py, "ferrofeed._sample", "image_seed")?
-        .call0()?
-        .extract()
+/// loading on this thread, or `None`.
+fn sample_image_seed() -> Option<u64> {
+    SAMPLE_IMAGE_SEED.with(std::cell::Cell::get)
+}
+
+/// Sets the crop-and-flip seed of the sample this thread loads (`None`: no
+/// sample) and returns the one it replaces, for `sample_scope` to restore.
+#[pyfunction]
+#[pyo3(name = "_swap_image_seed")]
+fn swap_image_seed(seed: Option<u64>) -> Option<u64> {
+    SAMPLE_IMAGE_SEED.with(|s| s.replace(seed))
 }
 
 /// Decodes one image into a new tensor of shape `(H, W, C)`.
@@ -114,7 +126,7 @@ fn decode_image(
     // Without a seed, inside a DataLoader's dataset[i] or transform: the sample's own seed
     // (the one sample-seed rule), so the crop and flip are the native chain's.
     let seed = match seed {
-        None if spec.is_random() => sample_image_seed(py)?,
+        None if spec.is_random() => sample_image_seed(),
         given => given,
     };
     let transform = spec.transform(call_seed(&spec, seed));
@@ -259,6 +271,7 @@ fn get_max_image_pixels() -> usize {
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(set_max_image_pixels, m)?)?;
+    m.add_function(wrap_pyfunction!(swap_image_seed, m)?)?;
     m.add_function(wrap_pyfunction!(get_max_image_pixels, m)?)?;
     m.add_function(wrap_pyfunction!(_synthetic_jpeg, m)?)?;
     m.add_function(wrap_pyfunction!(decode_image, m)?)?;
