@@ -89,6 +89,35 @@ class RemoteConfig:
         if self.cache_limit is not None and self.cache_dir is None:
             raise ValueError("cache_limit= needs cache_dir=")
 
+    @classmethod
+    def of(
+        cls,
+        remote: bool,
+        storage_options: Mapping[str, str] | None,
+        prefetch_bytes: int | None,
+        cache_dir: str | os.PathLike[str] | None,
+        cache_limit: int | None,
+    ) -> RemoteConfig | None:
+        """The configuration a source's arguments give.
+
+        ``None`` for local paths (which take none of them), else these, with defaults for
+        those not given.
+        """
+        given = (storage_options, prefetch_bytes, cache_dir, cache_limit)
+        if not remote:
+            if any(a is not None for a in given):
+                raise ValueError(
+                    "storage_options=, prefetch_bytes=, cache_dir= and cache_limit= are for "
+                    "shards in object storage (URLs); these are local paths"
+                )
+            return None
+        return cls(
+            storage_options=dict(storage_options or {}),
+            prefetch_bytes=prefetch_bytes if prefetch_bytes is not None else cls.prefetch_bytes,
+            cache_dir=os.fspath(cache_dir) if cache_dir is not None else None,
+            cache_limit=cache_limit,
+        )
+
     def options(self) -> list[tuple[str, str]]:
         """The storage options as sorted ``(key, value)`` strings (booleans as true/false)."""
         out = []

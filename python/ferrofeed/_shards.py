@@ -148,24 +148,11 @@ class ShardedSource:
         if _objects is None:
             patterns = _patterns(urls)
             flags = [_remote.is_url(p) for p in patterns]
-            remote_args = (storage_options, prefetch_bytes, cache_dir, cache_limit)
             if any(flags):
                 _all_or_none(patterns, flags)
-                self._config = _remote.RemoteConfig(
-                    storage_options=dict(storage_options or {}),
-                    prefetch_bytes=(
-                        prefetch_bytes
-                        if prefetch_bytes is not None
-                        else _remote.RemoteConfig.prefetch_bytes
-                    ),
-                    cache_dir=os.fspath(cache_dir) if cache_dir is not None else None,
-                    cache_limit=cache_limit,
-                )
-            elif any(a is not None for a in remote_args):
-                raise ValueError(
-                    "storage_options=, prefetch_bytes=, cache_dir= and cache_limit= are for "
-                    "shards in object storage (URLs); these are local paths"
-                )
+            self._config = _remote.RemoteConfig.of(
+                any(flags), storage_options, prefetch_bytes, cache_dir, cache_limit
+            )
         if self._config is not None:
             config = self._config
             # The shards counting fetched (tar and JSON lines: whole) stay in memory within
@@ -743,34 +730,20 @@ class MDSShards(ShardedSource):
         remote = _remote.is_url(where)
         index_at = where if where.endswith("index.json") else where.rstrip("/") + "/index.json"
         root = index_at[: -len("index.json")]
-        if remote:
-            text = _core._remote_get(index_at, sorted((storage_options or {}).items()))
+        config = _remote.RemoteConfig.of(
+            remote, storage_options, prefetch_bytes, cache_dir, cache_limit
+        )
+        if config is not None:
+            text = _core._remote_get(index_at, config.options())
         else:
             with open(index_at, "rb") as f:
                 text = f.read()
         shards = _mds_shards(index_at, text)
         paths = [root + name for name, _ in shards]
         counted: list[_remote.Counted] = [(n, None, None, None) for _, n in shards]
-        if not remote:
-            if any(
-                a is not None for a in (storage_options, prefetch_bytes, cache_dir, cache_limit)
-            ):
-                raise ValueError(
-                    "storage_options=, prefetch_bytes=, cache_dir= and cache_limit= are for a "
-                    f"dataset in object storage (a URL); {where!r} is a local path"
-                )
+        if config is None:
             super().__init__(paths, _counted=counted)
             return
-        config = _remote.RemoteConfig(
-            storage_options=dict(storage_options or {}),
-            prefetch_bytes=(
-                prefetch_bytes
-                if prefetch_bytes is not None
-                else _remote.RemoteConfig.prefetch_bytes
-            ),
-            cache_dir=os.fspath(cache_dir) if cache_dir is not None else None,
-            cache_limit=cache_limit,
-        )
         objects = _remote.list_objects(paths, config)
         super().__init__(paths, _counted=counted, _objects=objects, _config=config)
 

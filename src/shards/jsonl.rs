@@ -39,7 +39,7 @@ use std::path::Path;
 
 use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 
-use super::{not_fetched, Sample, Shard, ShardError, ShardFormat, ShardInfo, Value};
+use super::{not_fetched, Each, Sample, Shard, ShardError, ShardFormat, ShardInfo, Value};
 
 /// Buffer size for reading a shard and its decompressed text.
 const BUFFER: usize = 64 * 1024;
@@ -251,13 +251,7 @@ impl ShardFormat for JsonLinesFormat {
         })
     }
 
-    fn read(
-        &self,
-        shard: &Shard,
-        lo: u64,
-        hi: u64,
-        each: &mut dyn FnMut(u64, Result<Sample, ShardError>),
-    ) -> Result<(), ShardError> {
+    fn read(&self, shard: &Shard, lo: u64, hi: u64, each: Each<'_>) -> Result<(), ShardError> {
         if lo >= hi {
             return Ok(());
         }

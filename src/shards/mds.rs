@@ -50,7 +50,7 @@ use std::io::{self, BufReader, Read, Seek, SeekFrom};
 use std::path::Path;
 
 use super::jsonl::{sniff, Codec};
-use super::{not_fetched, Array, Sample, Shard, ShardError, ShardFormat, ShardInfo, Value};
+use super::{not_fetched, Array, Each, Sample, Shard, ShardError, ShardFormat, ShardInfo, Value};
 
 /// Buffer for reading a shard's header.
 const BUFFER: usize = 64 * 1024;
@@ -69,13 +69,7 @@ impl ShardFormat for MdsFormat {
         })
     }
 
-    fn read(
-        &self,
-        shard: &Shard,
-        lo: u64,
-        hi: u64,
-        each: &mut dyn FnMut(u64, Result<Sample, ShardError>),
-    ) -> Result<(), ShardError> {
+    fn read(&self, shard: &Shard, lo: u64, hi: u64, each: Each<'_>) -> Result<(), ShardError> {
         if lo >= hi {
             return Ok(());
         }

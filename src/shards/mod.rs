@@ -403,6 +403,10 @@ impl Sample {
     }
 }
 
+/// Where [`ShardFormat::read`] delivers each sample: its number in the
+/// shard, and the sample or the error that is that sample's alone.
+pub type Each<'a> = &'a mut dyn FnMut(u64, Result<Sample, ShardError>);
+
 /// What a shard's count found, beyond the number of samples.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ShardInfo {
@@ -535,13 +539,7 @@ pub trait ShardFormat: Send + Sync {
     /// [`ShardError`] when the rest of the shard cannot be read (the samples
     /// from the first one not delivered up to `hi` are then lost), or when
     /// the shard has fewer than `hi` samples ([`ShardError::Changed`]).
-    fn read(
-        &self,
-        shard: &Shard,
-        lo: u64,
-        hi: u64,
-        each: &mut dyn FnMut(u64, Result<Sample, ShardError>),
-    ) -> Result<(), ShardError>;
+    fn read(&self, shard: &Shard, lo: u64, hi: u64, each: Each<'_>) -> Result<(), ShardError>;
 }
 
 /// Counts and reads `data` as a shard of every format, for the fuzz target

@@ -79,8 +79,8 @@ use ::parquet::schema::types::{SchemaDescriptor, Type};
 use bytes::Bytes;
 
 use super::{
-    not_fetched, MemoryReader, Sample, Shard, ShardError, ShardFormat, ShardInfo, ShardReader,
-    Value,
+    not_fetched, Each, MemoryReader, Sample, Shard, ShardError, ShardFormat, ShardInfo,
+    ShardReader, Value,
 };
 
 /// Values each leaf column decodes ahead of the row being assembled (the
@@ -180,13 +180,7 @@ impl ShardFormat for ParquetFormat {
         })
     }
 
-    fn read(
-        &self,
-        shard: &Shard,
-        lo: u64,
-        hi: u64,
-        each: &mut dyn FnMut(u64, Result<Sample, ShardError>),
-    ) -> Result<(), ShardError> {
+    fn read(&self, shard: &Shard, lo: u64, hi: u64, each: Each<'_>) -> Result<(), ShardError> {
         let (reader, len) = open(shard)?;
         let path = shard.name.as_path();
         let groups = group_rows(path, reader.metadata(), len)?;

@@ -76,7 +76,7 @@ use std::path::Path;
 use std::rc::Rc;
 
 use super::jsonl::{sniff, Codec};
-use super::{not_fetched, Sample, Shard, ShardError, ShardFormat, ShardInfo, Value};
+use super::{not_fetched, Each, Sample, Shard, ShardError, ShardFormat, ShardInfo, Value};
 
 /// Buffer for reading a shard: small, as counting a plain shard reads a
 /// header and seeks; a member read goes around it when larger.
@@ -103,13 +103,7 @@ impl ShardFormat for TarFormat {
         Ok(info)
     }
 
-    fn read(
-        &self,
-        shard: &Shard,
-        lo: u64,
-        hi: u64,
-        each: &mut dyn FnMut(u64, Result<Sample, ShardError>),
-    ) -> Result<(), ShardError> {
+    fn read(&self, shard: &Shard, lo: u64, hi: u64, each: Each<'_>) -> Result<(), ShardError> {
         if lo >= hi {
             return Ok(());
         }
