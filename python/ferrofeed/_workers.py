@@ -6,11 +6,12 @@ processes run ``dataset[i]``, the transform and the collate. What crosses betwee
 * at start, once per worker: the dataset, transform and collate (inherited under fork,
   pickled once under spawn and forkserver; a `SharedList` pickles to its path, so every
   worker maps the same arena pages);
-* per batch, main to worker: a task (a batch number, the epoch, the sample indices and a
-  slot number), a few hundred bytes; for an iterable dataset, "begin" once per epoch (the
-  worker starts a new pass over its copy of the dataset) and then "next" tasks (the next
-  batch of that pass; the reply names the samples' ids), taken round-robin by
-  `stream_batches`;
+* per batch, main to worker: a task (the epoch, the batch's `Group` and a slot number): a
+  few hundred bytes for a map-style dataset's group (its ids: the worker indexes its own
+  copy of the dataset), a sharded source's with its samples; for an iterable dataset,
+  "begin" once per epoch (the worker starts a new pass over its copy of the dataset) and
+  then "next" tasks (the next batch of that pass; the reply names the samples' ids), taken
+  round-robin by `stream_batches`;
 * per batch, worker to main: a small header (the batch's structure: containers, dtypes,
   shapes and offsets). The arrays themselves are written by the worker's collate straight
   into a *slot*, an anonymous shared memory file (memfd) that the main process maps once
@@ -58,6 +59,7 @@ from typing import Any
 from . import _core
 from ._collate import collating_into, describe_entries
 from ._errors import WorkerDiedError, WorkerError, WorkerTimeoutError
+from ._group import Group, in_worker
 from ._iterable import SampleStream, StreamSpec
 from ._sample import sample_scope, seed_generators
 from ._slot_writer import SlotWriter
@@ -284,6 +286,7 @@ def _worker_main(setup: _Setup, conn: multiprocessing.connection.Connection, wid
     _watch_parent(setup.parent_pid)
     worker_seed = _core.sample_seed(setup.seed, _WORKER_EPOCH, wid)
     _WORKER_INFO = WorkerInfo(wid, setup.num_workers, worker_seed, setup.dataset)
+    in_worker(setup.dataset)  # what a map-style dataset's groups index here
     try:
         for name in setup.seeded_modules:
             importlib.import_module(name)
@@ -329,9 +332,9 @@ def _worker_main(setup: _Setup, conn: multiprocessing.connection.Connection, wid
             reply, ids = _run_stream_task(setup, stream, task_id, slot, size_hint, replay)
             tail = (ids,)  # a stream task's replies end with the ids of its samples
         else:
-            _, task_id, epoch, indices, slot_id = msg
+            _, task_id, epoch, group, slot_id = msg
             slot = slots.get(slot_id) if slot_id is not None else None
-            reply = _run_task(setup, task_id, epoch, indices, slot, size_hint)
+            reply = _run_task(setup, task_id, epoch, group, slot, size_hint)
         if slot is not None:
             size_hint = max(size_hint, slot.used)
         try:
@@ -364,20 +367,18 @@ def _run_task(
     setup: _Setup,
     task_id: int,
     epoch: int,
-    indices: Sequence[int],
+    group: Group,
     slot: SlotWriter | None,
     size_hint: int,
 ) -> tuple[Any, ...]:
     samples = []
     kept: list[int] = []  # the dataset index of each of samples
     skipped: list[tuple[int, str]] = []
-    fetch = getattr(indices, "fetch", None)
-    for i in indices:
+    for i in group.ids:
         try:
             # One thread loads at a time here: the global generators are the sample's too.
             with sample_scope(setup.seed, epoch, i, seed_globals=True):
-                # A sharded source's ids bring their samples along (`ShardIds`).
-                sample = fetch(i) if fetch is not None else setup.dataset[i]
+                sample = group.sample(i)
                 if setup.transform is not None:
                     sample = setup.transform(sample)
         except Exception as e:
@@ -568,11 +569,11 @@ class WorkerPool:
     def capacity(self) -> int:
         return self.prefetch_factor * len(self.workers)
 
-    def submit(self, epoch: int, indices: list[int]) -> int:
-        """Send a batch's indices to the least busy worker; return the task's id."""
+    def submit(self, epoch: int, group: Group) -> int:
+        """Send a batch's group to the least busy worker; return the task's id."""
         worker = min(self.workers, key=lambda w: (len(w.tasks), w.id))
-        task = self._task(worker, indices)
-        return self._send(worker, task, ("task", task.id, epoch, indices, task.slot))
+        task = self._task(worker, group.ids)
+        return self._send(worker, task, ("task", task.id, epoch, group, task.slot))
 
     def begin_stream(self, epoch: int) -> None:
         """Have every worker start a new pass over its copy of an iterable dataset."""
@@ -876,12 +877,12 @@ def _await_task(
 def worker_batches(
     pool: WorkerPool,
     epoch: int,
-    groups: Iterator[tuple[int, list[int]]],
+    groups: Iterator[Group],
     timeout: float | None,
 ) -> Iterator[tuple[int, list[int], Loaded]]:
-    """Yield ``(batch_no, indices, loaded)`` for the groups of an epoch plan, in order.
+    """Yield ``(batch_no, ids, loaded)`` for the groups of an epoch, in order.
 
-    ``groups`` are the plan's ``(batch_no, indices)``. At most ``pool.capacity()`` batches
+    At most ``pool.capacity()`` batches
     are in flight; a batch that failed is raised when its turn comes, after every batch
     before it.
     """
@@ -898,8 +899,7 @@ def worker_batches(
             if group is None:
                 exhausted = True
                 return
-            batch_no, indices = group
-            order.append((pool.submit(epoch, indices), batch_no, indices))
+            order.append((pool.submit(epoch, group), group.batch_no, group.ids))
 
     def arrived(task: _Task, result: Loaded | BaseException) -> None:
         done[task.id] = result
