@@ -23,14 +23,8 @@ from ._errors import PipelineError, WorkerError
 from ._group import Group
 from ._pipeline import PipelineBuilder
 from ._sample import sample_scope
-from ._workers import (
-    Loaded,
-    WorkerPool,
-    _Setup,
-    seeded_modules,
-    stream_batches,
-    worker_batches,
-)
+from ._worker_process import _Setup, seeded_modules
+from ._workers import Loaded, WorkerPool, stream_batches, worker_batches
 
 
 @dataclasses.dataclass

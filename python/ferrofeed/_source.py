@@ -21,7 +21,7 @@ from ._executors import Executor, NativeExecutor, ThreadExecutor, WorkerExecutor
 from ._group import Group
 from ._images import ImageFiles
 from ._iterable import StreamSpec
-from ._workers import _Setup
+from ._worker_process import _Setup
 
 __all__ = ["BaseSource", "History", "Source"]
 
