@@ -99,7 +99,7 @@ def _as_pair(sample: Any) -> Any:
     return tuple(sample) if isinstance(sample, list) else sample
 
 
-# The dataset of this worker process (see `in_worker`); None outside workers.
+# The dataset of this worker process (see `in_worker`); empty outside workers.
 _WORKER_DATASET: list[Any] = []
 
 

@@ -179,9 +179,7 @@ class ShardedSource:
             counted_with: list[tuple[list[_remote.Listed], _core._RemoteShards]] = []
             if _objects is None:
 
-                def count(
-                    objects: list[_remote.Listed],
-                ) -> list[tuple[int, str | None, str | None]]:
+                def count(objects: list[_remote.Listed]) -> list[_remote.Counted]:
                     # A Parquet file is counted from its footer; a tar or JSON lines shard
                     # is fetched whole, and each counting thread holds one in memory.
                     most = 16 if self._kind == "parquet" else 4

@@ -1,11 +1,13 @@
-"""What every kind of source shares: the loader's checked arguments, and `BaseSource`.
+"""The `Source` protocol: what a `DataLoader` reads, whatever the kind of data.
 
-`Config` is a `DataLoader`'s arguments once the loader has checked them (rank and world
-resolved, defaults filled in), as its source reads them. `BaseSource` holds what the kinds
-of `ferrofeed._sources` have in common: the transform and collate that run (and the native
-image chain's refusals), the executor (threads, worker processes or the native batch op)
-and what a worker process gets at start, and the defaults of the protocol's state and
-figures.
+One contract for every kind: a source turns the loader's position (the epoch, its first
+batch, the epoch's elastic history) into the epoch's groups (`Group`: a batch number, its
+samples' ids and where they come from), and answers for what differs between kinds: its
+length, its entries of the state and how a saved state fits it, the executor that runs
+its groups (what a worker process gets, the native image chain's specifics), and its
+figures. The loader keeps the position, iteration, skips and output, and never asks which
+kind it holds. `BaseSource` is what the kinds share; they are `ferrofeed._sources`'s and
+`ferrofeed._shard_source`'s classes.
 """
 
 from __future__ import annotations
@@ -67,8 +69,8 @@ class Source(Protocol):
     def groups(self, epoch: int, start: int, history: History) -> Iterator[Group]:
         """Return the groups of ``epoch`` from batch ``start`` on, in order.
 
-        The order is fixed now (a plan that cannot be made raises here); the groups are
-        made as they are taken, on the executor's source thread.
+        The order is fixed now (a plan that cannot be made raises here); each group is
+        made when the executor takes it.
         """
         ...
 

@@ -1,13 +1,9 @@
-"""The `DataLoader`'s sources: one protocol, one class per kind of data.
+"""The kinds of source a `DataLoader` reads, and `choose_source`, which picks one.
 
-A `Source` turns the loader's position (the epoch, its first batch, and the epoch's elastic
-history) into the epoch's groups (`ferrofeed._group.Group`: a batch number, the ids of its
-samples and where they come from), and holds everything else that differs between kinds:
-its order (a plan of the core, or the dataset's own), its length, its entries of the state
-and how a saved state fits it, the executor that runs its groups (and what a worker process
-gets), the native image chain's specifics, and its own figures. The loader keeps what all
-kinds share (argument checks, the position, iteration, skips, the output) and never asks
-which kind it holds; `choose_source` is the one place that looks at what it was given.
+`choose_source` is the one place that looks at what the loader was given: it picks the
+class, refuses the arguments that kind cannot take, and hands back the class to be built
+with the loader's checked `Config`. Each class honours the `Source` protocol
+(`ferrofeed._source`):
 
 * `MapSource`: a map-style dataset (a sequence, a `SharedList`, image files), ordered by
   the core's `EpochPlan`; image files go through the native image chain.
@@ -16,7 +12,7 @@ which kind it holds; `choose_source` is the one place that looks at what it was 
   `ShardPlan`, read a window ahead (`ferrofeed._shard_source`).
 * `StreamSource`: an iterable dataset, read as PyTorch reads one (`ferrofeed._iterable`).
 
-A new kind of data is a new class here, and the factory's line that picks it.
+A new kind of data is a new class, and the line of `choose_source` that picks it.
 """
 
 from __future__ import annotations
