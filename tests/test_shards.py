@@ -795,6 +795,7 @@ def test_the_next_epochs_first_window_is_read_ahead(tars: list[Path]) -> None:
     dl = loader(tars, shuffle=True, seed=7, shuffle_window=8)
     source = dl.dataset
     assert isinstance(source, ff.ShardedSource)
+    reader = dl._source  # the loader's side of the source: its plans and its read-ahead
     reads: list[list[tuple[int, int, int]]] = []
     read = source._window
 
@@ -804,19 +805,19 @@ def test_the_next_epochs_first_window_is_read_ahead(tars: list[Path]) -> None:
 
     source._window = counting  # type: ignore[method-assign]
     e0 = epoch_ids(dl)
-    plan1 = dl._plan(1)
+    plan1 = reader.plan(1)
     assert isinstance(plan1, _core.ShardPlan)
     # Epoch 1's first window was asked for before epoch 1 began; its read runs on the
     # reader's thread, which a busy machine may not have run yet: wait for it (a hang
     # guard, not a timing target).
-    assert source._ahead is not None
-    assert source._ahead[0] == plan1.window_pieces(0)
-    source._ahead[1].result(timeout=60)
+    assert reader._ahead is not None
+    assert reader._ahead[0] == plan1.window_pieces(0)
+    reader._ahead[1].result(timeout=60)
     # Every window of epoch 0, then epoch 1's first.
-    assert len(reads) == dl._plan(0).windows + 1
+    assert len(reads) == reader.plan(0).windows + 1
     assert reads[-1] == plan1.window_pieces(0)
     e1 = epoch_ids(dl)
-    assert len(reads) == dl._plan(0).windows + plan1.windows + 1  # not read twice
+    assert len(reads) == reader.plan(0).windows + plan1.windows + 1  # not read twice
     fresh = loader(tars, shuffle=True, seed=7, shuffle_window=8)
     assert epoch_ids(fresh) == e0
     assert epoch_ids(fresh) == e1

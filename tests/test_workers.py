@@ -24,7 +24,7 @@ from ferrofeed import (
     SharedList,
     WorkerDiedError,
     WorkerTimeoutError,
-    _workers,
+    _worker_process,
     get_worker_info,
 )
 
@@ -583,7 +583,7 @@ def test_header_encoding_round_trip() -> None:
         "l": [np.zeros(0, np.float32), 3, ("x", np.array([True, False]))],
         "o": np.array(["u", "v"], dtype=object),
     }
-    header = _workers._encode(batch, None)  # no slot: everything pickled
+    header = _worker_process._encode(batch, None)  # no slot: everything pickled
     assert header[0] == "p"
     assert pickle.loads(pickle.dumps(header))[1]["a"].tolist() == batch["a"].tolist()
 

@@ -1,11 +1,12 @@
 """The `DataLoader`'s executors: threads, worker processes and the native image chain.
 
-One contract for all three: `Executor.run` takes an epoch's groups, ``(batch_no,
-indices)`` from the epoch plan, and yields one `Done` per group, in the plan's order,
-carrying the group's number and indices with the batch and the samples skipped. The
-loader keeps the state (epoch, position), the failure budget, the progress and the
-framework handoff; an executor only turns groups into batches. A new data source only has
-to produce groups.
+One contract for all three: `Executor.run` takes an epoch's groups (`Group`: a batch
+number, its samples' ids and where they come from) from the loader's source, and yields
+one `Done` per group, in order, carrying the group's number and ids with the batch and the
+samples skipped. The loader keeps the state (epoch, position), the failure budget, the
+progress and the framework handoff; an executor only turns groups into batches, getting
+each sample from its group (``group.sample(i)``, ``group.native(skip)``). A new data
+source only has to produce groups.
 """
 
 from __future__ import annotations
@@ -19,19 +20,11 @@ from typing import Any, Protocol
 from . import _core
 from ._collate import describe_entries
 from ._errors import PipelineError, WorkerError
-from ._iterable import StreamPlan
+from ._group import Group
 from ._pipeline import PipelineBuilder
 from ._sample import sample_scope
-from ._workers import (
-    Loaded,
-    WorkerPool,
-    _Setup,
-    seeded_modules,
-    stream_batches,
-    worker_batches,
-)
-
-Group = tuple[int, list[int]]
+from ._worker_process import _Setup, seeded_modules
+from ._workers import Loaded, WorkerPool, stream_batches, worker_batches
 
 
 @dataclasses.dataclass
@@ -53,12 +46,15 @@ class Done:
 
 
 class Executor(Protocol):
-    """What turns the groups of an epoch plan into batches."""
+    """What turns the groups of an epoch into batches."""
 
     pipeline: _core.Pipeline | None
 
-    def run(self, epoch: int, groups: Iterator[Group]) -> Iterator[Done]:
-        """Yield a `Done` for each group, in order; errors are raised at their batch."""
+    def run(self, epoch: int, start: int, groups: Iterator[Group]) -> Iterator[Done]:
+        """Yield a `Done` for each group, in order; errors are raised at their batch.
+
+        ``start`` is the number of the epoch's first group (the resume point).
+        """
         ...
 
     def stats(self) -> dict[str, Any]:
@@ -82,13 +78,12 @@ class _Skipped:
 class _Task:
     """One sample of a group, on its way through the thread executor's load stage."""
 
-    batch_no: int
-    indices: list[int]
+    group: Group
     position: int
 
     @property
     def index(self) -> int:
-        return self.indices[self.position]
+        return self.group.ids[self.position]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,8 +94,7 @@ class _GroupEnd:
     be closed even when its last samples (or all of them) were lost to a timeout.
     """
 
-    batch_no: int
-    indices: list[int]
+    group: Group
 
 
 def first_error(group: PipelineError) -> BaseException:
@@ -133,7 +127,7 @@ def _collate_noting(
 
 
 class ThreadExecutor:
-    """``dataset[i]`` and ``transform`` on ``num_threads`` threads, then ``collate``.
+    """A group's samples and ``transform`` on ``num_threads`` threads, then ``collate``.
 
     Samples, not batches, wait between the two stages, so the read-ahead stays a few
     samples plus ``prefetch`` batches. Each sample is loaded inside its sample scope (see
@@ -143,7 +137,6 @@ class ThreadExecutor:
 
     def __init__(
         self,
-        dataset: Any,
         transform: Callable[[Any], Any] | None,
         collate: Callable[[list[Any]], Any],
         *,
@@ -153,7 +146,6 @@ class ThreadExecutor:
         timeout: float | None,
         skip: bool,
     ) -> None:
-        self.dataset = dataset
         self.transform = transform
         self.collate = collate
         self.seed = seed
@@ -173,9 +165,7 @@ class ThreadExecutor:
         loading[index] = time.monotonic()
         try:
             with sample_scope(self.seed, epoch, index, seed_globals=self.num_threads == 1):
-                # A sharded source's groups carry their samples (`ShardIds.fetch`).
-                fetch = getattr(task.indices, "fetch", None)
-                sample = fetch(index) if fetch is not None else self.dataset[index]
+                sample = task.group.sample(index)
                 if self.transform is not None:
                     sample = self.transform(sample)
         except Exception as e:
@@ -187,12 +177,12 @@ class ThreadExecutor:
             loading.pop(index, None)
         return task, sample
 
-    def run(self, epoch: int, groups: Iterator[Group]) -> Iterator[Done]:
+    def run(self, epoch: int, start: int, groups: Iterator[Group]) -> Iterator[Done]:
         def tasks() -> Iterator[Any]:
-            for batch_no, indices in groups:
-                for position in range(len(indices)):
-                    yield _Task(batch_no, indices, position)
-                yield _GroupEnd(batch_no, indices)
+            for group in groups:
+                for position in range(len(group.ids)):
+                    yield _Task(group, position)
+                yield _GroupEnd(group)
 
         assembler = _Assembler(self.collate, self._timed_out)
         pipeline = (
@@ -265,9 +255,9 @@ class _Assembler:
 
     def feed(self, item: Any) -> Done | None:
         if isinstance(item, _GroupEnd):
-            return self._close(item.batch_no, item.indices)
+            return self._close(item.group.batch_no, item.group.ids)
         task, sample = item
-        self._fill_lost(task.indices, task.position)
+        self._fill_lost(task.group.ids, task.position)
         self._samples.append(sample)
         return None
 
@@ -293,7 +283,8 @@ class _Assembler:
 class NativeExecutor:
     """Image files through the native batch op: each group decodes into one pooled buffer.
 
-    The op takes ``_PlanGroup(batch_no, indices, files)`` and gives back ``(batch_no, indices,
+    The op takes the group's ``_PlanGroup(batch_no, indices, files)`` (`Group.native`:
+    files, or a shard window's image bytes and labels) and gives back ``(batch_no, indices,
     images, labels, skipped)``: a batch crosses from Python to Rust once (its files) and
     back once (its tensors). Every sample's random crop and flip come from ``(seed,
     epoch, index)``. The op the user passed is the op that runs: the batch op is built
@@ -302,7 +293,6 @@ class NativeExecutor:
 
     def __init__(
         self,
-        dataset: Any,
         decode: _core.NativeOp,
         collate: _core.NativeOp | None,
         *,
@@ -314,14 +304,10 @@ class NativeExecutor:
         prefetch: int,
         timeout: float | None,
         pinned: bool,
-        fields: tuple[list[str], str | None] = ([], None),
     ) -> None:
-        self.dataset = dataset
         self.decode = decode
-        # A sharded source's image fields (alternatives) and label field.
-        self.image_fields, self.label_field = fields
-        # Samples of a sharded source left out before the op (unreadable, or without the
-        # image or label field), by batch number.
+        # Samples left out before the op (a shard's sample unreadable, or without the image
+        # or label field), by batch number.
         self._pre_skipped: dict[int, list[tuple[int, str]]] = {}
         self.collate = collate
         self.seed = seed
@@ -362,26 +348,13 @@ class NativeExecutor:
             drop_last=self.drop_last,
         )
 
-    def run(self, epoch: int, groups: Iterator[Group]) -> Iterator[Done]:
-        dataset = self.dataset
-
+    def run(self, epoch: int, start: int, groups: Iterator[Group]) -> Iterator[Done]:
         def files() -> Iterator[_core._PlanGroup]:
-            for batch_no, indices in groups:
-                window = getattr(indices, "window", None)
-                if window is not None:
-                    # A sharded source: image bytes and labels go from its window to the
-                    # op without becoming Python objects.
-                    group, skipped = window.plan_group(
-                        batch_no, indices, self.image_fields, self.label_field, self.skip
-                    )
-                    if skipped:
-                        self._pre_skipped[batch_no] = skipped
-                    yield group
-                    continue
-                # A [path, label] list (as JSON gives pairs) as the pair it stands for.
-                # _PlanGroup makes the files native here, on the source's thread, so the
-                # op never waits for the GIL.
-                yield _core._PlanGroup(batch_no, indices, [_as_pair(dataset[i]) for i in indices])
+            for group in groups:
+                native, skipped = group.native(self.skip)
+                if skipped:
+                    self._pre_skipped[group.batch_no] = skipped
+                yield native
 
         pipeline = (
             PipelineBuilder()
@@ -470,7 +443,7 @@ class WorkerExecutor:
         )
         return self.workers
 
-    def run(self, epoch: int, groups: Iterator[Group]) -> Iterator[Done]:
+    def run(self, epoch: int, start: int, groups: Iterator[Group]) -> Iterator[Done]:
         return self._guarded(lambda pool: worker_batches(pool, epoch, groups, self.timeout))
 
     def _guarded(
@@ -518,14 +491,12 @@ class StreamWorkerExecutor(WorkerExecutor):
     The workers' batches are taken round-robin (see `ferrofeed._workers.stream_batches`).
     """
 
-    def run(self, epoch: int, groups: Iterator[Group]) -> Iterator[Done]:
-        """The batches of ``groups``, a `StreamPlan` (the workers make its groups).
+    def run(self, epoch: int, start: int, groups: Iterator[Group]) -> Iterator[Done]:
+        """The batches of ``epoch`` from ``start``; the workers make the groups themselves.
 
-        The plan's first ``start`` batches are replayed: read by the workers, dropped.
+        ``groups`` (this process's pass over the dataset) is never started. The epoch's
+        first ``start`` batches are replayed: read by the workers, dropped.
         """
-        if not isinstance(groups, StreamPlan):
-            raise TypeError(f"an iterable dataset's groups come from a StreamPlan, not {groups!r}")
-        start = groups.start
         return self._guarded(lambda pool: stream_batches(pool, epoch, start, self.timeout))
 
 
@@ -550,7 +521,3 @@ def _batches_in_flight(num_threads: int, batch: int) -> int:
     """
     batch = max(batch, 1)
     return max(2, -(-IMAGES_PER_THREAD * max(num_threads, 1) // batch) + 1)
-
-
-def _as_pair(sample: Any) -> Any:
-    return tuple(sample) if isinstance(sample, list) else sample

@@ -4,9 +4,9 @@ A dataset with ``__iter__`` and no ``__getitem__`` (or a ``torch.utils.data.Iter
 has no index to sample: the loader reads it in the order it yields, as PyTorch does.
 
 * On threads (``num_workers=0``), it is iterated once per epoch in this process, on the
-  pipeline's source thread, and cut into batches there; each group's ids (the samples'
-  positions in the stream) carry their samples (`StreamIds`), so the thread executor loads
-  them as it loads any group.
+  pipeline's source thread, and cut into batches there; each group's ids are the samples'
+  positions in the stream, and the group carries their samples (`Carried`), so the thread
+  executor loads them as it loads any group.
 * With ``num_workers=N``, each worker iterates its own copy (`get_worker_info` tells it
   which part to read) and makes batches from its own stream, one per request; the main
   process asks the workers in turn and takes their batches round-robin (see
@@ -28,16 +28,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from . import _core
+from ._group import Carried, Group
 from ._sample import sample_scope
 
-__all__ = [
-    "SampleStream",
-    "StreamIds",
-    "StreamPlan",
-    "StreamSpec",
-    "is_iterable_dataset",
-    "stream_groups",
-]
+__all__ = ["SampleStream", "StreamSpec", "is_iterable_dataset", "stream_groups"]
 
 # The shuffle seed of worker w is mix_seed(seed, epoch, _SHUFFLE_INDEX + w, "window"):
 # far past any window number of a sharded plan, which draws from the same stream.
@@ -219,47 +213,10 @@ def _shuffled(
     yield from buffer
 
 
-class StreamIds(list[int]):
-    """A group's sample ids (positions in the stream), carrying their samples.
-
-    The thread executor gets a sample with ``ids.fetch(i)``, as for a sharded source.
-    """
-
-    def __init__(self, items: list[tuple[int, Any]]) -> None:
-        super().__init__(i for i, _ in items)
-        self._samples = dict(items)
-
-    def fetch(self, index: int) -> Any:
-        """The sample of id ``index`` (one of these ids)."""
-        return self._samples[index]
-
-
-class StreamPlan(Iterator[tuple[int, StreamIds]]):
-    """An iterable dataset's epoch from its batch ``start``, as the executors take it.
-
-    Iterated (on threads), its groups: `stream_groups`, one pass over the dataset, started
-    at the first ``next()``. With workers, the workers make the groups: the executor
-    reads ``epoch`` and ``start`` and never iterates it.
-    """
-
-    def __init__(self, dataset: Any, spec: StreamSpec, epoch: int, start: int) -> None:
-        self.dataset = dataset
-        self.spec = spec
-        self.epoch = epoch
-        self.start = start
-        self._groups: Iterator[tuple[int, StreamIds]] | None = None
-
-    def __next__(self) -> tuple[int, StreamIds]:
-        if self._groups is None:
-            self._groups = stream_groups(self.dataset, self.spec, self.epoch, self.start)
-        return next(self._groups)
-
-
-def stream_groups(
-    dataset: Any, spec: StreamSpec, epoch: int, start: int
-) -> Iterator[tuple[int, StreamIds]]:
+def stream_groups(dataset: Any, spec: StreamSpec, epoch: int, start: int) -> Iterator[Group]:
     """The groups of an epoch on threads: one pass over the dataset, cut into batches.
 
+    Each group carries its samples (`Carried`). The pass starts at the first ``next()``.
     The first ``start`` batches (a resumed epoch) are read and dropped before the first
     group: the stream is replayed, its samples are not transformed.
     """
@@ -269,4 +226,4 @@ def stream_groups(
         if items is None:
             return
         if batch_no >= start:
-            yield batch_no, StreamIds(items)
+            yield Group(batch_no, [i for i, _ in items], Carried(dict(items)))

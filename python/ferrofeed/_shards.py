@@ -11,16 +11,15 @@ they go from the shard to the decode without becoming Python objects.
 
 from __future__ import annotations
 
-import concurrent.futures
 import glob
 import json
 import os
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
 from . import _core, _remote
-from ._errors import ShardCorruptError, ShardError
+from ._errors import ShardCorruptError
 
 __all__ = [
     "JsonLines",
@@ -120,6 +119,20 @@ class ShardedSource:
     ``len(source)`` is its samples, ``source.shards`` its ``(path, samples)`` in stored
     order, and iterating it yields the samples in stored order (a window of them read at a
     time, in Rust). Pass it to `DataLoader` for shuffled, sharded, resumable batches.
+
+    A `DataLoader` reads a sharded source in order, a window at a time, never per sample.
+    The rule (the core's ``ShardPlan``): every epoch permutes the shards by ``(seed,
+    epoch)`` and lays them end to end; rank ``r`` takes a contiguous range of that stream
+    (``N // world_size`` samples, one more for the first ``N % world_size`` ranks), so it
+    reads about its share of the bytes; every rank yields the same number of batches,
+    ``ceil(ceil(N / world_size) / batch_size)``, each sample exactly once (a rank with a
+    sample less gives one up from its last batches; with ``drop_last``, every rank takes
+    ``N // world_size`` samples in full batches); a rank's range is cut into windows of
+    ``shuffle_window`` samples, each shuffled and cut into batches. The order depends on
+    ``(seed, epoch)``, the shards and the world, never on ``num_threads`` or
+    ``num_workers``. `DataLoader.state_dict` resumes exactly, and a state loaded into a
+    loader of another world size (rank 0's, in every rank) finishes the epoch with every
+    remaining sample exactly once.
     """
 
     _kind: ClassVar[Literal["tar", "jsonl", "parquet", "mds"]]
@@ -161,9 +174,7 @@ class ShardedSource:
             counted_with: list[tuple[list[_remote.Listed], _core._RemoteShards]] = []
             if _objects is None:
 
-                def count(
-                    objects: list[_remote.Listed],
-                ) -> list[_remote.Counted]:
+                def count(objects: list[_remote.Listed]) -> list[_remote.Counted]:
                     # A Parquet file is counted from its footer; a tar or JSON lines shard
                     # is fetched whole, and each counting thread holds one in memory.
                     most = 16 if self._kind == "parquet" else 4
@@ -202,11 +213,6 @@ class ShardedSource:
         damaged = self.damaged
         if damaged and total == 0:
             raise damaged[0]  # nothing at all is readable: not a source to skip through
-        # The next epoch's first window, read ahead at the end of an epoch: its pieces and
-        # the read (see `_groups`).
-        self._ahead: (
-            tuple[list[tuple[int, int, int]], concurrent.futures.Future[_core._ShardWindow]] | None
-        ) = None
         self._check_splits()
 
     def _check_splits(self) -> None:
@@ -291,149 +297,6 @@ class ShardedSource:
         firsts = [self._offsets[s] + lo for s, lo, _ in pieces]
         return self._reader.read(pieces, firsts)
 
-    def _groups(
-        self,
-        plan: _core.ShardPlan,
-        *,
-        bucket_by: Callable[[Any], Any] | None = None,
-        seed: int = 0,
-        epoch: int = 0,
-        shuffle: bool = False,
-        next_plan: Callable[[], _core.ShardPlan] | None = None,
-    ) -> Iterator[tuple[int, ShardIds]]:
-        """The plan's groups, each with the window holding its samples.
-
-        Windows are read on a thread of their own, the next one while the current one's
-        batches are loaded; a window is freed once no group in flight holds it. With
-        ``bucket_by``, each window's batches are remade from its samples sorted by that key
-        (see `_buckets`). Once the last window is read, the first window of ``next_plan()``
-        (the next epoch's) is read ahead too, so that the next epoch's first batch does not
-        wait for a whole window to be read.
-        """
-        reader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ferrofeed-shards")
-        reads: dict[int, concurrent.futures.Future[_core._ShardWindow]] = {}
-        windows = plan.windows
-        ahead, self._ahead = self._ahead, None
-
-        def ensure(w: int) -> None:
-            if w < windows and w not in reads:
-                pieces = plan.window_pieces(w)
-                if ahead is not None and ahead[0] == pieces and not ahead[1].cancelled():
-                    reads[w] = ahead[1]  # read at the end of the last epoch
-                else:
-                    reads[w] = reader.submit(self._window, pieces)
-
-        def read_next_epoch() -> None:
-            if next_plan is None:
-                return
-            try:
-                following = next_plan()
-            except ValueError:
-                return  # the next epoch cannot be planned: it will say so itself
-            if following.windows > 0:
-                pieces = following.window_pieces(0)
-                if self._remote is not None:
-                    # The next epoch's shards, in its order, fetched ahead within the
-                    # budget while this epoch's last window is batched.
-                    self._remote.prefetch(
-                        [
-                            s
-                            for w in range(following.windows)
-                            for s, _, _ in following.window_pieces(w)
-                        ],
-                        append=True,
-                    )
-                self._ahead = (pieces, reader.submit(self._window, pieces))
-
-        if self._remote is not None and len(plan) > plan.start:
-            # The shards this rank reads, in order, fetched ahead within the budget (from
-            # the window after the one read ahead at the end of the last epoch, if it was).
-            first = plan.window_of(plan.start)
-            if ahead is not None and ahead[0] == plan.window_pieces(first):
-                first += 1
-            order = [s for w in range(first, windows) for s, _, _ in plan.window_pieces(w)]
-            self._remote.prefetch(order)
-
-        buckets: dict[int, list[int]] = {}
-        bucketed = -1  # the window `buckets` holds
-        try:
-            for batch_no, w, ids in plan:
-                ensure(w)
-                ensure(w + 1)
-                for old in [k for k in reads if k < w]:
-                    del reads[old]
-                if w == windows - 1 and self._ahead is None:
-                    read_next_epoch()
-                window = reads[w].result()
-                if bucket_by is not None:
-                    if w != bucketed:
-                        buckets = _buckets(
-                            plan, w, batch_no, window, bucket_by, seed, epoch, shuffle
-                        )
-                        bucketed = w
-                    ids = buckets[batch_no]
-                yield batch_no, ShardIds(ids, window)
-        finally:
-            # Reads no longer wanted are dropped; the next epoch's goes on, and the
-            # thread ends after it.
-            for future in reads.values():
-                future.cancel()
-            reader.shutdown(wait=False)
-
-
-def _buckets(
-    plan: _core.ShardPlan,
-    window_no: int,
-    batch_no: int,
-    window: _core._ShardWindow,
-    key: Callable[[Any], Any],
-    seed: int,
-    epoch: int,
-    shuffle: bool,
-) -> dict[int, list[int]]:
-    """Window ``window_no``'s batches remade by ``key``, by batch number.
-
-    The window's samples (those of all its batches, resumed ones too, so the buckets are
-    the same wherever the epoch resumes) are sorted by ``key`` (stably, ties in the plan's
-    order) and cut into the plan's batch sizes; with ``shuffle`` the batches are then
-    permuted by ``(seed, epoch, the window's first batch)``: AllenNLP's bucket sampler over
-    a window. A sample that cannot be read sorts last: its error is raised (or skipped)
-    when it is loaded.
-    """
-    first = batch_no
-    while first > 0 and plan.window_of(first - 1) == window_no:
-        first -= 1
-    numbers = []
-    j = first
-    while j < len(plan) and plan.window_of(j) == window_no:
-        numbers.append(j)
-        j += 1
-    batches = [plan.batch(j) for j in numbers]
-    ids = [i for b in batches for i in b]
-    keys: list[tuple[int, Any]] = []
-    for i in ids:
-        try:
-            sample = window.sample(i)
-        except ShardError:
-            keys.append((1, 0))
-            continue
-        try:
-            keys.append((0, key(sample)))
-        except Exception as e:
-            e.add_note(f"while computing bucket_by of sample {i}")
-            raise
-    order = sorted(range(len(ids)), key=lambda t: keys[t])
-    chunks, at = [], 0
-    for b in batches:
-        chunks.append([ids[t] for t in order[at : at + len(b)]])
-        at += len(b)
-    if shuffle and len(chunks) > 1:
-        import numpy as np
-
-        rng = np.random.default_rng(_core.mix_seed(seed, epoch, first, "window"))
-        chunks = [chunks[k] for k in rng.permutation(len(chunks))]
-    return dict(zip(numbers, chunks, strict=True))
-
 
 def _restore(
     cls: type[ShardedSource],
@@ -455,51 +318,6 @@ def _restore(
         _config=config,
     )
     return source
-
-
-class _Failed:
-    """A sample that could not be read, on its way to a worker (raised there)."""
-
-    def __init__(self, error: BaseException) -> None:
-        self.error = error
-
-
-class ShardIds(list[int]):
-    """A group's global sample ids, with the window that holds their samples.
-
-    Executors get a sample with ``ids.fetch(i)``. Sent to a worker process, the ids take
-    their samples along (read here, in the main process, a window at a time), so workers
-    never read shards themselves.
-    """
-
-    def __init__(
-        self,
-        ids: Sequence[int],
-        window: _core._ShardWindow | None,
-        shipped: list[Any] | None = None,
-    ) -> None:
-        super().__init__(ids)
-        self.window = window
-        self.shipped = shipped
-
-    def fetch(self, index: int) -> Any:
-        """The sample of global id ``index`` (one of these ids) as Python objects."""
-        if self.shipped is not None:
-            sample = self.shipped[self.index(index)]
-            if isinstance(sample, _Failed):
-                raise sample.error
-            return sample
-        assert self.window is not None
-        return self.window.sample(index)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        shipped: list[Any] = []
-        for i in self:
-            try:
-                shipped.append(self.fetch(i))
-            except ShardError as e:
-                shipped.append(_Failed(e))
-        return (ShardIds, (list(self), None, shipped))
 
 
 class TarShards(ShardedSource):

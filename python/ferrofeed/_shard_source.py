@@ -1,0 +1,329 @@
+"""A sharded source as the `DataLoader` reads it: the core's sharded plan, a window ahead.
+
+`ShardSource` wraps a `ShardedSource` (`TarShards`, `ParquetShards`, `JsonLines`): each
+epoch's order is the core's `ShardPlan` (shards permuted per epoch, a contiguous range of
+them per rank, windows shuffled, an elastic history of the worlds the epoch ran on), whose
+windows are read in Rust on a thread of their own, one window ahead (and the next epoch's
+first window at an epoch's end). A group's samples are its window's (`_Window`): Python
+objects for a transform, image bytes and labels for the native image chain, and shipped
+with the group to a worker process. ``bucket_by`` remakes a window's batches by a key.
+Damaged shards are refused under ``on_error="raise"`` and read up to the damage under
+``"skip"``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from . import _core
+from ._config import Config
+from ._errors import ShardError
+from ._group import Carried, Failed, Group, Samples, Skipped
+from ._shards import ShardedSource
+from ._source import BaseSource, History
+
+__all__ = ["DEFAULT_IMAGE_FIELDS", "ShardSource"]
+
+_log = logging.getLogger("ferrofeed.loader")
+
+# The fields a sharded source's image comes from on the native chain by default.
+DEFAULT_IMAGE_FIELDS = ("jpg", "jpeg", "png", "webp")
+
+
+class ShardSource(BaseSource):
+    """A `ShardedSource` in the order of the core's sharded plan, read a window ahead."""
+
+    sharded = True
+
+    def __init__(self, shards: ShardedSource, config: Config) -> None:
+        super().__init__(shards, config)
+        self.shards = shards
+        # The process's remote counters when the loader was made: stats() reports since then.
+        self._remote_base = _core._remote_stats() if shards._remote is not None else None
+        # Damaged shards (see ShardedSource.damaged): refused, or logged once and read up to
+        # the damage.
+        damaged = shards.damaged
+        if damaged and config.on_error == "raise":
+            damaged[0].add_note("on_error='skip' reads the samples before it and the others")
+            raise damaged[0]
+        for e in damaged:
+            _log.warning("damaged shard, read up to the damage (on_error='skip'): %s", e)
+        self._skipped_shards = [(e.shard, str(e)) for e in damaged]
+        native = self._wants_native()
+        image = config.image
+        if image is not None and not native:
+            raise TypeError("image= names the field for transform=ops.decode_image(...)")
+        if config.label is not None and not native:
+            raise TypeError("label= names the field for transform=ops.decode_image(...)")
+        if image is None:
+            self._fields = list(DEFAULT_IMAGE_FIELDS)
+        elif isinstance(image, str):
+            self._fields = [f for f in image.split(";") if f]
+        else:
+            self._fields = list(image)
+        if native and not self._fields:
+            raise ValueError(f"image= names no field: {image!r}")
+        self._resolve(native)
+        # The next epoch's first window, read ahead at the end of an epoch: its pieces and
+        # the read (see `_read`).
+        self._ahead: (
+            tuple[list[tuple[int, int, int]], concurrent.futures.Future[_core._ShardWindow]] | None
+        ) = None
+        # The plan refuses, now rather than at the first batch, a split it cannot make
+        # (batches of 1 over an uneven split, fewer samples than ranks).
+        self.plan(0)
+
+    def plan(self, epoch: int, start: int = 0, history: History = ()) -> _core.ShardPlan:
+        """Return the core's plan of ``epoch`` for this rank, from batch ``start``."""
+        c = self.config
+        return _core.ShardPlan(
+            self.shards._counts,
+            c.batch,
+            shuffle=c.shuffle,
+            seed=c.seed,
+            epoch=epoch,
+            rank=c.rank,
+            world_size=c.world_size,
+            drop_last=c.drop_last,
+            window=c.shuffle_window,
+            history=list(history),
+            start=start,
+        )
+
+    def batches(self, epoch: int, history: History) -> int:
+        """Return the batches of this world's part of the epoch."""
+        return len(self.plan(epoch, 0, history))
+
+    def sized(self) -> bool:
+        """Return True: the plan knows its length."""
+        return True
+
+    def samples_per_rank(self, epoch: int, history: History) -> int:
+        """Return the samples this rank yields in the current world."""
+        return self.plan(epoch, 0, history).samples
+
+    def batches_per_pass(self, epoch: int, history: History) -> int:
+        """Return the batches of this world's part of the epoch (an epoch is one pass)."""
+        return self.batches(epoch, history)
+
+    def groups(self, epoch: int, start: int, history: History) -> Iterator[Group]:
+        """Return the plan's groups, read a window ahead."""
+        return self._read(self.plan(epoch, start, history), epoch)
+
+    def state(self, history: History) -> dict[str, Any]:
+        """Return the shard counts, the window and the epoch's elastic history."""
+        return {
+            "shard_counts": list(self.shards._counts),
+            "shuffle_window": self.config.shuffle_window,
+            "history": [list(h) for h in history],
+        }
+
+    def checked_keys(self) -> list[str]:
+        """Return the shards and the window (the world may differ: an elastic resume)."""
+        return ["shard_counts", "shuffle_window"]
+
+    def resume(self, state: Mapping[str, Any], epoch: int, done: int) -> tuple[int, History]:
+        """Return the position: exact on the same world; elastic on another.
+
+        On another world size, what the saved world did becomes history, and the new
+        world's share starts at batch 0.
+        """
+        self._check_sampler(state)
+        c = self.config
+        history = [(int(w), int(d)) for w, d in state.get("history", [])]
+        world = state["world_size"]
+        if world != c.world_size and done > 0:
+            if c.bucket_by is not None:
+                raise ValueError(
+                    f"the state was saved on {world} ranks, this loader has "
+                    f"world_size={c.world_size}: with bucket_by, which samples a window's "
+                    "first batches held depends on their keys, so the epoch cannot go on on "
+                    "another world; resume on the same world size, or at an epoch's start"
+                )
+            # The epoch goes on on another world: what this one did becomes history.
+            history.append((world, done))
+            done = 0
+        try:
+            # Refuses a history or a position that does not fit the shards.
+            self.plan(epoch, done, history)
+        except ValueError as e:
+            raise ValueError(f"the state does not fit this loader: {e}") from None
+        return done, history
+
+    def stats(self) -> dict[str, Any]:
+        """Return the remote counters since the loader was made, and the damaged shards."""
+        remote: dict[str, Any] = {}
+        if self._remote_base is not None:
+            now = _core._remote_stats()
+            remote = {k: now[k] - self._remote_base[k] for k in now}
+        return {"remote": remote, "skipped_shards": list(self._skipped_shards)}
+
+    def _read(self, plan: _core.ShardPlan, epoch: int) -> Iterator[Group]:
+        """The plan's groups, each with the window holding its samples.
+
+        Windows are read on a thread of their own, the next one while the current one's
+        batches are loaded; a window is freed once no group in flight holds it. With
+        ``bucket_by``, each window's batches are remade from its samples sorted by that key
+        (see `_buckets`). Once the last window is read, the first window of the next
+        epoch's plan is read ahead too, so that the next epoch's first batch does not wait
+        for a whole window to be read.
+        """
+        c, shards = self.config, self.shards
+        remote = shards._remote
+        reader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ferrofeed-shards")
+        reads: dict[int, concurrent.futures.Future[_core._ShardWindow]] = {}
+        windows = plan.windows
+        ahead, self._ahead = self._ahead, None
+
+        def ensure(w: int) -> None:
+            if w < windows and w not in reads:
+                pieces = plan.window_pieces(w)
+                if ahead is not None and ahead[0] == pieces and not ahead[1].cancelled():
+                    reads[w] = ahead[1]  # read at the end of the last epoch
+                else:
+                    reads[w] = reader.submit(shards._window, pieces)
+
+        def read_next_epoch() -> None:
+            try:
+                following = self.plan(epoch + 1)
+            except ValueError:
+                return  # the next epoch cannot be planned: it will say so itself
+            if following.windows > 0:
+                pieces = following.window_pieces(0)
+                if remote is not None:
+                    # The next epoch's shards, in its order, fetched ahead within the
+                    # budget while this epoch's last window is batched.
+                    remote.prefetch(
+                        [
+                            s
+                            for w in range(following.windows)
+                            for s, _, _ in following.window_pieces(w)
+                        ],
+                        append=True,
+                    )
+                self._ahead = (pieces, reader.submit(shards._window, pieces))
+
+        if remote is not None and len(plan) > plan.start:
+            # The shards this rank reads, in order, fetched ahead within the budget (from
+            # the window after the one read ahead at the end of the last epoch, if it was).
+            first = plan.window_of(plan.start)
+            if ahead is not None and ahead[0] == plan.window_pieces(first):
+                first += 1
+            order = [s for w in range(first, windows) for s, _, _ in plan.window_pieces(w)]
+            remote.prefetch(order)
+
+        buckets: dict[int, list[int]] = {}
+        bucketed = -1  # the window `buckets` holds
+        try:
+            for batch_no, w, ids in plan:
+                ensure(w)
+                ensure(w + 1)
+                for old in [k for k in reads if k < w]:
+                    del reads[old]
+                if w == windows - 1 and self._ahead is None:
+                    read_next_epoch()
+                window = reads[w].result()
+                if c.bucket_by is not None:
+                    if w != bucketed:
+                        buckets = _buckets(
+                            plan, w, batch_no, window, c.bucket_by, c.seed, epoch, c.shuffle
+                        )
+                        bucketed = w
+                    ids = buckets[batch_no]
+                yield Group(batch_no, ids, _Window(window, self._fields, c.label))
+        finally:
+            # Reads no longer wanted are dropped; the next epoch's goes on, and the
+            # thread ends after it.
+            for future in reads.values():
+                future.cancel()
+            reader.shutdown(wait=False)
+
+
+class _Window:
+    """The samples of a window, as its groups get them.
+
+    Python objects for a transform; image bytes and labels for the native image chain
+    (moved out of the window into the batch without becoming Python objects); sent to a
+    worker process, a group's samples themselves (read here, in the main process), so
+    workers never read shards.
+    """
+
+    def __init__(self, window: _core._ShardWindow, image: list[str], label: str | None) -> None:
+        self.window = window
+        self.image = image
+        self.label = label
+
+    def get(self, index: int) -> Any:
+        """Return sample ``index`` of the window; raise its error if it could not be read."""
+        return self.window.sample(index)
+
+    def shipped(self, ids: list[int]) -> Samples:
+        """Return the samples ``ids`` themselves; one that cannot be read as its error."""
+        samples: dict[int, Any] = {}
+        for i in ids:
+            try:
+                samples[i] = self.window.sample(i)
+            except ShardError as e:
+                samples[i] = Failed(e)
+        return Carried(samples)
+
+    def native(self, batch_no: int, ids: list[int], skip: bool) -> tuple[_core._PlanGroup, Skipped]:
+        """Return the batch op's group: the samples' image bytes and labels."""
+        return self.window.plan_group(batch_no, ids, self.image, self.label, skip)
+
+
+def _buckets(
+    plan: _core.ShardPlan,
+    window_no: int,
+    batch_no: int,
+    window: _core._ShardWindow,
+    key: Callable[[Any], Any],
+    seed: int,
+    epoch: int,
+    shuffle: bool,
+) -> dict[int, list[int]]:
+    """Window ``window_no``'s batches remade by ``key``, by batch number.
+
+    The window's samples (those of all its batches, resumed ones too, so the buckets are
+    the same wherever the epoch resumes) are sorted by ``key`` (stably, ties in the plan's
+    order) and cut into the plan's batch sizes; with ``shuffle`` the batches are then
+    permuted by ``(seed, epoch, the window's first batch)``: AllenNLP's bucket sampler over
+    a window. A sample that cannot be read sorts last: its error is raised (or skipped)
+    when it is loaded.
+    """
+    first = batch_no
+    while first > 0 and plan.window_of(first - 1) == window_no:
+        first -= 1
+    numbers = []
+    j = first
+    while j < len(plan) and plan.window_of(j) == window_no:
+        numbers.append(j)
+        j += 1
+    batches = [plan.batch(j) for j in numbers]
+    ids = [i for b in batches for i in b]
+    keys: list[tuple[int, Any]] = []
+    for i in ids:
+        try:
+            sample = window.sample(i)
+        except ShardError:
+            keys.append((1, 0))
+            continue
+        try:
+            keys.append((0, key(sample)))
+        except Exception as e:
+            e.add_note(f"while computing bucket_by of sample {i}")
+            raise
+    order = sorted(range(len(ids)), key=lambda t: keys[t])
+    chunks, at = [], 0
+    for b in batches:
+        chunks.append([ids[t] for t in order[at : at + len(b)]])
+        at += len(b)
+    if shuffle and len(chunks) > 1:
+        import numpy as np
+
+        rng = np.random.default_rng(_core.mix_seed(seed, epoch, first, "window"))
+        chunks = [chunks[k] for k in rng.permutation(len(chunks))]
+    return dict(zip(numbers, chunks, strict=True))
