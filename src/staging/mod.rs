@@ -61,19 +61,17 @@
 //! ```
 
 mod cuda;
+mod error;
 mod host;
 mod pool;
 mod slots;
 mod tensor;
 
-use std::time::Duration;
-
 pub use cuda::{pinned_available, probed as cuda_probed, status as pinned_status, DISABLE_ENV};
+pub use error::{SlotError, StagingError};
 pub use pool::{BufferPool, PoolConfig, PoolStats, PooledBuffer};
-pub use slots::{SlotError, SlotLease, SlotRing, SlotStats};
+pub use slots::{SlotLease, SlotRing, SlotStats};
 pub use tensor::{Exported, ManagedPtr, Tensor};
-
-use crate::dlpack::DlpackError;
 
 /// The alignment of every staging buffer, in bytes.
 pub const BUFFER_ALIGN: usize = 64;
@@ -88,50 +86,4 @@ pub enum Pinning {
     Auto,
     /// Pinned, or [`StagingError::PinnedUnavailable`].
     Required,
-}
-
-/// Errors of the staging buffers.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum StagingError {
-    /// A [`PoolConfig`] that cannot work.
-    #[error("invalid pool configuration: {0}")]
-    InvalidConfig(String),
-    /// Every buffer of the pool stayed in use for the whole timeout: the
-    /// consumer holds on to its batches (or the bound is too low for how
-    /// many it keeps at once).
-    #[error(
-        "buffer pool exhausted: all {max_buffers} buffers stayed in use for {:.3} s; free \
-         the tensors you no longer need (every view of them), or raise max_buffers",
-        waited.as_secs_f64()
-    )]
-    Exhausted {
-        /// The pool's bound.
-        max_buffers: usize,
-        /// How long the acquisition waited.
-        waited: Duration,
-    },
-    /// Pinned memory was required and the CUDA driver cannot give it.
-    #[error("pinned memory is unavailable: {reason}")]
-    PinnedUnavailable {
-        /// Why (no driver, no device, disabled, forked child, ...).
-        reason: String,
-    },
-    /// The allocator refused (or the size cannot be allocated at all).
-    #[error("cannot allocate a buffer of {bytes} bytes")]
-    OutOfMemory {
-        /// The size asked for.
-        bytes: usize,
-    },
-    /// A tensor does not fit in the buffer given for it.
-    #[error("a tensor of {needed} bytes does not fit in a buffer of {len} bytes")]
-    BufferTooSmall {
-        /// Bytes the tensor needs.
-        needed: usize,
-        /// Bytes in the buffer.
-        len: usize,
-    },
-    /// A tensor description or a `DLPack` request was refused.
-    #[error(transparent)]
-    Dlpack(#[from] DlpackError),
 }

@@ -35,46 +35,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use memmap2::{MmapOptions, MmapRaw};
 use rustix::fs::{MemfdFlags, SealFlags};
 
-use super::BUFFER_ALIGN;
-
-/// Errors of the shared batch slots.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum SlotError {
-    /// The operating system refused to create, size or map a slot.
-    #[error("shared batch slot: {what}: {source}")]
-    Io {
-        /// What was being done.
-        what: &'static str,
-        /// The operating system's error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// No slot has this number.
-    #[error("no shared batch slot {0}")]
-    NoSuchSlot(usize),
-    /// The slot is not in the state the operation needs (a protocol error
-    /// of the caller: leasing a slot that was never dispatched, say).
-    #[error("shared batch slot {id} is {state}, not {expected}")]
-    WrongState {
-        /// The slot.
-        id: usize,
-        /// Its state.
-        state: &'static str,
-        /// The state the operation needs.
-        expected: &'static str,
-    },
-    /// A worker reported more bytes than the slot's file holds.
-    #[error("shared batch slot {id} holds {size} bytes, but the batch claims {len}")]
-    TooShort {
-        /// The slot.
-        id: usize,
-        /// The file's size.
-        size: usize,
-        /// The length claimed.
-        len: usize,
-    },
-}
+use super::{SlotError, BUFFER_ALIGN};
 
 fn io_err(what: &'static str) -> impl FnOnce(std::io::Error) -> SlotError {
     move |source| SlotError::Io { what, source }
