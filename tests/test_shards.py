@@ -117,7 +117,7 @@ def test_brace_ranges_lists_and_globs_name_shards_in_order(tmp_path: Path) -> No
         expand_shards(f"{t}/a-{{010..008}}.tar")
     # URLs are read from object storage (tests/test_remote.py); other schemes are refused,
     # and a source is all URLs or all local paths.
-    with pytest.raises(ValueError, match=r"'ftp://host/a\.tar': not a URL of object storage"):
+    with pytest.raises(ValueError, match=r"ftp://host/a\.tar: not a URL of object storage"):
         expand_shards("ftp://host/a.tar")
     with pytest.raises(ValueError, match="all URLs or all local paths"):
         expand_shards([f"{t}/c.tar", "s3://bucket/a.tar"])

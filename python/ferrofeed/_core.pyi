@@ -548,15 +548,13 @@ class _RemoteShards:
     def objects(self) -> list[tuple[str, int, str | None]]:
         """``(url, size, etag)`` of every shard."""
 
-def _remote_list(
-    prefix: str, storage_options: Sequence[tuple[str, str]]
+def _remote_objects(
+    patterns: Sequence[str], storage_options: Sequence[tuple[str, str]]
 ) -> list[tuple[str, int, str | None]]:
-    """List the objects under the directory URL ``prefix`` (one listing), sorted by key."""
+    """Return ``(url, size, etag)`` of the objects the URLs and globs name, in order."""
 
-def _remote_head(
-    urls: Sequence[str], storage_options: Sequence[tuple[str, str]], concurrency: int
-) -> list[tuple[str, int, str | None]]:
-    """Return ``(url, size, etag)`` of each URL (one HEAD each)."""
+def _remote_defaults() -> tuple[int, int, int]:
+    """Return a source's remote defaults: ``(prefetch_bytes, part_size, concurrency)``."""
 
 def _swap_image_seed(seed: int | None) -> int | None:
     """Set this thread's sample crop-and-flip seed for ``io.decode_image``; return the old."""

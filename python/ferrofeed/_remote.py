@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import glob
 import hashlib
 import json
 import logging
@@ -39,8 +38,10 @@ LIST_TTL = 60.0
 # The node index's layout: 2 added each shard's damage (an index of another version is
 # listed and counted again).
 INDEX_VERSION = 2
-_SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "azure", "abfs", "abfss", "adl", "http", "https")
 _URL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
+
+# A source's remote defaults, one copy, in Rust (RemoteOptions::default()).
+_PREFETCH_BYTES, _PART_SIZE, _CONCURRENCY = _core._remote_defaults()
 
 Listed = tuple[str, int, str | None]
 # A shard's count: samples, first and last key (tar), and where it is damaged, ``(at,
@@ -53,26 +54,16 @@ def is_url(text: str) -> bool:
     return _URL.match(text) is not None
 
 
-def check_scheme(url: str) -> None:
-    """Refuse a URL whose scheme no store here reads, naming the ones that are."""
-    m = _URL.match(url)
-    if m is None or m.group(1).lower() not in _SCHEMES:
-        raise ValueError(
-            f"{url!r}: not a URL of object storage (s3://, gs://, az://, abfs[s]://, "
-            "http://, https://) nor a local path"
-        )
-
-
 @dataclass(frozen=True)
 class RemoteConfig:
     """How a source reaches its remote shards (the arguments of the source)."""
 
     storage_options: Mapping[str, str] = field(default_factory=dict)
-    prefetch_bytes: int = 512 << 20
+    prefetch_bytes: int = _PREFETCH_BYTES
     cache_dir: str | None = None
     cache_limit: int | None = None
-    part_size: int = 8 << 20
-    concurrency: int = 8
+    part_size: int = _PART_SIZE
+    concurrency: int = _CONCURRENCY
 
     def __post_init__(self) -> None:
         for key, value in self.storage_options.items():
@@ -152,75 +143,16 @@ class RemoteConfig:
         )
 
 
-def _glob_regex(pattern: str) -> re.Pattern[str]:
-    """A glob pattern over object keys as a regex: ``*`` and ``?`` do not cross ``/``."""
-    out, i = [], 0
-    while i < len(pattern):
-        c = pattern[i]
-        if c == "*":
-            out.append("[^/]*")
-        elif c == "?":
-            out.append("[^/]")
-        elif c == "[":
-            j = pattern.find("]", i + 2)
-            if j < 0:
-                out.append(re.escape(c))
-            else:
-                body = pattern[i + 1 : j]
-                if body.startswith("!"):
-                    body = "^" + body[1:]
-                out.append("[" + body.replace("\\", "\\\\") + "]")
-                i = j
-        else:
-            out.append(re.escape(c))
-        i += 1
-    return re.compile("".join(out) + r"\Z")
-
-
 def list_objects(patterns: Sequence[str], config: RemoteConfig) -> list[Listed]:
     """The objects ``patterns`` (brace-expanded URLs) name, in the order given.
 
-    A URL with glob characters is matched against one listing of its directory (sorted by
-    key); a URL without is looked up with a HEAD. A pattern that matches nothing, or a
-    missing object, is an error naming it.
+    Listing and globbing are Rust's (``src/remote/list.rs``): a URL with glob characters is
+    matched against one listing of its directory (sorted by key; ``*`` and ``?`` do not
+    cross ``/``), a URL without is looked up with a HEAD. A pattern that matches nothing, or
+    a missing object, is a `ShardNotFoundError` naming it; a URL of no store read here, or a
+    glob over plain HTTP, a `ValueError`.
     """
-    options = config.options()
-    out: list[Listed] = []
-    plain: list[str] = []
-
-    def flush() -> None:
-        if plain:
-            out.extend(_core._remote_head(list(plain), options, 16))
-            plain.clear()
-
-    listings: dict[str, list[Listed]] = {}
-    for url in patterns:
-        check_scheme(url)
-        if not glob.has_magic(url.split("://", 1)[1]):
-            plain.append(url)
-            continue
-        flush()
-        if url.lower().startswith(("http://", "https://")):
-            raise ValueError(
-                f"{url!r}: a plain HTTP server cannot be listed: give the shards' URLs, "
-                "with brace ranges ({000..099}) for many"
-            )
-        scheme, rest = url.split("://", 1)
-        bucket, _, key = rest.partition("/")
-        first = min((key.find(c) for c in "*?[" if c in key), default=len(key))
-        directory = key[:first].rpartition("/")[0]
-        prefix = f"{scheme}://{bucket}/{directory}" if directory else f"{scheme}://{bucket}"
-        if prefix not in listings:
-            listings[prefix] = _core._remote_list(prefix, options)
-        regex = _glob_regex(key)
-        matched = [
-            o for o in listings[prefix] if regex.match(o[0].split("://", 1)[1].partition("/")[2])
-        ]
-        if not matched:
-            raise FileNotFoundError(f"no shard matches {url!r}")
-        out.extend(matched)
-    flush()
-    return out
+    return _core._remote_objects(list(patterns), config.options())
 
 
 def _key_of(url: str) -> str:

@@ -1,6 +1,6 @@
 //! What goes wrong describing a tensor or answering a `__dlpack__` request.
 
-use super::{DType, MAX_NDIM};
+use super::MAX_NDIM;
 
 /// Errors of tensor descriptions and `__dlpack__` requests.
 ///
@@ -10,7 +10,7 @@ use super::{DType, MAX_NDIM};
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum DlpackError {
-    /// A dtype name that is not one of [`DType::ALL`].
+    /// A dtype name that is not one of [`DType::ALL`](super::DType::ALL).
     #[error(
         "unsupported dtype {0:?}; expected one of uint8, int32, int64, float16, bfloat16, float32"
     )]
@@ -23,8 +23,8 @@ pub enum DlpackError {
     TooLarge {
         /// The shape asked for.
         shape: Vec<usize>,
-        /// The element type.
-        dtype: DType,
+        /// The element type's name ([`DType::name`](super::DType::name)).
+        dtype: &'static str,
     },
     /// `stream` was given for memory that has no stream to synchronize.
     #[error("stream={stream} is not supported for a tensor on {device}; pass stream=None")]

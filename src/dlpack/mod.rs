@@ -116,7 +116,7 @@ impl TensorDesc {
         }
         let too_large = || DlpackError::TooLarge {
             shape: shape.to_vec(),
-            dtype,
+            dtype: dtype.name(),
         };
         let numel = shape
             .iter()

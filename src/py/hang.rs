@@ -11,7 +11,7 @@
 //! a generator, a logging handler) lets the GIL go and takes it back inside
 //! the call, where no pyo3 guard is.
 //!
-//! The calls here declare the two C functions `extern "C-unwind"` and hold a
+//! The calls here call the two C functions as `extern "C-unwind"` and hold a
 //! guard whose drop, run only by that unwind, parks the thread for good, as
 //! pyo3's own guard does and as CPython 3.14 does itself: the thread holds no
 //! GIL (CPython let it go before ending the thread) and no engine lock (none
@@ -19,24 +19,40 @@
 //! Written here because pyo3 offers no unwinding call (its guard is private
 //! to pyo3-ffi).
 
+use pyo3::ffi::PyObject;
 use pyo3::prelude::*;
 use pyo3::types::{PyIterator, PyTuple};
 use pyo3::BoundObject;
 
-/// The C API's calls that run Python code, declared so that a forced unwind
-/// may leave them (pyo3-ffi declares the same symbols `extern "C"`).
-#[allow(clashing_extern_declarations)]
-mod unwinding {
-    use pyo3::ffi::PyObject;
+/// `PyObject_Call`, as a function that may unwind.
+type CallFn =
+    unsafe extern "C-unwind" fn(*mut PyObject, *mut PyObject, *mut PyObject) -> *mut PyObject;
+/// `PyObject_Call` as pyo3-ffi declares it.
+type DeclaredCallFn =
+    unsafe extern "C" fn(*mut PyObject, *mut PyObject, *mut PyObject) -> *mut PyObject;
+/// `PyIter_Next`, as a function that may unwind.
+type NextFn = unsafe extern "C-unwind" fn(*mut PyObject) -> *mut PyObject;
+/// `PyIter_Next` as pyo3-ffi declares it.
+type DeclaredNextFn = unsafe extern "C" fn(*mut PyObject) -> *mut PyObject;
 
-    unsafe extern "C-unwind" {
-        pub(super) fn PyObject_Call(
-            callable: *mut PyObject,
-            args: *mut PyObject,
-            kwargs: *mut PyObject,
-        ) -> *mut PyObject;
-        pub(super) fn PyIter_Next(iter: *mut PyObject) -> *mut PyObject;
-    }
+/// pyo3-ffi's `PyObject_Call` called as one that may unwind. Not a second
+/// `extern "C-unwind"` declaration of the symbol: LLVM keeps one declaration
+/// per symbol, and pyo3-ffi's (`extern "C"`, so `nounwind`) can win, which
+/// drops the landing pad that parks the thread. The pointer goes through
+/// `black_box` so that the call stays indirect, typed by its pointer.
+fn py_object_call() -> CallFn {
+    let declared: DeclaredCallFn = pyo3::ffi::PyObject_Call;
+    // SAFETY: the same function, signature and calling convention; "C-unwind"
+    // only says that an unwind may leave it, which CPython's `pthread_exit`
+    // does (see the module docs).
+    std::hint::black_box(unsafe { std::mem::transmute::<DeclaredCallFn, CallFn>(declared) })
+}
+
+/// `PyIter_Next` called as one that may unwind (see [`py_object_call`]).
+fn py_iter_next() -> NextFn {
+    let declared: DeclaredNextFn = pyo3::ffi::PyIter_Next;
+    // SAFETY: as in `py_object_call`.
+    std::hint::black_box(unsafe { std::mem::transmute::<DeclaredNextFn, NextFn>(declared) })
 }
 
 /// Held across a call into Python; forgotten when the call returns. Dropped
@@ -69,13 +85,13 @@ where
 {
     let py = f.py();
     let args = args.into_pyobject(py).map_err(Into::into)?.into_bound();
+    let call = py_object_call();
     let guard = ParkOnExit;
     // SAFETY: the GIL is held (`py`); `f` and `args` are live objects that
     // outlive the call (borrowed here, the call takes its own references if
-    // it keeps them); NULL keyword arguments are allowed. The declaration
-    // matches CPython's `PyObject_Call` but for the unwind ABI, which is what
-    // lets a forced unwind reach `guard`.
-    let out = unsafe { unwinding::PyObject_Call(f.as_ptr(), args.as_ptr(), std::ptr::null_mut()) };
+    // it keeps them); NULL keyword arguments are allowed. Called as
+    // `C-unwind`, so a forced unwind out of it reaches `guard`.
+    let out = unsafe { call(f.as_ptr(), args.as_ptr(), std::ptr::null_mut()) };
     std::mem::forget(guard);
     // SAFETY: `PyObject_Call` returns a new reference, or NULL with the error
     // set, which is what `from_owned_ptr_or_err` takes.
@@ -104,11 +120,12 @@ where
 /// `Bound<PyIterator>` gives it, safe at the interpreter's exit.
 pub(crate) fn next<'py>(it: &Bound<'py, PyIterator>) -> Option<PyResult<Bound<'py, PyAny>>> {
     let py = it.py();
+    let next = py_iter_next();
     let guard = ParkOnExit;
     // SAFETY: the GIL is held (`py`) and `it` is a live iterator (a
-    // `PyIterator` is one by its type's check). The declaration matches
-    // CPython's `PyIter_Next` but for the unwind ABI.
-    let out = unsafe { unwinding::PyIter_Next(it.as_ptr()) };
+    // `PyIterator` is one by its type's check); called as `C-unwind` (see
+    // `py_iter_next`).
+    let out = unsafe { next(it.as_ptr()) };
     std::mem::forget(guard);
     // SAFETY: `PyIter_Next` returns a new reference, or NULL at the end (no
     // error set) or on an error (set).

@@ -2,8 +2,9 @@
 //!
 //! - `_core._RemoteShards`: a source's remote shards, with their prefetch
 //!   and cache; `_core._ShardReader` reads through it.
-//! - `_core._remote_list`, `_core._remote_head`: the objects a pattern names
-//!   (one listing) or the metadata of given URLs (one HEAD each).
+//! - `_core._remote_objects`: the objects URLs and globs name (one listing
+//!   per directory, one HEAD per plain URL); `_core._remote_defaults`: a
+//!   source's remote defaults.
 //! - `_core._remote_get`: one small object whole (a dataset's index).
 //! - `_core._remote_stats`: the process's counters.
 //!
@@ -12,13 +13,12 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use futures_util::StreamExt;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
 use crate::remote::store::{retry_config, store_environment, Process};
-use crate::remote::{stats, Object, ObjectUrl, RemoteError, RemoteOptions, RemoteShards};
+use crate::remote::{list, stats, Object, ObjectUrl, RemoteError, RemoteOptions, RemoteShards};
 
 use super::errors::remote_error;
 
@@ -103,21 +103,24 @@ impl PyRemoteShards {
     }
 }
 
-/// The objects under the directory URL `prefix` (recursively), sorted by
-/// key, as `(url, size, etag)`: one listing.
+/// The objects `patterns` name, in order, as `(url, size, etag)`: one
+/// listing per directory of the globs, one HEAD per other URL (see
+/// [`crate::remote::list`]).
 #[pyfunction]
-#[pyo3(name = "_remote_list")]
-fn remote_list(
+#[pyo3(name = "_remote_objects")]
+#[allow(clippy::needless_pass_by_value)] // pyo3 extracts arguments by value
+fn remote_objects(
     py: Python<'_>,
-    prefix: &str,
+    patterns: Vec<String>,
     storage_options: Vec<(String, String)>,
 ) -> PyResult<Vec<Listed>> {
     let options = sorted(storage_options);
     let result = py.detach(|| -> Result<Vec<Object>, RemoteError> {
-        let url = ObjectUrl::parse_prefix(prefix)?;
-        let p = process(prefix)?;
-        let store = p.client(&url, &options)?;
-        p.runtime().block_on(Object::list(&*store, &url))
+        let Some(first) = patterns.first() else {
+            return Ok(Vec::new());
+        };
+        let p = process(first)?;
+        p.runtime().block_on(list::objects(&p, &patterns, &options))
     });
     match result {
         Ok(objects) => Ok(objects.iter().map(listed).collect()),
@@ -125,40 +128,14 @@ fn remote_list(
     }
 }
 
-/// `(url, size, etag)` of each of `urls`, in order: one HEAD each, up to
-/// `concurrency` at a time. The first failure (in order) is raised.
+/// The remote defaults of a source: `prefetch_bytes`, `part_size` (bytes
+/// of one ranged GET) and `concurrency` (requests in flight), as
+/// `RemoteOptions::default()` has them.
 #[pyfunction]
-#[pyo3(name = "_remote_head")]
-#[allow(clippy::needless_pass_by_value)] // pyo3 extracts arguments by value
-fn remote_head(
-    py: Python<'_>,
-    urls: Vec<String>,
-    storage_options: Vec<(String, String)>,
-    concurrency: usize,
-) -> PyResult<Vec<Listed>> {
-    let options = sorted(storage_options);
-    let result = py.detach(|| -> Result<Vec<Object>, RemoteError> {
-        let Some(first) = urls.first() else {
-            return Ok(Vec::new());
-        };
-        let p = process(first)?;
-        let mut heads = Vec::with_capacity(urls.len());
-        for text in &urls {
-            let url = ObjectUrl::parse(text)?;
-            let store = p.client(&url, &options)?;
-            heads.push(async move { Object::head(&*store, url).await });
-        }
-        let results: Vec<Result<Object, RemoteError>> = p.runtime().block_on(
-            futures_util::stream::iter(heads)
-                .buffered(concurrency.max(1))
-                .collect(),
-        );
-        results.into_iter().collect()
-    });
-    match result {
-        Ok(objects) => Ok(objects.iter().map(listed).collect()),
-        Err(e) => Err(remote_error(py, &e)),
-    }
+#[pyo3(name = "_remote_defaults")]
+fn remote_defaults() -> (u64, u64, usize) {
+    let d = RemoteOptions::default();
+    (d.prefetch_bytes, d.part_size, d.concurrency)
 }
 
 /// The bytes of the object `url`, whole (one HEAD, then ranged GETs of 8
@@ -180,7 +157,13 @@ fn remote_get<'py>(
             let object = Object::head(&*store, parsed).await?;
             let requests = tokio::sync::Semaphore::new(4);
             object
-                .get(&*store, 0..object.size, 8 << 20, &requests, &retry)
+                .get(
+                    &*store,
+                    0..object.size,
+                    RemoteOptions::default().part_size,
+                    &requests,
+                    &retry,
+                )
                 .await
         })
     });
@@ -220,8 +203,8 @@ fn remote_stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyRemoteShards>()?;
-    m.add_function(wrap_pyfunction!(remote_list, m)?)?;
-    m.add_function(wrap_pyfunction!(remote_head, m)?)?;
+    m.add_function(wrap_pyfunction!(remote_objects, m)?)?;
+    m.add_function(wrap_pyfunction!(remote_defaults, m)?)?;
     m.add_function(wrap_pyfunction!(remote_get, m)?)?;
     m.add_function(wrap_pyfunction!(remote_stats, m)?)?;
     m.add_function(wrap_pyfunction!(remote_environment, m)?)?;

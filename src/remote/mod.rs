@@ -36,6 +36,7 @@
 pub mod cache;
 mod error;
 pub mod fetch;
+pub mod list;
 pub mod shards;
 pub mod store;
 pub mod url;
