@@ -1,7 +1,8 @@
 """Two or more builds of ferrofeed side by side: the same native-chain job, taking turns.
 
 ``python benches/build_ab.py --build NAME=PYTHON [--build NAME=PYTHON ...] [--rounds 8]
-[--jobs train,exact] [--threads 2] [--batch-size 32] [--n 1000] [--env FERROFEED_CPU=baseline]``
+[--jobs train,exact] [--threads 2] [--batch-size 32] [--n 1000] [--env FERROFEED_CPU=baseline]
+[--source folder|tar]``
 
 Each ``--build`` names a Python interpreter (a venv's ``bin/python``) with one build of
 ferrofeed installed: the release wheel (``make wheel``: fat LTO, one codegen unit) in one,
@@ -12,6 +13,9 @@ Data: ``--n`` ImageNet-like JPEGs made from scikit-image's real photos
 (``_common.make_jpegs(..., varied=True, folders=True)``) in an image folder on /dev/shm,
 made once and read by every build (scikit-image and Pillow must be installed where this
 script runs and in the builds' interpreters, which import ``_common``).
+
+``--source tar`` packs the same JPEGs as WebDataset tar shards of 256 (``jpg``, ``cls``) and
+reads them with ``TarShards`` and the native chain (``image="jpg", label="cls"``) instead.
 
 Each run is a fresh interpreter of one build (``_common.run_fresh``): ``DataLoader(folder,
 batch_size, transform=_common.native_op(job), num_threads)``, one warm-up epoch, then
@@ -50,13 +54,17 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     """One run, in a fresh interpreter of one build."""
     import ferrofeed
 
+    shards = spec.get("shards")
+    source: Any = ferrofeed.TarShards(shards) if shards else spec["folder"]
+    fields = {"image": "jpg", "label": "cls"} if shards else {}
     loader = ferrofeed.DataLoader(
-        spec["folder"],
+        source,
         spec["batch_size"],
         shuffle=True,
         seed=0,
         transform=_common.native_op(spec["job"]),
         num_threads=spec["threads"],
+        **fields,
     )
     n = 0
     for _ in loader:  # warm-up: page cache, the pools
@@ -132,6 +140,12 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=2, help="timed epochs per run")
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--source",
+        choices=("folder", "tar"),
+        default="folder",
+        help="read the JPEGs from an image folder (default) or packed as tar shards of 256",
+    )
     p.add_argument("--timeout", type=float, default=600.0, help="per run, seconds")
     p.add_argument("--out", default="bench-results/build_ab")
     p.add_argument("--name", default="build_ab")
@@ -155,7 +169,10 @@ def main() -> None:
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(dir="/dev/shm", prefix="ff-build-ab-") as work:
         folder = os.path.join(work, "images")
-        _, data = _common.make_jpegs(folder, args.n, args.seed, varied=True, folders=True)
+        files, data = _common.make_jpegs(folder, args.n, args.seed, varied=True, folders=True)
+        shards = None
+        if args.source == "tar":
+            shards = _common.pack_tar_shards(files, os.path.join(work, "tar"), 256)
         names = list(builds)
         for r in range(args.rounds):
             order = names[r % len(names) :] + names[: r % len(names)]
@@ -163,6 +180,7 @@ def main() -> None:
                 for b in order:
                     spec = {
                         "folder": folder,
+                        "shards": shards,
                         "job": job,
                         "threads": args.threads,
                         "batch_size": args.batch_size,
