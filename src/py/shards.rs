@@ -1,5 +1,5 @@
 //! The Python face of the sharded sources ([`crate::shards`]) and their
-//! plan ([`crate::shard_plan`]).
+//! plan ([`crate::plan::sharded`]).
 //!
 //! - `_core.ShardPlan`: one epoch's batches of a sharded source on one rank.
 //! - `_core._ShardReader`: counts shards and reads windows of them, without
@@ -18,8 +18,8 @@ use pyo3::exceptions::{PyIndexError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+use crate::plan::{Segment, ShardPlan, ShardPlanConfig};
 use crate::remote::{RemoteError, RemoteShards};
-use crate::shard_plan::{Segment, ShardPlan, ShardPlanConfig};
 use crate::shards::jsonl::JsonLinesFormat;
 use crate::shards::mds::MdsFormat;
 use crate::shards::parquet::ParquetFormat;
@@ -598,7 +598,7 @@ fn int_label(v: &Value) -> Option<i64> {
 }
 
 /// One epoch's batches of a sharded source on one rank (see
-/// [`crate::shard_plan`]).
+/// [`crate::plan::sharded`]).
 #[pyclass(name = "ShardPlan", module = "ferrofeed._core", frozen)]
 struct PyShardPlan {
     inner: ShardPlan,

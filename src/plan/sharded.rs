@@ -4,7 +4,7 @@
 //! A sharded source (tar, Parquet, JSON lines; [`crate::shards`]) is read in
 //! order, whole: a random read per sample is slow on disk and ruinous on
 //! object storage. So the order of an epoch is not a permutation of the
-//! samples (as [`crate::plan`] makes for map-style datasets) but a shuffle in
+//! samples (as [`super::map`] makes for map-style datasets) but a shuffle in
 //! two levels that a reader streams.
 //!
 //! # The rule
@@ -49,7 +49,7 @@
 //! # Examples
 //!
 //! ```
-//! use ferrofeed::shard_plan::{ShardPlan, ShardPlanConfig};
+//! use ferrofeed::plan::{ShardPlan, ShardPlanConfig};
 //!
 //! let config = ShardPlanConfig {
 //!     counts: vec![4, 4, 4],
@@ -63,7 +63,7 @@
 //! assert_eq!(batches[0], vec![0, 1]); // no shuffle: stored order
 //! ```
 
-use crate::plan::{PlanConfig, PlanError};
+use super::map::{PlanConfig, PlanError};
 use crate::sampler::Permutation;
 use crate::seed::{finalize, mix, Stream};
 
