@@ -18,9 +18,10 @@
 //!   blocking, and whether a temporary file's writer is gone.
 //! - [`cpu`]: the process's CPU pools (re-created in a forked child).
 //! - [`sampler`]: seekable shuffled index orders, O(1) to start or resume.
-//! - [`plan`]: the epoch plan: numbered batches of dataset indices per rank,
-//!   from any resume point, for every executor.
-//! - [`shard_plan`]: the plan of a sharded source across epochs and ranks.
+//! - [`plan`]: the plans of an epoch behind one trait, [`plan::Plan`]:
+//!   numbered batches of sample ids per rank, from any resume point, for
+//!   every executor; map-style ([`plan::EpochPlan`]) and sharded
+//!   ([`plan::ShardPlan`], across ranks and elastic resumes).
 //! - [`recycle`]: a process-wide pool of byte buffers for the shard readers.
 //! - [`remote`]: shards in object storage (S3, GCS, Azure, HTTP), fetched
 //!   ahead within a byte budget and cached on local disk.
@@ -54,7 +55,6 @@ pub mod recycle;
 pub mod remote;
 pub mod sampler;
 pub mod seed;
-pub mod shard_plan;
 pub mod shards;
 pub mod staging;
 

@@ -1,7 +1,7 @@
 """Sharded sources: TarShards, ParquetShards and JsonLines, alone and in the DataLoader.
 
 The order rule itself (ranks, windows, resume, elastic resume) is tested exhaustively in
-Rust (src/shard_plan.rs); here, that the loader honours it end to end on real shard files,
+Rust (src/plan/sharded.rs); here, that the loader honours it end to end on real shard files,
 on threads, worker processes and the native image chain, and that bad input gets a clear
 error that names the shard and loses nothing else.
 """

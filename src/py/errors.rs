@@ -9,9 +9,8 @@ use pyo3::types::PyType;
 use crate::arena::ArenaError;
 use crate::image::spec::SpecError;
 use crate::image::ImageError;
-use crate::plan::PlanError;
+use crate::plan::{PlanError, ShardPlanError};
 use crate::remote::RemoteError;
-use crate::shard_plan::ShardPlanError;
 use crate::shards::ShardError;
 use crate::staging::StagingError;
 

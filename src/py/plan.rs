@@ -1,14 +1,16 @@
-//! `ferrofeed._core.EpochPlan`: the Python face of [`crate::plan`].
+//! `ferrofeed._core.EpochPlan`: the Python face of [`crate::plan::map`].
 //!
 //! The `DataLoader` makes one per epoch and iterates it: each step is one
-//! batch's `(batch_no, indices)`, computed in Rust.
+//! batch's `(batch_no, indices)`, computed in Rust. The helpers below
+//! ([`check_batch`], [`next_batch`]) serve every plan's class, `ShardPlan`'s
+//! too (`shards.rs`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use pyo3::exceptions::PyIndexError;
 use pyo3::prelude::*;
 
-use crate::plan::{EpochPlan, PlanConfig};
+use crate::plan::{EpochPlan, Plan, PlanConfig};
 
 /// One epoch's batches on one rank: numbered groups of dataset indices.
 #[pyclass(name = "EpochPlan", module = "ferrofeed._core", frozen)]
@@ -53,7 +55,7 @@ impl PyEpochPlan {
 
     /// Batches in the whole epoch (those before `start` included).
     fn __len__(&self) -> usize {
-        usize::try_from(self.inner.len()).unwrap_or(usize::MAX)
+        usize::try_from(self.inner.batches()).unwrap_or(usize::MAX)
     }
 
     /// The epoch.
@@ -77,24 +79,24 @@ impl PyEpochPlan {
     /// Samples each rank reads per pass over the data.
     #[getter]
     fn samples_per_rank(&self) -> u64 {
-        self.inner.config().samples_per_rank()
+        self.inner.samples_per_rank()
     }
 
     /// Batches each rank yields per pass over the data.
     #[getter]
     fn batches_per_pass(&self) -> u64 {
-        self.inner.config().batches_per_pass()
+        self.inner.batches_per_pass()
     }
 
     /// The dataset indices of batch `batch_no` of the epoch.
     fn batch(&self, batch_no: u64) -> PyResult<Vec<u64>> {
-        self.check(batch_no)?;
+        check_batch(&self.inner, batch_no, "an epoch")?;
         Ok(self.inner.batch(batch_no))
     }
 
     /// The number of samples in batch `batch_no` of the epoch.
     fn batch_len(&self, batch_no: u64) -> PyResult<u64> {
-        self.check(batch_no)?;
+        check_batch(&self.inner, batch_no, "an epoch")?;
         Ok(self.inner.batch_len(batch_no))
     }
 
@@ -127,17 +129,27 @@ impl PyEpochPlan {
     }
 }
 
-impl PyEpochPlan {
-    fn check(&self, batch_no: u64) -> PyResult<()> {
-        if batch_no < self.inner.len() {
-            Ok(())
-        } else {
-            Err(PyIndexError::new_err(format!(
-                "batch {batch_no} is not in an epoch of {} batches",
-                self.inner.len()
-            )))
-        }
+/// `IndexError` unless `batch_no` is one of `plan`'s batches (`what`: the
+/// epoch or the share it is not in, for the message).
+pub(super) fn check_batch(plan: &impl Plan, batch_no: u64, what: &str) -> PyResult<()> {
+    if batch_no < plan.batches() {
+        Ok(())
+    } else {
+        Err(PyIndexError::new_err(format!(
+            "batch {batch_no} is not in {what} of {} batches",
+            plan.batches()
+        )))
     }
+}
+
+/// The next batch a plan's iterator yields, counted in `next`, or `None`
+/// past `plan`'s last batch (and from then on).
+pub(super) fn next_batch(next: &AtomicU64, plan: &impl Plan) -> Option<u64> {
+    let end = plan.batches();
+    next.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
+        (b < end).then_some(b + 1)
+    })
+    .ok()
 }
 
 fn py_bool(b: bool) -> &'static str {
@@ -163,12 +175,7 @@ impl PyEpochPlanIter {
 
     fn __next__(&self) -> Option<(u64, Vec<u64>)> {
         let plan = &self.plan.get().inner;
-        let batch_no = self
-            .next
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
-                (b < plan.len()).then_some(b + 1)
-            })
-            .ok()?;
+        let batch_no = next_batch(&self.next, plan)?;
         Some((batch_no, plan.batch(batch_no)))
     }
 }

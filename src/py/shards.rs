@@ -1,5 +1,5 @@
 //! The Python face of the sharded sources ([`crate::shards`]) and their
-//! plan ([`crate::shard_plan`]).
+//! plan ([`crate::plan::sharded`]).
 //!
 //! - `_core.ShardPlan`: one epoch's batches of a sharded source on one rank.
 //! - `_core._ShardReader`: counts shards and reads windows of them, without
@@ -18,8 +18,8 @@ use pyo3::exceptions::{PyIndexError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+use crate::plan::{Plan, Segment, ShardPlan, ShardPlanConfig};
 use crate::remote::{RemoteError, RemoteShards};
-use crate::shard_plan::{Segment, ShardPlan, ShardPlanConfig};
 use crate::shards::jsonl::JsonLinesFormat;
 use crate::shards::mds::MdsFormat;
 use crate::shards::parquet::ParquetFormat;
@@ -28,6 +28,7 @@ use crate::shards::{Sample, Shard, ShardError, ShardFormat, Value};
 
 use super::errors::{shard_error, shard_exception, ShardClass};
 use super::pipeline::{Item, PyPlanGroup};
+use super::plan::{check_batch, next_batch};
 use super::remote::PyRemoteShards;
 use super::samples::{tar_sample, to_py};
 
@@ -598,7 +599,7 @@ fn int_label(v: &Value) -> Option<i64> {
 }
 
 /// One epoch's batches of a sharded source on one rank (see
-/// [`crate::shard_plan`]).
+/// [`crate::plan::sharded`]).
 #[pyclass(name = "ShardPlan", module = "ferrofeed._core", frozen)]
 struct PyShardPlan {
     inner: ShardPlan,
@@ -649,7 +650,7 @@ impl PyShardPlan {
 
     /// Batches in this rank's share of the current world (from its start).
     fn __len__(&self) -> usize {
-        usize::try_from(self.inner.len()).unwrap_or(usize::MAX)
+        usize::try_from(self.inner.batches()).unwrap_or(usize::MAX)
     }
 
     /// The first batch the plan yields (the resume point).
@@ -661,13 +662,14 @@ impl PyShardPlan {
     /// Samples this rank yields in the current world.
     #[getter]
     fn samples(&self) -> u64 {
-        self.inner.samples()
+        self.inner.samples_per_rank()
     }
 
-    /// Samples left to all ranks of the current world.
+    /// Samples left to all ranks of the current world (not batches, as
+    /// `EpochPlan.remaining` counts: the Python name predates the trait).
     #[getter]
     fn remaining(&self) -> u64 {
-        self.inner.remaining()
+        self.inner.remaining_samples()
     }
 
     /// Samples per window (a multiple of the batch size).
@@ -684,7 +686,7 @@ impl PyShardPlan {
 
     /// The window of batch `batch_no`.
     fn window_of(&self, batch_no: u64) -> PyResult<u64> {
-        self.check(batch_no)?;
+        check_batch(&self.inner, batch_no, "a share")?;
         Ok(self.inner.window_of(batch_no))
     }
 
@@ -706,7 +708,7 @@ impl PyShardPlan {
 
     /// The global ids of batch `batch_no`'s samples.
     fn batch(&self, batch_no: u64) -> PyResult<Vec<u64>> {
-        self.check(batch_no)?;
+        check_batch(&self.inner, batch_no, "a share")?;
         Ok(self.inner.batch(batch_no))
     }
 
@@ -716,19 +718,6 @@ impl PyShardPlan {
         PyShardPlanIter {
             plan: slf.unbind(),
             next: AtomicU64::new(next),
-        }
-    }
-}
-
-impl PyShardPlan {
-    fn check(&self, batch_no: u64) -> PyResult<()> {
-        if batch_no < self.inner.len() {
-            Ok(())
-        } else {
-            Err(PyIndexError::new_err(format!(
-                "batch {batch_no} is not in a share of {} batches",
-                self.inner.len()
-            )))
         }
     }
 }
@@ -748,11 +737,7 @@ impl PyShardPlanIter {
 
     fn __next__(&self) -> Option<(u64, u64, Vec<u64>)> {
         let plan = &self.plan.get().inner;
-        let j = self.next.fetch_add(1, Ordering::Relaxed);
-        if j >= plan.len() {
-            self.next.store(plan.len(), Ordering::Relaxed);
-            return None;
-        }
+        let j = next_batch(&self.next, plan)?;
         Some((j, plan.window_of(j), plan.batch(j)))
     }
 }

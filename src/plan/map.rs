@@ -1,4 +1,5 @@
-//! The epoch plan: which samples each batch of an epoch holds, on each rank.
+//! The map-style plan: which dataset indices each batch of an epoch holds,
+//! on each rank.
 //!
 //! A loader's order is arithmetic on a few numbers: the dataset's length,
 //! the batch size, the shuffle's `(seed, epoch)`, this rank's share of the
@@ -13,13 +14,15 @@
 //! - **Order.** Pass `p` over the data reads the dataset in the order of
 //!   [`Permutation`] keyed by `(seed, p)` (or `0..n` without shuffling).
 //! - **Ranks.** Each rank gets `samples_per_rank` samples of a pass: `n / W`
-//!   rounded down with `drop_last`, up without it. Rank `r` takes positions
+//!   rounded down with `drop_last`, up without it ([`Split::per_rank`]).
+//!   Rank `r` takes positions
 //!   `r, r + W, r + 2W, ...` of the pass's order; a position past the end
 //!   wraps round to the start (the padding that keeps every rank's share
 //!   the same size), so ranks never overlap within `n` and together cover
 //!   the dataset.
 //! - **Batches.** A rank's share is cut into batches of `batch_size`; with
-//!   `drop_last` a last, partial batch is dropped, else it is kept short.
+//!   `drop_last` a last, partial batch is dropped, else it is kept short
+//!   ([`Split::batches`]).
 //! - **Epochs.** An epoch is one pass, or with `batches_per_epoch` exactly
 //!   that many batches: epochs then continue where the previous one stopped
 //!   and go round the data as often as needed (as `AllenNLP` defines it).
@@ -31,45 +34,16 @@
 //! # Examples
 //!
 //! ```
-//! use ferrofeed::plan::{EpochPlan, PlanConfig};
+//! use ferrofeed::plan::{EpochPlan, Plan, PlanConfig};
 //!
 //! let config = PlanConfig { len: 10, batch_size: 4, ..PlanConfig::default() };
 //! let plan = EpochPlan::new(config, 0, 0).unwrap();
-//! let groups: Vec<_> = plan.iter().collect();
+//! let groups: Vec<_> = plan.groups().map(|g| (g.batch_no, g.ids)).collect();
 //! assert_eq!(groups, vec![(0, vec![0, 1, 2, 3]), (1, vec![4, 5, 6, 7]), (2, vec![8, 9])]);
 //! ```
 
+use super::{check_start, check_world, Plan, PlanError, Split};
 use crate::sampler::Permutation;
-
-/// What a plan cannot be made from.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PlanError {
-    /// `batch_size` is 0.
-    #[error("batch_size must be at least 1")]
-    ZeroBatchSize,
-    /// `world_size` is 0.
-    #[error("world_size must be at least 1")]
-    ZeroWorldSize,
-    /// `rank` is not below `world_size`.
-    #[error("rank {rank} is not in [0, world_size={world_size})")]
-    RankOutOfRange {
-        /// The rank given.
-        rank: u64,
-        /// The world size given.
-        world_size: u64,
-    },
-    /// `batches_per_epoch` is 0.
-    #[error("batches_per_epoch must be at least 1")]
-    ZeroBatchesPerEpoch,
-    /// The resume point is past the epoch's end.
-    #[error("cannot start at batch {start} of an epoch of {len} batches")]
-    StartPastEnd {
-        /// The batch to start at.
-        start: u64,
-        /// The epoch's number of batches.
-        len: u64,
-    },
-}
 
 /// Everything of a loader's order but the epoch and the resume point.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,42 +91,32 @@ impl PlanConfig {
     /// [`PlanError`] for a batch size, world size or `batches_per_epoch` of
     /// 0, or a rank outside the world.
     pub fn validate(&self) -> Result<(), PlanError> {
-        if self.batch_size == 0 {
-            return Err(PlanError::ZeroBatchSize);
-        }
-        if self.world_size == 0 {
-            return Err(PlanError::ZeroWorldSize);
-        }
-        if self.rank >= self.world_size {
-            return Err(PlanError::RankOutOfRange {
-                rank: self.rank,
-                world_size: self.world_size,
-            });
-        }
+        check_world(self.batch_size, self.rank, self.world_size)?;
         if self.batches_per_epoch == Some(0) {
             return Err(PlanError::ZeroBatchesPerEpoch);
         }
         Ok(())
     }
 
+    /// How a pass over the data is shared out over the ranks.
+    pub fn split(&self) -> Split {
+        Split {
+            samples: self.len,
+            batch_size: self.batch_size,
+            world_size: self.world_size,
+            drop_last: self.drop_last,
+        }
+    }
+
     /// Samples each rank reads per pass over the data (after padding or
     /// dropping).
     pub fn samples_per_rank(&self) -> u64 {
-        if self.drop_last {
-            self.len / self.world_size
-        } else {
-            self.len.div_ceil(self.world_size)
-        }
+        self.split().per_rank()
     }
 
     /// Batches each rank yields per pass over the data.
     pub fn batches_per_pass(&self) -> u64 {
-        let per_rank = self.samples_per_rank();
-        if self.drop_last {
-            per_rank / self.batch_size
-        } else {
-            per_rank.div_ceil(self.batch_size)
-        }
+        self.split().batches()
     }
 
     /// Batches per epoch (0 when a rank's share cannot fill one).
@@ -171,7 +135,7 @@ pub struct EpochPlan {
     config: PlanConfig,
     epoch: u64,
     start: u64,
-    len: u64,
+    batches: u64,
 }
 
 impl EpochPlan {
@@ -180,50 +144,23 @@ impl EpochPlan {
     /// # Errors
     ///
     /// [`PlanError`] for a config that [`PlanConfig::validate`] refuses, or
-    /// a `start` past the epoch's last batch (`start == len` is an epoch
-    /// with nothing left).
+    /// a `start` past the epoch's last batch (`start == batches()` is an
+    /// epoch with nothing left).
     pub fn new(config: PlanConfig, epoch: u64, start: u64) -> Result<Self, PlanError> {
         config.validate()?;
-        let len = config.batches_per_epoch();
-        if start > len {
-            return Err(PlanError::StartPastEnd { start, len });
-        }
+        let batches = config.batches_per_epoch();
+        check_start(start, batches)?;
         Ok(Self {
             config,
             epoch,
             start,
-            len,
+            batches,
         })
     }
 
     /// The configuration.
     pub fn config(&self) -> &PlanConfig {
         &self.config
-    }
-
-    /// The epoch.
-    pub fn epoch(&self) -> u64 {
-        self.epoch
-    }
-
-    /// The first batch this plan yields.
-    pub fn start(&self) -> u64 {
-        self.start
-    }
-
-    /// Batches in the whole epoch (those before `start` included).
-    pub fn len(&self) -> u64 {
-        self.len
-    }
-
-    /// Whether the epoch has no batch at all.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Batches left from `start` to the end of the epoch.
-    pub fn remaining(&self) -> u64 {
-        self.len - self.start
     }
 
     /// This rank's batch number `global` over all passes, split into the
@@ -234,26 +171,43 @@ impl EpochPlan {
         let global = self.epoch * per_epoch + batch_no;
         (global / per_pass, global % per_pass)
     }
+}
 
-    /// The number of samples in batch `batch_no` (`< len()`).
-    ///
-    /// # Panics
-    ///
-    /// When `batch_no >= len()`.
-    pub fn batch_len(&self, batch_no: u64) -> u64 {
-        assert!(batch_no < self.len, "batch {batch_no} of {}", self.len);
+impl Plan for EpochPlan {
+    fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Batches in the whole epoch (those before `start` included).
+    fn batches(&self) -> u64 {
+        self.batches
+    }
+
+    fn batches_per_pass(&self) -> u64 {
+        self.config.batches_per_pass()
+    }
+
+    fn samples_per_rank(&self) -> u64 {
+        self.config.samples_per_rank()
+    }
+
+    fn start(&self) -> u64 {
+        self.start
+    }
+
+    fn batch_len(&self, batch_no: u64) -> u64 {
+        assert!(
+            batch_no < self.batches,
+            "batch {batch_no} of {}",
+            self.batches
+        );
         let (_, b) = self.locate(batch_no);
         let first = b * self.config.batch_size;
         (first + self.config.batch_size).min(self.config.samples_per_rank()) - first
     }
 
-    /// The dataset indices of batch `batch_no` of the epoch (`< len()`), in
-    /// order.
-    ///
-    /// # Panics
-    ///
-    /// When `batch_no >= len()`.
-    pub fn batch(&self, batch_no: u64) -> Vec<u64> {
+    /// The dataset indices of batch `batch_no` of the epoch, in order.
+    fn batch(&self, batch_no: u64) -> Vec<u64> {
         let count = self.batch_len(batch_no);
         let (pass, b) = self.locate(batch_no);
         let c = &self.config;
@@ -273,15 +227,19 @@ impl EpochPlan {
             .collect()
     }
 
-    /// The batches from `start` to the end: `(batch_no, indices)`.
-    pub fn iter(&self) -> impl Iterator<Item = (u64, Vec<u64>)> + '_ {
-        (self.start..self.len).map(|b| (b, self.batch(b)))
+    fn resumed(&self, start: u64) -> Result<Self, PlanError> {
+        check_start(start, self.batches)?;
+        Ok(Self {
+            start,
+            ..self.clone()
+        })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::Group;
 
     fn configs() -> impl Iterator<Item = PlanConfig> {
         let mut out = Vec::new();
@@ -312,8 +270,8 @@ mod tests {
         out.into_iter()
     }
 
-    fn all(config: PlanConfig, epoch: u64) -> Vec<(u64, Vec<u64>)> {
-        EpochPlan::new(config, epoch, 0).unwrap().iter().collect()
+    fn all(config: PlanConfig, epoch: u64) -> Vec<Group> {
+        EpochPlan::new(config, epoch, 0).unwrap().groups().collect()
     }
 
     #[test]
@@ -324,7 +282,7 @@ mod tests {
                 assert_eq!(whole.len() as u64, config.batches_per_epoch());
                 for start in 0..=whole.len() {
                     let plan = EpochPlan::new(config, epoch, start as u64).unwrap();
-                    let rest: Vec<_> = plan.iter().collect();
+                    let rest: Vec<_> = plan.groups().collect();
                     assert_eq!(
                         rest,
                         whole[start..],
@@ -340,7 +298,14 @@ mod tests {
     fn batch_numbers_count_up_and_batches_are_full_but_the_last_of_a_pass() {
         for config in configs() {
             let per_pass = config.batches_per_pass();
-            for (k, (batch_no, indices)) in all(config, 2).into_iter().enumerate() {
+            for (
+                k,
+                Group {
+                    batch_no,
+                    ids: indices,
+                },
+            ) in all(config, 2).into_iter().enumerate()
+            {
                 assert_eq!(batch_no, k as u64);
                 assert!(indices.iter().all(|&i| i < config.len));
                 let full = indices.len() as u64 == config.batch_size;
@@ -364,7 +329,7 @@ mod tests {
                 for rank in 0..config.world_size {
                     let batches = all(PlanConfig { rank, ..config }, epoch);
                     lens.push(batches.len());
-                    for (_, indices) in batches {
+                    for Group { ids: indices, .. } in batches {
                         for i in indices {
                             seen[i as usize] += 1;
                         }
@@ -400,13 +365,13 @@ mod tests {
                 ..config
             };
             let fixed: Vec<Vec<u64>> = (0..3)
-                .flat_map(|e| all(config, e).into_iter().map(|(_, b)| b))
+                .flat_map(|e| all(config, e).into_iter().map(|g| g.ids))
                 .collect();
             // The plain passes, in order, until they hold as many batches.
             let mut passes: Vec<Vec<u64>> = Vec::new();
             let mut pass = 0;
             while passes.len() < fixed.len() {
-                passes.extend(all(plain, pass).into_iter().map(|(_, b)| b));
+                passes.extend(all(plain, pass).into_iter().map(|g| g.ids));
                 pass += 1;
             }
             assert_eq!(fixed, passes[..fixed.len()], "{config:?}");
@@ -426,7 +391,7 @@ mod tests {
         assert_ne!(all(config, 1), all(config, 2));
         assert_ne!(all(config, 1), all(PlanConfig { seed: 6, ..config }, 1));
         let sorted = {
-            let mut v: Vec<u64> = all(config, 1).into_iter().flat_map(|(_, b)| b).collect();
+            let mut v: Vec<u64> = all(config, 1).into_iter().flat_map(|g| g.ids).collect();
             v.sort_unstable();
             v
         };
@@ -487,8 +452,8 @@ mod tests {
             ..PlanConfig::default()
         };
         let plan = EpochPlan::new(config, 7, (1 << 29) - 1).unwrap();
-        let (batch_no, indices) = plan.iter().next().unwrap();
-        assert_eq!(batch_no, (1 << 29) - 1);
-        assert_eq!(indices.len(), 256);
+        let group = plan.groups().next().unwrap();
+        assert_eq!(group.batch_no, (1 << 29) - 1);
+        assert_eq!(group.ids.len(), 256);
     }
 }

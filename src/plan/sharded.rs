@@ -4,7 +4,7 @@
 //! A sharded source (tar, Parquet, JSON lines; [`crate::shards`]) is read in
 //! order, whole: a random read per sample is slow on disk and ruinous on
 //! object storage. So the order of an epoch is not a permutation of the
-//! samples (as [`crate::plan`] makes for map-style datasets) but a shuffle in
+//! samples (as [`super::map`] makes for map-style datasets) but a shuffle in
 //! two levels that a reader streams.
 //!
 //! # The rule
@@ -49,7 +49,7 @@
 //! # Examples
 //!
 //! ```
-//! use ferrofeed::shard_plan::{ShardPlan, ShardPlanConfig};
+//! use ferrofeed::plan::{Plan, ShardPlan, ShardPlanConfig};
 //!
 //! let config = ShardPlanConfig {
 //!     counts: vec![4, 4, 4],
@@ -58,22 +58,22 @@
 //!     ..ShardPlanConfig::default()
 //! };
 //! let plan = ShardPlan::new(&config, 0, &[], 0).unwrap();
-//! let batches: Vec<Vec<u64>> = plan.iter().map(|(_, _, ids)| ids).collect();
+//! let batches: Vec<Vec<u64>> = plan.groups().map(|g| g.ids).collect();
 //! assert_eq!(batches.len(), 6);
 //! assert_eq!(batches[0], vec![0, 1]); // no shuffle: stored order
 //! ```
 
-use crate::plan::{PlanConfig, PlanError};
+use super::{check_start, check_world, Plan, PlanError, Split};
 use crate::sampler::Permutation;
 use crate::seed::{finalize, mix, Stream};
 
 /// What a sharded plan cannot be made from.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ShardPlanError {
-    /// A batch size or world size of 0, or a rank outside the world: the
-    /// checks of the map-style plan ([`PlanConfig::validate`]).
+    /// A refusal every plan shares: a batch size or world size of 0, a rank
+    /// outside the world, a resume point past the end ([`PlanError`]).
     #[error(transparent)]
-    Shape(#[from] PlanError),
+    Plan(#[from] PlanError),
     /// `window` is 0.
     #[error("shuffle_window must be at least 1")]
     ZeroWindow,
@@ -95,14 +95,6 @@ pub enum ShardPlanError {
         least: u64,
         /// The batches every rank would yield.
         batches: u64,
-    },
-    /// The resume point is past the epoch's end.
-    #[error("cannot start at batch {start} of an epoch of {len} batches")]
-    StartPastEnd {
-        /// The batch to start at.
-        start: u64,
-        /// The epoch's number of batches (in this segment).
-        len: u64,
     },
     /// A segment of the resume history does not fit the source.
     #[error(
@@ -160,13 +152,7 @@ impl Default for ShardPlanConfig {
 
 impl ShardPlanConfig {
     fn validate(&self) -> Result<(), ShardPlanError> {
-        PlanConfig {
-            batch_size: self.batch_size,
-            rank: self.rank,
-            world_size: self.world_size,
-            ..PlanConfig::default()
-        }
-        .validate()?;
+        check_world(self.batch_size, self.rank, self.world_size)?;
         if self.window == 0 {
             return Err(ShardPlanError::ZeroWindow);
         }
@@ -300,10 +286,16 @@ impl Share {
         batch_size: u64,
         drop_last: bool,
     ) -> Result<Self, ShardPlanError> {
-        let (base, extra) = (n / world, n % world);
+        let split = Split {
+            samples: n,
+            batch_size,
+            world_size: world,
+            drop_last,
+        };
+        let (base, extra) = (split.least(), n % world);
         let start = rank * base + rank.min(extra);
+        let batches = split.batches();
         if drop_last {
-            let batches = base / batch_size;
             return Ok(Self {
                 start,
                 samples: batches * batch_size,
@@ -312,8 +304,6 @@ impl Share {
                 drop_last,
             });
         }
-        let most = base + u64::from(extra > 0);
-        let batches = most.div_ceil(batch_size);
         if n > 0 && base < batches {
             return Err(ShardPlanError::Uneven {
                 samples: n,
@@ -493,12 +483,7 @@ impl ShardPlan {
             config.batch_size,
             config.drop_last,
         )?;
-        if start > share.batches {
-            return Err(ShardPlanError::StartPastEnd {
-                start,
-                len: share.batches,
-            });
-        }
+        check_start(start, share.batches)?;
         Ok(Self {
             config: config.clone(),
             epoch,
@@ -516,30 +501,9 @@ impl ShardPlan {
         &self.config
     }
 
-    /// Batches in this rank's share (of the current world; from its start,
-    /// whatever the resume point).
-    pub fn len(&self) -> u64 {
-        self.share.batches
-    }
-
-    /// Whether the share has no batch.
-    pub fn is_empty(&self) -> bool {
-        self.share.batches == 0
-    }
-
-    /// The batch the plan starts at.
-    pub fn start(&self) -> u64 {
-        self.start
-    }
-
-    /// Samples this rank yields in the current world.
-    pub fn samples(&self) -> u64 {
-        self.share.samples
-    }
-
     /// Samples left to all ranks of the current world (the epoch's samples
     /// less those of the history's batches).
-    pub fn remaining(&self) -> u64 {
+    pub fn remaining_samples(&self) -> u64 {
         self.remaining.len
     }
 
@@ -571,18 +535,59 @@ impl ShardPlan {
         out
     }
 
-    /// The global ids (positions in the shards' stored order, counted
-    /// across shards) of batch `j`'s samples, in order.
-    ///
-    /// # Panics
-    ///
-    /// If `j` is not below [`ShardPlan::len`].
-    pub fn batch(&self, j: u64) -> Vec<u64> {
+    fn check(&self, batch_no: u64) {
         assert!(
-            j < self.share.batches,
-            "batch {j} of {}",
+            batch_no < self.share.batches,
+            "batch {batch_no} of {}",
             self.share.batches
         );
+    }
+
+    fn window_bounds(&self, w: u64) -> (u64, u64) {
+        let lo = w * self.window;
+        (lo, (lo + self.window).min(self.share.samples))
+    }
+
+    fn window_permutation(&self, segment: u64, lo: u64, hi: u64) -> Option<Permutation> {
+        window_permutation(&self.config, self.epoch, segment, &self.share, lo, hi)
+    }
+}
+
+impl Plan for ShardPlan {
+    fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Batches in this rank's share of the current world (from its start,
+    /// whatever the resume point).
+    fn batches(&self) -> u64 {
+        self.share.batches
+    }
+
+    /// The batches of the current world: an epoch is one pass.
+    fn batches_per_pass(&self) -> u64 {
+        self.share.batches
+    }
+
+    /// Samples this rank yields in the current world.
+    fn samples_per_rank(&self) -> u64 {
+        self.share.samples
+    }
+
+    fn start(&self) -> u64 {
+        self.start
+    }
+
+    fn batch_len(&self, batch_no: u64) -> u64 {
+        self.check(batch_no);
+        self.share.batch_start(batch_no + 1) - self.share.batch_start(batch_no)
+    }
+
+    /// The global ids (positions in the shards' stored order, counted
+    /// across shards) of batch `batch_no`'s samples, in order.
+    fn batch(&self, batch_no: u64) -> Vec<u64> {
+        self.check(batch_no);
+        let j = batch_no;
         let (lo, hi) = (self.share.batch_start(j), self.share.batch_start(j + 1));
         let w = lo / self.window;
         let (wlo, whi) = self.window_bounds(w);
@@ -596,18 +601,12 @@ impl ShardPlan {
             .collect()
     }
 
-    /// `(batch_no, window, ids)` for each batch from the start.
-    pub fn iter(&self) -> impl Iterator<Item = (u64, u64, Vec<u64>)> + '_ {
-        (self.start..self.share.batches).map(|j| (j, self.window_of(j), self.batch(j)))
-    }
-
-    fn window_bounds(&self, w: u64) -> (u64, u64) {
-        let lo = w * self.window;
-        (lo, (lo + self.window).min(self.share.samples))
-    }
-
-    fn window_permutation(&self, segment: u64, lo: u64, hi: u64) -> Option<Permutation> {
-        window_permutation(&self.config, self.epoch, segment, &self.share, lo, hi)
+    fn resumed(&self, start: u64) -> Result<Self, PlanError> {
+        check_start(start, self.share.batches)?;
+        Ok(Self {
+            start,
+            ..self.clone()
+        })
     }
 }
 
@@ -672,6 +671,7 @@ fn consumed(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::Group;
     use std::collections::BTreeSet;
 
     fn config(counts: &[u64], batch: u64, window: u64, world: u64, rank: u64) -> ShardPlanConfig {
@@ -695,8 +695,8 @@ mod tests {
     ) -> Vec<Vec<u64>> {
         ShardPlan::new(c, epoch, history, start)
             .unwrap()
-            .iter()
-            .map(|(_, _, ids)| ids)
+            .groups()
+            .map(|g| g.ids)
             .collect()
     }
 
@@ -762,7 +762,7 @@ mod tests {
                     ..c.clone()
                 };
                 match ShardPlan::new(&c, 0, &[], 0) {
-                    Ok(p) => Some(p.iter().map(|(_, _, ids)| ids).collect()),
+                    Ok(p) => Some(p.groups().map(|g| g.ids).collect()),
                     Err(ShardPlanError::Uneven { .. }) => None,
                     Err(e) => panic!("{e}"),
                 }
@@ -858,8 +858,8 @@ mod tests {
             0,
         )
         .unwrap();
-        assert_eq!(p.len(), 6);
-        assert_eq!(p.remaining(), 12);
+        assert_eq!(p.batches(), 6);
+        assert_eq!(p.remaining_samples(), 12);
     }
 
     #[test]
@@ -894,7 +894,8 @@ mod tests {
                 Some(o)
             })
             .collect();
-        for (j, w, ids) in p.iter() {
+        for Group { batch_no: j, ids } in p.groups() {
+            let w = p.window_of(j);
             let pieces = p.window_pieces(w);
             let held: usize = pieces.iter().map(|x| (x.hi - x.lo) as usize).sum();
             assert!(held as u64 <= p.window());
@@ -961,18 +962,18 @@ mod tests {
             drop_last: true,
             ..c
         };
-        assert_eq!(ShardPlan::new(&c, 0, &[], 0).unwrap().len(), 2);
+        assert_eq!(ShardPlan::new(&c, 0, &[], 0).unwrap().batches(), 2);
         let c = config(&[5], 2, 4, 2, 2);
         assert!(matches!(
             ShardPlan::new(&c, 0, &[], 0),
-            Err(ShardPlanError::Shape(PlanError::RankOutOfRange { .. }))
+            Err(ShardPlanError::Plan(PlanError::RankOutOfRange { .. }))
         ));
         let c = config(&[5], 2, 4, 1, 0);
         assert!(matches!(
             ShardPlan::new(&c, 0, &[], 4),
-            Err(ShardPlanError::StartPastEnd { .. })
+            Err(ShardPlanError::Plan(PlanError::StartPastEnd { .. }))
         ));
         let empty = config(&[], 2, 4, 3, 1);
-        assert_eq!(ShardPlan::new(&empty, 0, &[], 0).unwrap().len(), 0);
+        assert_eq!(ShardPlan::new(&empty, 0, &[], 0).unwrap().batches(), 0);
     }
 }
