@@ -7,7 +7,7 @@
 //! refused at once, with an error that says what it is.
 //!
 //! A temporary file whose name carries its writer's pid (an arena being
-//! built, a shard being cached) is an orphan once [`process_is_dead`].
+//! built, a shard being cached) is an orphan once `process_is_dead`.
 
 use std::fs::File;
 use std::path::Path;

@@ -95,10 +95,10 @@ pub enum Stream {
     /// from the image's seed, the one its crop draws from).
     Flip,
     /// The order of a sharded source's shards in an epoch
-    /// ([`crate::shard_plan`]).
+    /// ([`crate::plan::sharded`]).
     Shards,
     /// The shuffle of one window of a sharded source's samples
-    /// ([`crate::shard_plan`]).
+    /// ([`crate::plan::sharded`]).
     Window,
 }
 

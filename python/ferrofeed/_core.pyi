@@ -435,7 +435,7 @@ class EpochPlanIterator:
 
 @final
 class ShardPlan:
-    """One epoch's batches of a sharded source on one rank (see ``src/shard_plan.rs``).
+    """One epoch's batches of a sharded source on one rank (see ``src/plan/sharded.rs``).
 
     The shards, permuted by ``(seed, epoch)`` (stored order without ``shuffle``), laid
     end to end; rank ``r`` takes a contiguous range of that stream; every rank yields the

@@ -49,7 +49,7 @@ pub enum RemoteError {
         message: String,
     },
     /// A response body broke off in a request `object_store` does not
-    /// retry itself (a listing); [`fetch`] retries it.
+    /// retry itself (a listing); [`fetch`](super::fetch) retries it.
     #[error("{url}: {message}")]
     Interrupted {
         /// The URL.

@@ -15,7 +15,7 @@
 //! shard's bytes, and the parquet crate's `ChunkReader`).
 //!
 //! Which shards, which ranges of them and in what order is the sharded plan's
-//! business (`crate::shard_plan`); turning a [`Sample`] into a Python dict is
+//! business (`crate::plan::sharded`); turning a [`Sample`] into a Python dict is
 //! the bindings' (`src/py/shards.rs`).
 //!
 //! # Errors

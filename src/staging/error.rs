@@ -9,7 +9,7 @@ use crate::dlpack::DlpackError;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StagingError {
-    /// A [`PoolConfig`] that cannot work.
+    /// A [`PoolConfig`](super::PoolConfig) that cannot work.
     #[error("invalid pool configuration: {0}")]
     InvalidConfig(String),
     /// Every buffer of the pool stayed in use for the whole timeout: the
