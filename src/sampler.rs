@@ -13,6 +13,13 @@
 //! No crate offers a seekable permutation of an arbitrary range (the
 //! shuffles of `rand` materialise the sequence), hence this small one. Its
 //! keys come from [`crate::seed`], as every seed of ferrofeed does.
+//!
+//! These are ferrofeed's only shuffles: the epoch's ([`Permutation::key`]),
+//! a sharded source's shards, windows and `bucket_by` batches
+//! ([`Permutation::seeded`]), and an iterable dataset's [`ShuffleBuffer`],
+//! for a stream that cannot be indexed. None goes through Python's `random`
+//! or `NumPy`, whose outputs ferrofeed cannot pin; these are pinned by
+//! golden-value tests here and in `tests/test_seeds.py`.
 
 use crate::seed::{epoch_key, mix, SplitMix64, Stream};
 
@@ -51,6 +58,29 @@ impl Permutation {
     /// A key for `(seed, epoch)`: [`crate::seed::epoch_key`].
     pub fn key(seed: u64, epoch: u64) -> u64 {
         epoch_key(seed, epoch)
+    }
+
+    /// The permutation of `0..n` that item `index` draws in `epoch` of a
+    /// run seeded with `seed`, for shuffles of kind `stream` (a sharded
+    /// source's window, its `bucket_by` batches): keyed by
+    /// [`crate::seed::mix`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ferrofeed::sampler::Permutation;
+    /// use ferrofeed::seed::{mix, Stream};
+    /// let p = Permutation::seeded(5, 42, 1, 3, Stream::Bucket);
+    /// assert_eq!(p, Permutation::new(5, mix(42, 1, 3, Stream::Bucket)));
+    /// ```
+    pub fn seeded(n: u64, seed: u64, epoch: u64, index: u64, stream: Stream) -> Self {
+        Self::new(n, mix(seed, epoch, index, stream))
+    }
+
+    /// The whole permutation, position by position (O(n) memory: for the
+    /// small orders that are used whole, a window's batches).
+    pub fn to_vec(&self) -> Vec<u64> {
+        (0..self.n).map(|i| self.get(i)).collect()
     }
 
     /// Length of the permuted range.
@@ -96,6 +126,84 @@ impl Permutation {
             x = self.feistel(x);
         }
         x
+    }
+}
+
+/// A shuffle buffer (as tf.data's `shuffle`, PyTorch's `Shuffler`): the
+/// shuffle of a stream that cannot be indexed (an iterable dataset's),
+/// holding at most `window` items.
+///
+/// Until the buffer is full, each item [`push`](Self::push)ed is kept;
+/// after, each one takes the place of an item drawn uniformly from the
+/// buffer, which is handed out. [`drain`](Self::drain) hands out the rest in
+/// a random order (a [`Permutation`] keyed by the next draw). The draws are a
+/// [`SplitMix64`] seeded with `mix(seed, epoch, index, Stream::Buffer)`
+/// (`index`: the worker reading the stream), so the order is a pure function
+/// of `(seed, epoch, index, window)` and the stream: a replayed stream is
+/// shuffled alike, and the values are pinned by tests.
+///
+/// # Examples
+///
+/// ```
+/// use ferrofeed::sampler::ShuffleBuffer;
+/// let mut buffer = ShuffleBuffer::new(3, 42, 0, 0);
+/// let mut out: Vec<u32> = (0..10).filter_map(|i| buffer.push(i)).collect();
+/// out.extend(buffer.drain());
+/// let mut sorted = out.clone();
+/// sorted.sort_unstable();
+/// assert_eq!(sorted, (0..10).collect::<Vec<_>>());
+/// ```
+#[derive(Debug, Clone)]
+pub struct ShuffleBuffer<T> {
+    window: usize,
+    items: Vec<T>,
+    draws: SplitMix64,
+}
+
+impl<T> ShuffleBuffer<T> {
+    /// An empty buffer of `window` items for the stream `index` reads in
+    /// `epoch` of a run seeded with `seed`.
+    pub fn new(window: usize, seed: u64, epoch: u64, index: u64) -> Self {
+        Self {
+            window,
+            items: Vec::with_capacity(window.min(1 << 16)),
+            draws: SplitMix64::new(mix(seed, epoch, index, Stream::Buffer)),
+        }
+    }
+
+    /// Takes `item`; returns the item it replaces once the buffer is full
+    /// (`item` itself with a window of 0), `None` while it fills.
+    pub fn push(&mut self, item: T) -> Option<T> {
+        if self.items.len() < self.window {
+            self.items.push(item);
+            return None;
+        }
+        if self.items.is_empty() {
+            return Some(item);
+        }
+        let k = self.draws.below(self.items.len());
+        Some(std::mem::replace(&mut self.items[k], item))
+    }
+
+    /// The items held, in a random order; the buffer is empty after.
+    pub fn drain(&mut self) -> Vec<T> {
+        let n = self.items.len();
+        let order = Permutation::new(n as u64, self.draws.next_u64());
+        let mut slots: Vec<Option<T>> = self.items.drain(..).map(Some).collect();
+        (0..n as u64)
+            .filter_map(|i| usize::try_from(order.get(i)).ok())
+            .filter_map(|k| slots[k].take())
+            .collect()
+    }
+
+    /// The number of items held.
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    /// Whether the buffer holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
     }
 }
 
@@ -150,6 +258,62 @@ mod tests {
                 }
             }
         }
+    }
+
+    // Golden values of every shuffle: changing them changes every user's
+    // orders. Computed by an independent Python transcription of the Feistel
+    // network, `seed::mix` and the buffer's rule (as `seed`'s goldens were).
+
+    #[test]
+    fn epoch_permutations_are_pinned() {
+        let order = |n, seed, epoch| Permutation::new(n, Permutation::key(seed, epoch)).to_vec();
+        assert_eq!(order(10, 0, 0), [1, 0, 4, 9, 7, 8, 5, 3, 6, 2]);
+        assert_eq!(order(10, 42, 3), [1, 5, 7, 0, 3, 6, 9, 4, 2, 8]);
+    }
+
+    #[test]
+    fn seeded_permutations_are_pinned() {
+        let bucket = |n, seed, epoch, index| {
+            Permutation::seeded(n, seed, epoch, index, Stream::Bucket).to_vec()
+        };
+        assert_eq!(bucket(8, 0, 0, 0), [1, 2, 5, 6, 7, 3, 4, 0]);
+        assert_eq!(bucket(10, 42, 3, 5), [1, 4, 5, 3, 8, 7, 9, 6, 2, 0]);
+    }
+
+    fn buffered(n: u32, window: usize, seed: u64, epoch: u64, index: u64) -> Vec<u32> {
+        let mut buffer = ShuffleBuffer::new(window, seed, epoch, index);
+        let mut out: Vec<u32> = (0..n).filter_map(|i| buffer.push(i)).collect();
+        out.extend(buffer.drain());
+        assert!(buffer.is_empty());
+        out
+    }
+
+    #[test]
+    fn shuffle_buffers_are_pinned() {
+        assert_eq!(
+            buffered(12, 4, 0, 0, 0),
+            [1, 0, 3, 4, 6, 5, 2, 8, 9, 11, 10, 7]
+        );
+        assert_eq!(buffered(10, 3, 42, 1, 1), [2, 3, 0, 5, 1, 7, 6, 9, 8, 4]);
+        // A stream shorter than the window: only the drain's order.
+        assert_eq!(buffered(3, 5, 7, 0, 0), [1, 0, 2]);
+    }
+
+    #[test]
+    fn shuffle_buffers_hand_out_each_item_once() {
+        for (n, window) in [(0, 4), (1, 1), (5, 0), (5, 1), (100, 7), (7, 100)] {
+            let mut out = buffered(n, window, 3, 2, 1);
+            out.sort_unstable();
+            assert_eq!(out, (0..n).collect::<Vec<_>>(), "n={n} window={window}");
+        }
+        // A window of 0 does not shuffle; other seeds, epochs and workers
+        // shuffle otherwise.
+        assert_eq!(buffered(5, 0, 3, 2, 1), [0, 1, 2, 3, 4]);
+        let base = buffered(50, 8, 1, 0, 0);
+        assert_ne!(base, buffered(50, 8, 2, 0, 0));
+        assert_ne!(base, buffered(50, 8, 1, 1, 0));
+        assert_ne!(base, buffered(50, 8, 1, 0, 1));
+        assert_eq!(base, buffered(50, 8, 1, 0, 0));
     }
 
     #[test]

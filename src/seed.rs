@@ -1,8 +1,11 @@
 //! Seeds: the one mixing function behind every random draw of ferrofeed.
 //!
-//! Shuffles ([`crate::sampler::Permutation`]), random crops
-//! ([`crate::image::Crop::RandomResized`], drawn by the batch engine and the
-//! image ops) and the per-sample seeds that worker processes give Python's
+//! Shuffles ([`crate::sampler::Permutation`] and
+//! [`crate::sampler::ShuffleBuffer`]: every shuffle of ferrofeed, the
+//! epoch's, a sharded source's windows and `bucket_by` batches, an iterable
+//! dataset's buffer), random crops ([`crate::image::Crop::RandomResized`],
+//! drawn by the batch engine and the image ops, all keyed by [`crop_seed`])
+//! and the per-sample seeds that worker processes give Python's
 //! `random`, `NumPy` and torch ([`crate::sampler::sample_seed`]) all derive
 //! their randomness here, from `(seed, epoch, index, stream)`:
 //!
@@ -19,13 +22,14 @@
 //! - [`SplitMix64`] turns one such seed into a sequence of draws.
 //! - [`hash_bytes`] turns a name (a file path) into an index, for draws
 //!   keyed by a file rather than by a position.
+//! - [`crop_seed`] is the one rule of an image's random crop and flip.
 //!
 //! The values are part of ferrofeed's reproducibility promise (the same
 //! seed gives the same shuffles and crops in every release, on every
 //! platform), so they are computed here with fixed constants rather than
 //! by a hasher whose output may change between Rust releases (std's
 //! `DefaultHasher` says it may), and pinned by golden-value tests, in Rust
-//! here and in Python (`tests/test_workers.py`). Changing any of them is a
+//! here and in Python (`tests/test_workers.py`, `tests/test_seeds.py`). Changing any of them is a
 //! breaking change. The function is small enough to spell out; a crate
 //! would add a dependency whose output we would have to pin all the same.
 //!
@@ -100,9 +104,21 @@ pub enum Stream {
     /// The shuffle of one window of a sharded source's samples
     /// ([`crate::plan::sharded`]).
     Window,
+    /// The order of one window's batches remade by a key (a sharded
+    /// source's `bucket_by`), index = the window's first batch
+    /// ([`crate::sampler::Permutation::seeded`]).
+    Bucket,
+    /// The draws of an iterable dataset's shuffle buffer, index = the
+    /// worker reading the stream ([`crate::sampler::ShuffleBuffer`]).
+    Buffer,
 }
 
 impl Stream {
+    /// Every stream's name, as [`Stream::from_name`] reads them.
+    pub const NAMES: [&'static str; 7] = [
+        "sample", "crop", "flip", "shards", "window", "bucket", "buffer",
+    ];
+
     /// The stream's tag, mixed into the key.
     pub const fn tag(self) -> u64 {
         match self {
@@ -111,10 +127,13 @@ impl Stream {
             Stream::Flip => 0xF11B_5EED_0000_0002,
             Stream::Shards => 0x5AA2_D5EE_D000_0003,
             Stream::Window => 0x3140_D0E5_EED0_0004,
+            Stream::Bucket => 0xB0C4_E75E_ED00_0005,
+            Stream::Buffer => 0xB0FF_E25E_ED00_0006,
         }
     }
 
-    /// The stream named `name` (`"sample"` or `"crop"`), for bindings.
+    /// The stream named `name` (its variant's name in lower case, as
+    /// [`Stream::NAMES`] lists them), for bindings.
     pub fn from_name(name: &str) -> Option<Self> {
         match name {
             "sample" => Some(Stream::Sample),
@@ -122,6 +141,8 @@ impl Stream {
             "flip" => Some(Stream::Flip),
             "shards" => Some(Stream::Shards),
             "window" => Some(Stream::Window),
+            "bucket" => Some(Stream::Bucket),
+            "buffer" => Some(Stream::Buffer),
             _ => None,
         }
     }
@@ -149,6 +170,33 @@ impl Stream {
 pub const fn mix(seed: u64, epoch: u64, index: u64, stream: Stream) -> u64 {
     let s = step(epoch_key(seed, epoch) ^ stream.tag());
     step(s ^ index.wrapping_mul(GAMMA))
+}
+
+/// The seed of one image's random crop and flip: the one crop-seed rule,
+/// `mix(seed, epoch, index, Stream::Crop)`. Every random crop and flip of
+/// ferrofeed draws from it (the flip through [`Stream::Flip`], mixed from
+/// this seed: [`crate::image::Flip::Random`]); what `(seed, epoch, index)`
+/// are depends only on where the image is made:
+///
+/// - in a `DataLoader` (the native chain, or `io.decode_image` without
+///   `seed=` in a transform, on any thread or worker process, resumed or
+///   not): the loader's seed, the epoch, the sample's dataset index (its id
+///   in a sharded or iterable source);
+/// - in a pipeline, `ops.decode_image(seed=s)`: `(s, the pipeline's epoch,
+///   the item's position in the source)`, or [`hash_bytes`] of the file's
+///   name for an item without a position;
+/// - `io.load_images(seed=s)`: `(s, 0, the image's position in the batch)`.
+///
+/// (`io.decode_image(seed=s)` takes `s` itself as the image's seed.)
+///
+/// # Examples
+///
+/// ```
+/// use ferrofeed::seed::{crop_seed, mix, Stream};
+/// assert_eq!(crop_seed(7, 1, 3), mix(7, 1, 3, Stream::Crop));
+/// ```
+pub const fn crop_seed(seed: u64, epoch: u64, index: u64) -> u64 {
+    mix(seed, epoch, index, Stream::Crop)
 }
 
 /// A stable 64-bit hash of `bytes` (a file's name, to key its draws by
@@ -259,6 +307,22 @@ mod tests {
         assert_eq!(mix(7, 1, 3, Stream::Flip), FLIP_GOLDEN[1]);
     }
 
+    #[test]
+    fn shuffle_streams_are_pinned() {
+        assert_eq!(mix(0, 0, 0, Stream::Bucket), 12_561_458_183_599_317_634);
+        assert_eq!(mix(7, 1, 3, Stream::Bucket), 2_179_948_761_187_503_675);
+        assert_eq!(mix(0, 0, 0, Stream::Buffer), 6_440_925_709_431_095_892);
+        assert_eq!(mix(7, 1, 3, Stream::Buffer), 14_271_414_223_230_950_480);
+    }
+
+    #[test]
+    fn crop_seed_is_pinned() {
+        // The crop stream's goldens: the rule is `mix` with `Crop`.
+        assert_eq!(crop_seed(0, 0, 0), CROP_GOLDEN[0]);
+        assert_eq!(crop_seed(7, 1, 3), CROP_GOLDEN[1]);
+        assert_eq!(crop_seed(7, 1, 5), 13_701_360_014_256_768_237);
+    }
+
     const FLIP_GOLDEN: [u64; 2] = [7_597_842_688_844_317_922, 1_284_616_718_397_077_426];
 
     const CROP_GOLDEN: [u64; 3] = [
@@ -294,7 +358,15 @@ mod tests {
     #[test]
     fn streams_indices_epochs_and_seeds_all_matter() {
         let mut seen = std::collections::HashSet::new();
-        for stream in [Stream::Sample, Stream::Crop, Stream::Flip] {
+        for stream in [
+            Stream::Sample,
+            Stream::Crop,
+            Stream::Flip,
+            Stream::Shards,
+            Stream::Window,
+            Stream::Bucket,
+            Stream::Buffer,
+        ] {
             for seed in 0..4 {
                 for epoch in 0..4 {
                     for index in 0..64 {
@@ -334,5 +406,8 @@ mod tests {
         assert_eq!(Stream::from_name("flip"), Some(Stream::Flip));
         assert_eq!(Stream::from_name("sample"), Some(Stream::Sample));
         assert_eq!(Stream::from_name("shuffle"), None);
+        for name in Stream::NAMES {
+            assert!(Stream::from_name(name).is_some(), "{name}");
+        }
     }
 }

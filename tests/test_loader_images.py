@@ -443,10 +443,10 @@ def test_flip_argument_errors_and_seeded_single_decode(data: Dataset) -> None:
         plain = data.refs[0]
         outcomes.add("mirrored" if np.array_equal(one, plain[:, ::-1]) else "plain")
         assert np.array_equal(one, plain) or np.array_equal(one, plain[:, ::-1])
-        # load_images: item i draws from mix_seed(seed, 0, i, "crop")
+        # load_images: item i draws from crop_seed(seed, 0, i), the one crop-seed rule
         batch = io.load_images([path, path], size=SIZE, flip="random", seed=seed).numpy()
         for i in range(2):
-            s = ferrofeed._core.mix_seed(seed, 0, i, "crop")
+            s = ferrofeed._core.crop_seed(seed, 0, i)
             want = io.decode_image(path, size=SIZE, flip="random", seed=s).numpy()
             assert np.array_equal(batch[i], want)
     assert outcomes == {"mirrored", "plain"}

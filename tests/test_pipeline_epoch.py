@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from ferrofeed import PipelineBuilder, ops
+from ferrofeed import PipelineBuilder, _core, io, ops
 from ferrofeed.samples import synthetic_jpeg
 
 
@@ -73,6 +73,11 @@ def test_random_crops_are_the_same_for_an_epoch_and_new_for_the_next(tmp_path: P
     assert same(crops(chain(paths), epoch=1), second)
     # Another seed: other crops.
     assert not same(crops(chain(paths, seed=8), epoch=0), first)
+    # The one crop-seed rule: item i of epoch e draws from crop_seed(seed, e, i).
+    for i in (0, 5, 11):
+        seed = _core.crop_seed(7, 1, i)
+        want = io.decode_image(paths[i], size=16, crop="random", flip="random", seed=seed)
+        assert np.array_equal(second[i], np.from_dlpack(want)), i
 
 
 @pytest.mark.timeout(120)

@@ -6,6 +6,7 @@ global generators, on threads and on worker processes alike.
 
 from __future__ import annotations
 
+import itertools
 import random
 import shutil
 from pathlib import Path
@@ -15,7 +16,7 @@ import ferrofeed
 import numpy as np
 import pytest
 from ferrofeed import DataLoader, ImageFolder, io, ops
-from ferrofeed._core import mix_seed
+from ferrofeed._core import crop_seed
 from ferrofeed.samples import synthetic_jpeg
 
 SIZE = 24
@@ -91,7 +92,7 @@ def test_each_native_crop_is_decode_image_with_the_samples_seed(folder: Path) ->
     assert len(batches) == len(plan)
     for (images, _), (_, indices) in zip(batches, plan, strict=True):
         for image, index in zip(np.array(images), indices, strict=True):
-            seed = mix_seed(7, 1, index, "crop")
+            seed = crop_seed(7, 1, index)  # the one crop-seed rule
             want = io.decode_image(
                 files[index][0], size=SIZE, crop="random", flip="random", seed=seed
             )
@@ -116,6 +117,48 @@ def test_decode_image_without_seed_in_a_transform_on_workers(
     loader = python_loader(folder, num_workers=2, worker_start_method=start_method)
     got = [(np.array(im), lb.tolist()) for im, lb in loader.epoch_batches(1)]
     assert same(got, native(folder, 1))
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_native_crops_are_the_same_on_any_number_of_threads(folder: Path, threads: int) -> None:
+    assert same(native(folder, 1, num_threads=threads), native(folder, 1, num_threads=2))
+
+
+def resumed(make: Any, epoch: int, after: int) -> list[tuple[np.ndarray, list[int]]]:
+    """The batches of ``epoch`` read ``after`` batches in, then the rest by a new loader."""
+    first = make()
+    first.set_epoch(epoch)
+    it = iter(first)
+    head = [(np.array(im), lb.tolist()) for im, lb in itertools.islice(it, after)]
+    state = first.state_dict()
+    assert (state["epoch"], state["batches_done"]) == (epoch, after)
+    first.shutdown_workers()
+    again = make()
+    again.load_state_dict(state)
+    rest = [(np.array(im), lb.tolist()) for im, lb in again]
+    again.shutdown_workers()
+    return head + rest
+
+
+@pytest.mark.timeout(180)
+def test_a_resumed_epoch_keeps_each_samples_crop(folder: Path) -> None:
+    # The native chain, a Python transform on threads and on worker processes: each
+    # resumed sample gets the crop and flip of the full epoch's native chain.
+    whole = native(folder, 1)
+
+    def native_loader() -> DataLoader:
+        return DataLoader(
+            ImageFolder(folder),
+            batch_size=4,
+            shuffle=True,
+            seed=7,
+            transform=ops.decode_image(size=SIZE, crop="random", flip="random"),
+        )
+
+    assert same(resumed(native_loader, 1, 2), whole)
+    assert same(resumed(lambda: python_loader(folder, num_threads=2), 1, 1), whole)
+    on_workers = {"num_workers": 2, "worker_start_method": "fork"}
+    assert same(resumed(lambda: python_loader(folder, **on_workers), 1, 2), whole)
 
 
 def test_decode_image_outside_a_loader_draws_a_fresh_seed(folder: Path) -> None:

@@ -362,6 +362,42 @@ class Permutation:
     def take(self, start: int, end: int, stride: int = 1) -> list[int]:
         """Return the elements at ``start, start + stride, ...`` below ``end``, modulo len."""
 
+def shuffle_order(
+    n: int,
+    *,
+    seed: int,
+    epoch: int,
+    index: int,
+    stream: Literal["shards", "window", "bucket"],
+) -> list[int]:
+    """Return the order of ``range(n)`` item ``index`` draws in ``epoch`` (pinned).
+
+    The permutation of `Permutation`, keyed by ``mix_seed(seed, epoch, index, stream)``: a
+    sharded source's ``bucket_by`` orders a window's batches with it (``stream="bucket"``,
+    ``index`` the window's first batch).
+
+    Example:
+        >>> from ferrofeed import _core
+        >>> _core.shuffle_order(8, seed=0, epoch=0, index=0, stream="bucket")
+        [1, 2, 5, 6, 7, 3, 4, 0]
+    """
+
+@final
+class _ShuffleBuffer(Iterator[Any]):
+    """``items`` shuffled through a buffer of ``window`` items (internal; pinned).
+
+    Once the buffer is full, each item read takes the place of one drawn from the buffer,
+    which is yielded; at the end the rest comes in a random order. The draws come from
+    ``mix_seed(seed, epoch, index, "buffer")`` (``index``: the worker reading the stream).
+    An error of ``items`` is raised and ends the iteration.
+    """
+
+    def __new__(
+        cls, items: Iterable[Any], window: int, *, seed: int, epoch: int, index: int
+    ) -> _ShuffleBuffer: ...
+    def __iter__(self) -> _ShuffleBuffer: ...
+    def __next__(self) -> Any: ...
+
 @final
 class EpochPlan:
     """One epoch's batches on one rank: numbered groups of dataset indices.
@@ -556,8 +592,8 @@ def _remote_objects(
 def _remote_defaults() -> tuple[int, int, int]:
     """Return a source's remote defaults: ``(prefetch_bytes, part_size, concurrency)``."""
 
-def _swap_image_seed(seed: int | None) -> int | None:
-    """Set this thread's sample crop-and-flip seed for ``io.decode_image``; return the old."""
+def _swap_sample(sample: tuple[int, int, int] | None) -> tuple[int, int, int] | None:
+    """Set the sample ``(seed, epoch, index)`` this thread loads; return the old one."""
 
 def _remote_get(url: str, storage_options: Sequence[tuple[str, str]]) -> bytes:
     """Return the object ``url``'s bytes, whole."""
@@ -592,7 +628,7 @@ def mix_seed(
     seed: int,
     epoch: int,
     index: int,
-    stream: Literal["sample", "crop", "flip", "shards", "window"],
+    stream: Literal["sample", "crop", "flip", "shards", "window", "bucket", "buffer"],
 ) -> int:
     """Return the seed of item ``index``'s draws of kind ``stream`` (ferrofeed's one mixer).
 
@@ -602,6 +638,20 @@ def mix_seed(
         >>> from ferrofeed import _core
         >>> _core.mix_seed(0, 0, 0, "sample")
         16894410173589626229
+    """
+
+def crop_seed(seed: int, epoch: int, index: int) -> int:
+    """Return the seed of one image's random crop and flip: the one crop-seed rule.
+
+    ``mix_seed(seed, epoch, index, "crop")``. In a `DataLoader`: the loader's seed, the
+    epoch and the sample's dataset index, whichever chain, thread or worker makes the
+    image; in a pipeline: ``ops.decode_image``'s seed, the epoch and the item's position;
+    in ``io.load_images(seed=s)``: ``(s, 0, position in the batch)``.
+
+    Example:
+        >>> from ferrofeed import _core
+        >>> _core.crop_seed(7, 1, 3) == _core.mix_seed(7, 1, 3, "crop")
+        True
     """
 
 @final

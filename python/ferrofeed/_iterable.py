@@ -12,8 +12,9 @@ has no index to sample: the loader reads it in the order it yields, as PyTorch d
   process asks the workers in turn and takes their batches round-robin (see
   ``_workers.stream_batches``).
 
-``shuffle=True`` shuffles through a buffer of ``shuffle_window`` samples, seeded from
-``(seed, epoch)`` and the worker's id. A sample's id is its position in its stream
+``shuffle=True`` shuffles through a buffer of ``shuffle_window`` samples (``_core``'s
+``_ShuffleBuffer``, ferrofeed's own pinned generator), seeded from ``(seed, epoch)`` and
+the worker's id. A sample's id is its position in its stream
 (``position * num_workers + worker`` with workers): its random draws come from ``(seed,
 epoch, id)``. A resumed epoch replays the stream up to where it stopped.
 """
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import random
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -32,10 +32,6 @@ from ._group import Carried, Group
 from ._sample import sample_scope
 
 __all__ = ["SampleStream", "StreamSpec", "is_iterable_dataset", "stream_groups"]
-
-# The shuffle seed of worker w is mix_seed(seed, epoch, _SHUFFLE_INDEX + w, "window"):
-# far past any window number of a sharded plan, which draws from the same stream.
-_SHUFFLE_INDEX = 2**63
 
 
 def is_iterable_dataset(source: Any) -> bool:
@@ -157,8 +153,11 @@ class SampleStream:
         self.seed_globals = seed_globals
         items = self._read()
         if spec.window is not None:
-            seed = _core.mix_seed(spec.seed, epoch, _SHUFFLE_INDEX + worker, "window")
-            items = _shuffled(items, spec.window, random.Random(seed))
+            # Ferrofeed's shuffle buffer (sampler::ShuffleBuffer, pinned), drawing from
+            # (seed, epoch, worker).
+            items = _core._ShuffleBuffer(
+                items, spec.window, seed=spec.seed, epoch=epoch, index=worker
+            )
         self._items = items
 
     def _read(self) -> Iterator[tuple[int, Any]]:
@@ -191,26 +190,6 @@ class SampleStream:
         if not items or (self.spec.drop_last and len(items) < self.spec.batch):
             return None
         return items
-
-
-def _shuffled(
-    items: Iterator[tuple[int, Any]], window: int, rng: random.Random
-) -> Iterator[tuple[int, Any]]:
-    """``items`` shuffled through a buffer of ``window`` (a shuffle buffer, as tf.data's).
-
-    Once the buffer is full, each item read takes the place of one drawn from the buffer,
-    which is yielded; at the end the rest is yielded in a random order.
-    """
-    buffer: list[tuple[int, Any]] = []
-    for item in items:
-        if len(buffer) < window:
-            buffer.append(item)
-            continue
-        k = rng.randrange(window)
-        out, buffer[k] = buffer[k], item
-        yield out
-    rng.shuffle(buffer)
-    yield from buffer
 
 
 def stream_groups(dataset: Any, spec: StreamSpec, epoch: int, start: int) -> Iterator[Group]:

@@ -59,13 +59,14 @@ def sample_scope(seed: int, epoch: int, index: int, *, seed_globals: bool) -> It
         seed_generators(_core.sample_seed(seed, epoch, index))
     outer = _current()
     _local.sample = _Sample(seed, epoch, index)
-    # The native decode (io.decode_image without seed=) reads this thread's crop seed in Rust.
-    outer_image_seed = _core._swap_image_seed(_core.mix_seed(seed, epoch, index, "crop"))
+    # io.decode_image without seed= reads this thread's sample in Rust, and draws the
+    # crop and flip of `_core.crop_seed(seed, epoch, index)`: the native chain's.
+    outer_native = _core._swap_sample((seed, epoch, index))
     try:
         yield
     finally:
         _local.sample = outer
-        _core._swap_image_seed(outer_image_seed)
+        _core._swap_sample(outer_native)
 
 
 def seed_generators(seed: int) -> None:
@@ -84,18 +85,6 @@ def seed_generators(seed: int) -> None:
         # The CPU generator only: torch.manual_seed also reseeds every accelerator
         # backend, 100x the cost (and a forked worker must not touch CUDA).
         torch.default_generator.manual_seed(seed)
-
-
-def image_seed() -> int | None:
-    """The seed of the current sample's random crop and flip, or ``None`` outside a loader.
-
-    The same value the native image chain gives the sample: ``mix_seed(seed, epoch, index,
-    "crop")``, which `sample_scope` also hands to ``io.decode_image`` (in Rust).
-    """
-    sample = _current()
-    if sample is None:
-        return None
-    return _core.mix_seed(sample.seed, sample.epoch, sample.index, "crop")
 
 
 def sample_rng() -> Any:

@@ -290,9 +290,10 @@ def _buckets(
     The window's samples (those of all its batches, resumed ones too, so the buckets are
     the same wherever the epoch resumes) are sorted by ``key`` (stably, ties in the plan's
     order) and cut into the plan's batch sizes; with ``shuffle`` the batches are then
-    permuted by ``(seed, epoch, the window's first batch)``: AllenNLP's bucket sampler over
-    a window. A sample that cannot be read sorts last: its error is raised (or skipped)
-    when it is loaded.
+    permuted by ``(seed, epoch, the window's first batch)`` (`_core.shuffle_order`, stream
+    ``"bucket"``: ferrofeed's pinned permutation): AllenNLP's bucket sampler over a
+    window. A sample that cannot be read sorts last: its error is raised (or skipped) when
+    it is loaded.
     """
     first = batch_no
     while first > 0 and plan.window_of(first - 1) == window_no:
@@ -322,8 +323,8 @@ def _buckets(
         chunks.append([ids[t] for t in order[at : at + len(b)]])
         at += len(b)
     if shuffle and len(chunks) > 1:
-        import numpy as np
-
-        rng = np.random.default_rng(_core.mix_seed(seed, epoch, first, "window"))
-        chunks = [chunks[k] for k in rng.permutation(len(chunks))]
+        order = _core.shuffle_order(
+            len(chunks), seed=seed, epoch=epoch, index=first, stream="bucket"
+        )
+        chunks = [chunks[k] for k in order]
     return dict(zip(numbers, chunks, strict=True))

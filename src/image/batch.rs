@@ -105,7 +105,7 @@ pub struct BatchItem<'a> {
     /// The seed of its random draws (a [`Crop::RandomResized`]'s and a
     /// [`crate::image::Flip::Random`]'s, which it replaces: see
     /// [`crate::image::Transform::with_seed`]); derive it with
-    /// [`crate::seed::mix`].
+    /// [`crate::seed::crop_seed`], the one crop-seed rule.
     pub seed: u64,
 }
 

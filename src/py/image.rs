@@ -21,7 +21,7 @@ use crate::dlpack::DType;
 use crate::image::batch::{decode_batch, BatchItem, BatchOptions, Layout, OnError, Source};
 use crate::image::spec::ImageSpec;
 use crate::image::{self, ImageError};
-use crate::seed::{fresh_seed, mix, Stream};
+use crate::seed::{crop_seed, fresh_seed};
 use crate::staging::Tensor;
 
 /// The name of source `index` in errors: its path, or `item {index}`
@@ -53,37 +53,38 @@ fn parse_source<'py>(obj: &'py Bound<'py, PyAny>) -> PyResult<Source<'py>> {
     }
 }
 
-/// The seed of item `index`'s random crop in a batch seeded with `seed`.
-fn item_seed(seed: u64, index: usize) -> u64 {
-    mix(seed, 0, index as u64, Stream::Crop)
-}
-
 /// The seed of a call's random draws: `seed=`, or a fresh one when the
 /// spec draws anything at random and none was given.
 fn call_seed(spec: &ImageSpec, seed: Option<u64>) -> u64 {
     seed.unwrap_or_else(|| if spec.is_random() { fresh_seed() } else { 0 })
 }
 
+/// A sample a `DataLoader` loads: the loader's seed, the epoch, the
+/// sample's dataset index.
+type Sample = (u64, u64, u64);
+
 thread_local! {
-    /// The seed of the random crop and flip of the sample a `DataLoader` is
-    /// loading on this thread, if it is loading one: set by
-    /// `ferrofeed._sample.sample_scope` (through `_swap_image_seed`), read by
-    /// `decode_image` without `seed=`. A Python thread is one OS thread.
-    static SAMPLE_IMAGE_SEED: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
+    /// The sample a `DataLoader` is loading on this thread, if it is loading
+    /// one: set by `ferrofeed._sample.sample_scope` (through
+    /// `_swap_sample`), read by `decode_image` without `seed=`. A Python
+    /// thread is one OS thread.
+    static SAMPLE: std::cell::Cell<Option<Sample>> = const { std::cell::Cell::new(None) };
 }
 
 /// The seed of the random crop and flip of the sample a `DataLoader` is
-/// loading on this thread, or `None`.
+/// loading on this thread ([`crop_seed`], as the native chain's), or `None`.
 fn sample_image_seed() -> Option<u64> {
-    SAMPLE_IMAGE_SEED.with(std::cell::Cell::get)
+    SAMPLE
+        .with(std::cell::Cell::get)
+        .map(|(seed, epoch, index)| crop_seed(seed, epoch, index))
 }
 
-/// Sets the crop-and-flip seed of the sample this thread loads (`None`: no
-/// sample) and returns the one it replaces, for `sample_scope` to restore.
+/// Sets the sample this thread loads, `(seed, epoch, index)` (`None`: no
+/// sample), and returns the one it replaces, for `sample_scope` to restore.
 #[pyfunction]
-#[pyo3(name = "_swap_image_seed")]
-fn swap_image_seed(seed: Option<u64>) -> Option<u64> {
-    SAMPLE_IMAGE_SEED.with(|s| s.replace(seed))
+#[pyo3(name = "_swap_sample")]
+fn swap_sample(sample: Option<Sample>) -> Option<Sample> {
+    SAMPLE.with(|s| s.replace(sample))
 }
 
 /// Decodes one image into a new tensor of shape `(H, W, C)`.
@@ -205,7 +206,8 @@ fn load_images(
         .enumerate()
         .map(|(i, source)| {
             let name = source_name(&source, Some(i));
-            BatchItem::new(source, name).with_seed(item_seed(batch_seed, i))
+            // The one crop-seed rule, epoch 0, the image's position in the batch.
+            BatchItem::new(source, name).with_seed(crop_seed(batch_seed, 0, i as u64))
         })
         .collect();
     let options = BatchOptions {
@@ -271,7 +273,7 @@ fn get_max_image_pixels() -> usize {
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(set_max_image_pixels, m)?)?;
-    m.add_function(wrap_pyfunction!(swap_image_seed, m)?)?;
+    m.add_function(wrap_pyfunction!(swap_sample, m)?)?;
     m.add_function(wrap_pyfunction!(get_max_image_pixels, m)?)?;
     m.add_function(wrap_pyfunction!(_synthetic_jpeg, m)?)?;
     m.add_function(wrap_pyfunction!(decode_image, m)?)?;

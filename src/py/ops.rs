@@ -23,7 +23,7 @@ use crate::image::batch::{
 };
 use crate::image::{decode, ImageError, Transform};
 use crate::pipeline::{BoxFuture, CombineFn};
-use crate::seed::{hash_bytes, mix, Stream};
+use crate::seed::{crop_seed, hash_bytes};
 use crate::staging::{BufferPool, Pinning, PoolConfig, PooledBuffer, Tensor};
 
 /// `ops.read_file()`: a path (with its label) becomes the file's bytes.
@@ -79,13 +79,6 @@ fn wrong_item_text(op: &str, wants: &str, item: &Item) -> String {
     )
 }
 
-/// The seed of a file's random crop in `epoch` of a run seeded with `seed`:
-/// keyed by the file's name, so that it depends neither on thread timing
-/// nor on the file's position in a batch (see [`crate::seed`]).
-fn crop_seed(seed: u64, epoch: u64, name: &str) -> u64 {
-    mix(seed, epoch, hash_bytes(name.as_bytes()), Stream::Crop)
-}
-
 /// `ops.decode_image(...)`: encoded bytes (or a path) become an image, as
 /// `spec` says.
 #[pyfunction]
@@ -98,7 +91,7 @@ fn _op_decode_image(spec: &PyImageSpec, seed: Option<u64>) -> PyNativeOp {
     // (seed, e, its position in the source): new ones every epoch, the same
     // ones for the same epoch, whatever the file's folder or the threads'
     // timing. An item without a position (a path inside a group) keys on
-    // its name instead.
+    // its name's hash instead. Both are the one rule, `seed::crop_seed`.
     let make: PerEpochFn = Arc::new(move |epoch| {
         Arc::new(move |item| {
             let (data, name, label, pos) = match item {
@@ -114,10 +107,8 @@ fn _op_decode_image(spec: &PyImageSpec, seed: Option<u64>) -> PyNativeOp {
                 }
                 other => return Err(wrong_item("decode_image", "encoded bytes or paths", &other)),
             };
-            let seed = match pos {
-                Some(pos) => mix(base_seed, epoch, pos, Stream::Crop),
-                None => crop_seed(base_seed, epoch, &name),
-            };
+            let index = pos.unwrap_or_else(|| hash_bytes(name.as_bytes()));
+            let seed = crop_seed(base_seed, epoch, index);
             let image = decode(&data, &name, &spec.transform(seed))?;
             Ok(Some(Item::Image { image, name, label }))
         })
@@ -256,21 +247,14 @@ fn dtype_of(layout: Layout) -> DType {
     }
 }
 
-/// The seed of one sample's random crop and flip in a `DataLoader`: from
-/// the loader's `seed`, the `epoch` and the sample's dataset `index` (the
-/// one sample-seed rule: neither the file's path nor thread timing nor the
-/// batch it falls in changes it). `ferrofeed.io.decode_image` without a
-/// `seed=` inside a `DataLoader` transform draws from the same value.
-fn sample_crop_seed(seed: u64, epoch: u64, index: u64) -> u64 {
-    mix(seed, epoch, index, Stream::Crop)
-}
-
 /// `DataLoader`'s batch op: a group of files decodes, in parallel, straight
 /// into the slots of one pooled batch tensor ([`decode_batch`]).
 struct LoadBatch {
     transform: Transform,
     /// The loader's seed: each sample's crop and flip draw from it, the
-    /// epoch and the sample's index ([`sample_crop_seed`]).
+    /// epoch and the sample's dataset index ([`crop_seed`]: neither the
+    /// file's path nor thread timing nor the batch it falls in changes it;
+    /// `io.decode_image` without `seed=` in a transform draws the same).
     seed: u64,
     epoch: u64,
     /// `(height, width, channels)` of every image.
@@ -339,7 +323,7 @@ impl LoadBatch {
                 } => (Source::Owned(data), name, label),
                 other => return Err(wrong_item("decode_batch", "paths or bytes", &other)),
             };
-            let seed = sample_crop_seed(self.seed, self.epoch, index);
+            let seed = crop_seed(self.seed, self.epoch, index);
             batch.push(BatchItem::new(source, name).with_seed(seed));
             labels.push(label);
         }

@@ -1,10 +1,14 @@
-//! `ferrofeed._core.Permutation`: the Python face of [`crate::sampler`].
+//! `ferrofeed._core.Permutation`, `shuffle_order` and `_ShuffleBuffer`:
+//! the Python face of [`crate::sampler`], whose generators are the only
+//! shuffles of ferrofeed (Python's `random` and `NumPy`'s generators make
+//! none: their streams are not ours to pin).
 
 use pyo3::exceptions::{PyIndexError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::PyIterator;
 
-use crate::sampler::{sample_seed, Permutation};
-use crate::seed::{mix, Stream};
+use crate::sampler::{sample_seed, Permutation, ShuffleBuffer};
+use crate::seed::{crop_seed, mix, Stream};
 
 /// A seekable pseudo-random permutation of `range(n)`, keyed by
 /// `(seed, epoch)`, or the identity when `shuffle` is false.
@@ -81,20 +85,101 @@ fn py_sample_seed(seed: u64, epoch: u64, index: u64) -> u64 {
     sample_seed(seed, epoch, index)
 }
 
+/// The stream named `name`, or a `ValueError` listing the names.
+fn stream(name: &str) -> PyResult<Stream> {
+    Stream::from_name(name).ok_or_else(|| {
+        PyValueError::new_err(format!(
+            "stream is one of {}, not {name:?}",
+            Stream::NAMES.map(|n| format!("{n:?}")).join(", ")
+        ))
+    })
+}
+
 /// [`crate::seed::mix`]: the seed of item `index`'s draws of kind `stream`
-/// (`"sample"`, `"crop"` or `"flip"`) in `epoch` of a run seeded with `seed`.
+/// (a name of [`Stream::NAMES`]) in `epoch` of a run seeded with `seed`.
 #[pyfunction]
 fn mix_seed(seed: u64, epoch: u64, index: u64, stream: &str) -> PyResult<u64> {
-    let stream = Stream::from_name(stream).ok_or_else(|| {
-        PyValueError::new_err(format!(
-            "stream is \"sample\", \"crop\" or \"flip\", not {stream:?}"
-        ))
-    })?;
-    Ok(mix(seed, epoch, index, stream))
+    Ok(mix(seed, epoch, index, self::stream(stream)?))
+}
+
+/// [`crate::seed::crop_seed`]: the seed of one image's random crop and flip.
+#[pyfunction(name = "crop_seed")]
+fn py_crop_seed(seed: u64, epoch: u64, index: u64) -> u64 {
+    crop_seed(seed, epoch, index)
+}
+
+/// [`Permutation::seeded`], whole: the order of `range(n)` that item `index`
+/// draws in `epoch` for shuffles of kind `stream`.
+#[pyfunction]
+#[pyo3(signature = (n, *, seed, epoch, index, stream))]
+fn shuffle_order(n: u64, seed: u64, epoch: u64, index: u64, stream: &str) -> PyResult<Vec<u64>> {
+    Ok(Permutation::seeded(n, seed, epoch, index, self::stream(stream)?).to_vec())
+}
+
+/// An iterator over `items` shuffled through a [`ShuffleBuffer`] of
+/// `window` items, drawing from `(seed, epoch, index)`. An error of `items`
+/// is raised, and ends the iteration.
+#[pyclass(name = "_ShuffleBuffer", module = "ferrofeed._core")]
+struct PyShuffleBuffer {
+    /// The iterator read; `None` once it ended (or raised).
+    items: Option<Py<PyIterator>>,
+    buffer: ShuffleBuffer<Py<PyAny>>,
+    /// What is left once `items` ended, in the order handed out (last first).
+    rest: Vec<Py<PyAny>>,
+}
+
+#[pymethods]
+impl PyShuffleBuffer {
+    #[new]
+    #[pyo3(signature = (items, window, *, seed, epoch, index))]
+    fn new(
+        items: &Bound<'_, PyAny>,
+        window: usize,
+        seed: u64,
+        epoch: u64,
+        index: u64,
+    ) -> PyResult<Self> {
+        Ok(Self {
+            items: Some(items.try_iter()?.unbind()),
+            buffer: ShuffleBuffer::new(window, seed, epoch, index),
+            rest: Vec::new(),
+        })
+    }
+
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__(&mut self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+        while let Some(items) = &self.items {
+            let next = items.bind(py).clone().next();
+            match next {
+                Some(Ok(item)) => {
+                    if let Some(out) = self.buffer.push(item.unbind()) {
+                        return Ok(Some(out));
+                    }
+                }
+                None => {
+                    self.items = None;
+                    self.rest = self.buffer.drain();
+                    self.rest.reverse();
+                }
+                Some(Err(e)) => {
+                    self.items = None;
+                    drop(self.buffer.drain());
+                    return Err(e);
+                }
+            }
+        }
+        Ok(self.rest.pop())
+    }
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyPermutation>()?;
+    m.add_class::<PyShuffleBuffer>()?;
     m.add_function(wrap_pyfunction!(py_sample_seed, m)?)?;
+    m.add_function(wrap_pyfunction!(py_crop_seed, m)?)?;
+    m.add_function(wrap_pyfunction!(shuffle_order, m)?)?;
     m.add_function(wrap_pyfunction!(mix_seed, m)?)
 }
