@@ -93,6 +93,7 @@ import numpy as np
 from _common import (
     CROP,
     SHORT,
+    FileDataset,
     PillowExact,
     PillowTrain,
     child_entry,
@@ -104,6 +105,7 @@ from _common import (
     make_jpegs,
     med_range,
     native_op,
+    native_train_decode,
     pack_parquet_shards,
     pack_tar_shards,
     rrc_params,
@@ -300,7 +302,7 @@ def torchvision_requirement(torch_version: str) -> str:
 # --- the loaders, each built in its child interpreter ------------------------------------------
 
 
-class NativeTrainFlip:
+class NativeTrainFlip(FileDataset):
     """Training job with ferrofeed's decoder called per sample from Python.
 
     ``ferrofeed.io.decode_image(path, size=224, crop="random", seed=..., flip=...)``, the
@@ -309,23 +311,12 @@ class NativeTrainFlip:
     ``ops.decode_image(size=224, crop="random", flip="random")``.
     """
 
-    def __init__(self, files: list[tuple[str, int]]) -> None:
-        self.files = files
-
-    def __len__(self) -> int:
-        return len(self.files)
-
     def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
-        import ferrofeed.io
-
         path, label = self.files[i]
-        tensor = ferrofeed.io.decode_image(
-            path, size=CROP, crop="random", seed=random.getrandbits(63), flip=random.random() < 0.5
-        )
-        return np.from_dlpack(tensor), label
+        return np.from_dlpack(native_train_decode(path)), label
 
 
-class TorchvisionJob:
+class TorchvisionJob(FileDataset):
     """A job with torchvision: ``read_file``, ``decode_jpeg`` and ``transforms.v2`` on uint8.
 
     What a speed-minded PyTorch user writes instead of the Pillow transform: the file read
@@ -344,16 +335,13 @@ class TorchvisionJob:
     def __init__(self, files: list[tuple[str, int]], job: str) -> None:
         from torchvision.transforms import v2
 
-        self.files = files
+        super().__init__(files)
         if job == "exact":
             self.transform = v2.Compose([v2.Resize(SHORT, antialias=True), v2.CenterCrop(CROP)])
         else:
             self.transform = v2.Compose(
                 [v2.RandomResizedCrop(CROP, antialias=True), v2.RandomHorizontalFlip()]
             )
-
-    def __len__(self) -> int:
-        return len(self.files)
 
     def __getitem__(self, i: int) -> tuple[Any, int]:
         from torchvision.io import ImageReadMode, decode_jpeg, read_file
