@@ -1103,6 +1103,30 @@ def _child_reads(pattern: str, inherited: ff.TarShards | None) -> list[tuple[int
     return got
 
 
+def _fork_child_reads(pattern: str, inherited: ff.TarShards | None) -> tuple[int, int]:
+    """Fork a child that runs `_child_reads` and writes its JSON (or its error) to a pipe.
+
+    Returns the child's pid and the read end of the pipe, for `_wait_child`. The child
+    exits 0 once it has written its result, 1 on an error; SIGALRM ends it after 60 s.
+    """
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        code = 1
+        try:
+            os.close(r)
+            signal.alarm(60)
+            got = _child_reads(pattern, inherited)
+            os.write(w, json.dumps(got).encode())
+            code = 0
+        except BaseException as e:
+            os.write(w, repr(e).encode())
+        finally:
+            os._exit(code)
+    os.close(w)
+    return pid, r
+
+
 def _wait_child(pid: int, fd: int, timeout: float) -> bytes:
     """The child's output (until it closes ``fd``) and its exit status 0, within ``timeout``."""
     deadline = time.monotonic() + timeout
@@ -1145,21 +1169,7 @@ def test_a_forked_child_reads_remote_shards_itself(s3: S3Server) -> None:
     parent = ff.TarShards(url("tar"))
     want = [digest(s) for s in parent]
     pattern = url("tar", "brace")  # another source: the child lists and fetches itself
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child
-        code = 1
-        try:
-            os.close(r)
-            signal.alarm(60)
-            got = _child_reads(pattern, parent)
-            os.write(w, json.dumps(got).encode())
-            code = 0
-        except BaseException as e:
-            os.write(w, repr(e).encode())
-        finally:
-            os._exit(code)
-    os.close(w)
+    pid, r = _fork_child_reads(pattern, parent)
     out = _wait_child(pid, r, 90)
     assert [tuple(x) for x in json.loads(out)] == want
 
@@ -1171,21 +1181,8 @@ def test_a_fork_while_fetches_are_in_flight(s3: S3Server, proxy: FaultProxy) -> 
     proxy.latency = 0.3  # the parent's fetches of the next shards are on their way
     it = iter(src)
     head = [digest(next(it))]
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: the inherited source, read from its start, and a new one
-        code = 1
-        try:
-            os.close(r)
-            signal.alarm(60)
-            got = _child_reads(url("tar", "brace"), src)
-            os.write(w, json.dumps(got).encode())
-            code = 0
-        except BaseException as e:
-            os.write(w, repr(e).encode())
-        finally:
-            os._exit(code)
-    os.close(w)
+    # The child: the inherited source, read from its start, and a new one.
+    pid, r = _fork_child_reads(url("tar", "brace"), src)
     # The parent goes on with its own iteration meanwhile.
     rest = [digest(s) for s in it]
     out = _wait_child(pid, r, 90)
