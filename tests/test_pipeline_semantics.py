@@ -23,12 +23,7 @@ from typing import Any
 import pytest
 from conftest import TESTS_DIR
 from ferrofeed import Pipeline, PipelineBuilder, PipelineError
-
-
-def drain(p: Pipeline) -> list[Any]:
-    with p.auto_stop():
-        out = list(p)
-    return out
+from pipelines import assert_fails_as_programming_error, drain
 
 
 def take_until_error(p: Pipeline) -> tuple[list[Any], BaseException | None]:
@@ -77,11 +72,7 @@ def test_async_stage_failing_at_call_is_not_skipped(op: Any) -> None:
     # A call that fails before the op runs is a programming error, not a bad item: it
     # fails the pipeline even under on_error="skip".
     p = PipelineBuilder().add_source(range(3)).pipe(op, on_error="skip").add_sink().build()
-    with pytest.raises(PipelineError) as info:
-        drain(p)
-    (inner,) = info.value.exceptions
-    assert isinstance(inner, TypeError)
-    assert any("programming error" in n for n in inner.__notes__)
+    assert_fails_as_programming_error(p)
 
 
 @pytest.mark.timeout(20)
