@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import json
+import multiprocessing
 import os
 import shutil
 import signal
@@ -303,6 +304,33 @@ def process_gone(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] in ("Z", "X")
     except FileNotFoundError:
         return True
+
+
+def run_spawned(
+    n: int, target: Callable[..., None], *args: Any, timeout: float
+) -> tuple[list[Any], list[int | None]]:
+    """Run ``target(barrier, *args, out)`` in ``n`` spawned processes; return what they put
+    on ``out`` and their exit codes.
+
+    ``barrier`` is a barrier of ``n`` (for the processes to meet, as a node's ranks do) and
+    ``out`` a queue, on which each puts one result, waited for ``timeout`` seconds. Each
+    process is then joined, and killed if it is still alive 30 s later.
+    """
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(n)
+    out = ctx.Queue()
+    procs = [ctx.Process(target=target, args=(barrier, *args, out)) for _ in range(n)]
+    for p in procs:
+        p.start()
+    try:
+        results = [out.get(timeout=timeout) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return results, [p.exitcode for p in procs]
 
 
 def wait_gone(pids: Sequence[int], within: float) -> bool:
