@@ -218,36 +218,23 @@ LOADERS = [
         jobs=("shards",),
         module="pyarrow",  # what writes the Parquet shards
     ),
+    # The shards job's peers, each in PyTorch's DataLoader with Pillow, 2 and 4 workers.
     *(
-        Loader(
-            f"webdataset-w{w}",
-            f"webdataset + PyTorch DataLoader + Pillow, {w} workers",
-            "webdataset",
-            w,
-            jobs=("shards",),
-            module="webdataset",
-        )
-        for w in (2, 4)
-    ),
-    *(
-        Loader(
-            f"hf-w{w}",
-            f"HF datasets (Parquet, map-style) + PyTorch DataLoader + Pillow, {w} workers",
-            "hf",
-            w,
-            jobs=("shards",),
-            module="datasets",
-        )
-        for w in (2, 4)
-    ),
-    *(
-        Loader(
-            f"hf-stream-w{w}",
-            f"HF datasets streaming (IterableDataset) + PyTorch DataLoader + Pillow, {w} workers",
-            "hf",
-            w,
-            jobs=("shards",),
-            module="datasets",
+        Loader(f"{key}-w{w}", f"{label}, {w} workers", family, w, jobs=("shards",), module=module)
+        for key, label, family, module in (
+            ("webdataset", "webdataset + PyTorch DataLoader + Pillow", "webdataset", "webdataset"),
+            (
+                "hf",
+                "HF datasets (Parquet, map-style) + PyTorch DataLoader + Pillow",
+                "hf",
+                "datasets",
+            ),
+            (
+                "hf-stream",
+                "HF datasets streaming (IterableDataset) + PyTorch DataLoader + Pillow",
+                "hf",
+                "datasets",
+            ),
         )
         for w in (2, 4)
     ),
