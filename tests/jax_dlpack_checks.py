@@ -19,28 +19,7 @@ import jax.dlpack
 import jax.numpy as jnp
 import numpy as np
 import torch
-from test_dlpack import check_view_outlives_tensor_and_pool
-
-DTYPES = ["uint8", "int32", "int64", "float16", "bfloat16", "float32"]
-
-
-class Recorder:
-    """Forwards __dlpack__ to a Tensor and records the keyword arguments used."""
-
-    def __init__(self, t: ferrofeed.Tensor) -> None:
-        self.t = t
-        self.calls: list[dict[str, Any]] = []
-
-    def __dlpack__(self, **kw: Any) -> Any:
-        self.calls.append(kw)
-        return self.t.__dlpack__(**kw)
-
-    def __dlpack_device__(self) -> tuple[int, int]:
-        return self.t.__dlpack_device__()
-
-
-def pool(n: int = 4) -> ferrofeed.BufferPool:
-    return ferrofeed.BufferPool(n, pinned=False, timeout=0.2)
+from test_dlpack import DTYPES, Recorder, check_view_outlives_tensor_and_pool, pool
 
 
 def values_and_copies() -> dict[str, bool]:
