@@ -282,23 +282,49 @@ def rrc_params(w: int, h: int) -> tuple[int, int, int, int]:
     return left, top, left + cw, top + ch
 
 
-class PillowExact:
-    """torchvision's ``Resize(256)`` + ``CenterCrop(224)`` on PIL images, written out.
+class FileDataset:
+    """A map-style dataset over ``(path, label)`` pairs; subclasses write ``__getitem__``."""
+
+    def __init__(self, files: list[tuple[str, int]]) -> None:
+        self.files = files
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+
+class PillowDataset(FileDataset):
+    """A `FileDataset` that opens each file with Pillow, as RGB, and runs ``apply`` on it.
 
     A map-style dataset of ``(uint8 HWC array, label)`` (PyTorch's DataLoader and
     ferrofeed's take it as it is).
     """
 
-    def __init__(self, files: list[tuple[str, int]], short: int = SHORT, crop: int = CROP) -> None:
-        self.files, self.short, self.crop = files, short, crop
-
-    def __len__(self) -> int:
-        return len(self.files)
-
     def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
         path, label = self.files[i]
         with Image.open(path) as im:
             return self.apply(im.convert("RGB")), label
+
+    def apply(self, im: Image.Image) -> np.ndarray:
+        """The transform alone, on an RGB image."""
+        raise NotImplementedError
+
+
+def native_train_decode(path: str) -> Any:
+    """``ferrofeed.io.decode_image`` doing the training job (RandomResizedCrop 224 and a
+    random flip), its parameters drawn in Python from `random`: a DLPack tensor."""
+    import ferrofeed.io
+
+    return ferrofeed.io.decode_image(
+        path, size=CROP, crop="random", seed=random.getrandbits(63), flip=random.random() < 0.5
+    )
+
+
+class PillowExact(PillowDataset):
+    """torchvision's ``Resize(256)`` + ``CenterCrop(224)`` on PIL images, written out."""
+
+    def __init__(self, files: list[tuple[str, int]], short: int = SHORT, crop: int = CROP) -> None:
+        super().__init__(files)
+        self.short, self.crop = short, crop
 
     def apply(self, im: Image.Image) -> np.ndarray:
         """The transform alone, on an RGB image."""
@@ -310,22 +336,15 @@ class PillowExact:
         return np.array(im)  # a writable copy, as torchvision's PILToTensor
 
 
-class PillowTrain:
+class PillowTrain(PillowDataset):
     """torchvision's ``RandomResizedCrop(224)`` + ``RandomHorizontalFlip()`` on PIL images.
 
     The crop and the resize are one ``Image.resize(..., BILINEAR, box=...)``; uint8 HWC out.
     """
 
     def __init__(self, files: list[tuple[str, int]], crop: int = CROP) -> None:
-        self.files, self.crop = files, crop
-
-    def __len__(self) -> int:
-        return len(self.files)
-
-    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
-        path, label = self.files[i]
-        with Image.open(path) as im:
-            return self.apply(im.convert("RGB")), label
+        super().__init__(files)
+        self.crop = crop
 
     def apply(self, im: Image.Image) -> np.ndarray:
         """The transform alone, on an RGB image."""

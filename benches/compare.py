@@ -93,6 +93,7 @@ import numpy as np
 from _common import (
     CROP,
     SHORT,
+    FileDataset,
     PillowExact,
     PillowTrain,
     child_entry,
@@ -104,6 +105,7 @@ from _common import (
     make_jpegs,
     med_range,
     native_op,
+    native_train_decode,
     pack_parquet_shards,
     pack_tar_shards,
     rrc_params,
@@ -216,36 +218,23 @@ LOADERS = [
         jobs=("shards",),
         module="pyarrow",  # what writes the Parquet shards
     ),
+    # The shards job's peers, each in PyTorch's DataLoader with Pillow, 2 and 4 workers.
     *(
-        Loader(
-            f"webdataset-w{w}",
-            f"webdataset + PyTorch DataLoader + Pillow, {w} workers",
-            "webdataset",
-            w,
-            jobs=("shards",),
-            module="webdataset",
-        )
-        for w in (2, 4)
-    ),
-    *(
-        Loader(
-            f"hf-w{w}",
-            f"HF datasets (Parquet, map-style) + PyTorch DataLoader + Pillow, {w} workers",
-            "hf",
-            w,
-            jobs=("shards",),
-            module="datasets",
-        )
-        for w in (2, 4)
-    ),
-    *(
-        Loader(
-            f"hf-stream-w{w}",
-            f"HF datasets streaming (IterableDataset) + PyTorch DataLoader + Pillow, {w} workers",
-            "hf",
-            w,
-            jobs=("shards",),
-            module="datasets",
+        Loader(f"{key}-w{w}", f"{label}, {w} workers", family, w, jobs=("shards",), module=module)
+        for key, label, family, module in (
+            ("webdataset", "webdataset + PyTorch DataLoader + Pillow", "webdataset", "webdataset"),
+            (
+                "hf",
+                "HF datasets (Parquet, map-style) + PyTorch DataLoader + Pillow",
+                "hf",
+                "datasets",
+            ),
+            (
+                "hf-stream",
+                "HF datasets streaming (IterableDataset) + PyTorch DataLoader + Pillow",
+                "hf",
+                "datasets",
+            ),
         )
         for w in (2, 4)
     ),
@@ -300,7 +289,7 @@ def torchvision_requirement(torch_version: str) -> str:
 # --- the loaders, each built in its child interpreter ------------------------------------------
 
 
-class NativeTrainFlip:
+class NativeTrainFlip(FileDataset):
     """Training job with ferrofeed's decoder called per sample from Python.
 
     ``ferrofeed.io.decode_image(path, size=224, crop="random", seed=..., flip=...)``, the
@@ -309,23 +298,12 @@ class NativeTrainFlip:
     ``ops.decode_image(size=224, crop="random", flip="random")``.
     """
 
-    def __init__(self, files: list[tuple[str, int]]) -> None:
-        self.files = files
-
-    def __len__(self) -> int:
-        return len(self.files)
-
     def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
-        import ferrofeed.io
-
         path, label = self.files[i]
-        tensor = ferrofeed.io.decode_image(
-            path, size=CROP, crop="random", seed=random.getrandbits(63), flip=random.random() < 0.5
-        )
-        return np.from_dlpack(tensor), label
+        return np.from_dlpack(native_train_decode(path)), label
 
 
-class TorchvisionJob:
+class TorchvisionJob(FileDataset):
     """A job with torchvision: ``read_file``, ``decode_jpeg`` and ``transforms.v2`` on uint8.
 
     What a speed-minded PyTorch user writes instead of the Pillow transform: the file read
@@ -344,16 +322,13 @@ class TorchvisionJob:
     def __init__(self, files: list[tuple[str, int]], job: str) -> None:
         from torchvision.transforms import v2
 
-        self.files = files
+        super().__init__(files)
         if job == "exact":
             self.transform = v2.Compose([v2.Resize(SHORT, antialias=True), v2.CenterCrop(CROP)])
         else:
             self.transform = v2.Compose(
                 [v2.RandomResizedCrop(CROP, antialias=True), v2.RandomHorizontalFlip()]
             )
-
-    def __len__(self) -> int:
-        return len(self.files)
 
     def __getitem__(self, i: int) -> tuple[Any, int]:
         from torchvision.io import ImageReadMode, decode_jpeg, read_file

@@ -60,12 +60,14 @@ from typing import Any
 
 import numpy as np
 from _common import (
+    FileDataset,
     child_entry,
     cpu_children,
     cpu_self,
     fmt,
     make_jpegs,
     med_range,
+    native_train_decode,
     rrc_params,
     run_fresh,
 )
@@ -101,14 +103,8 @@ def to_chw(rgb: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(x.transpose(2, 0, 1))
 
 
-class PillowRRC:
+class PillowRRC(FileDataset):
     """Job (a): decode with Pillow, RandomResizedCrop(224), flip, to normalised CHW float32."""
-
-    def __init__(self, files: list[tuple[str, int]]) -> None:
-        self.files = files
-
-    def __len__(self) -> int:
-        return len(self.files)
 
     def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
         path, label = self.files[i]
@@ -121,14 +117,8 @@ class PillowRRC:
         return to_chw(np.asarray(im)), label
 
 
-class NativeDecodeCrop:
+class NativeDecodeCrop(FileDataset):
     """Job (c): decode + resize_shorter=256 in Rust; random crop, flip, normalise in NumPy."""
-
-    def __init__(self, files: list[tuple[str, int]]) -> None:
-        self.files = files
-
-    def __len__(self) -> int:
-        return len(self.files)
 
     def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
         import ferrofeed.io
@@ -143,27 +133,12 @@ class NativeDecodeCrop:
         return to_chw(rgb), label
 
 
-class NativeRRC:
+class NativeRRC(FileDataset):
     """Job (c'): RandomResizedCrop(224) and flip inside the native decode; normalise in NumPy."""
 
-    def __init__(self, files: list[tuple[str, int]]) -> None:
-        self.files = files
-
-    def __len__(self) -> int:
-        return len(self.files)
-
     def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
-        import ferrofeed.io
-
         path, label = self.files[i]
-        tensor = ferrofeed.io.decode_image(
-            path,
-            size=CROP,
-            crop="random",
-            seed=random.getrandbits(63),
-            flip=random.random() < 0.5,
-        )
-        return to_chw(np.from_dlpack(tensor)), label
+        return to_chw(np.from_dlpack(native_train_decode(path))), label
 
 
 def blur_passes(a: np.ndarray, passes: int) -> np.ndarray:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import json
+import multiprocessing
 import os
 import shutil
 import signal
@@ -240,6 +241,44 @@ def last_json_line(text: str) -> Any:
     raise AssertionError(f"no JSON line in output:\n{text}")
 
 
+CTRL_C_SNIPPET = """
+import importlib, json, os, signal, sys, threading, time
+from ferrofeed import DataLoader
+
+module, name, delay = sys.argv[1:]
+dataset = getattr(importlib.import_module(module), name)(float(delay))
+loader = DataLoader(dataset, 4, num_workers=2, persistent_workers=True)
+it = iter(loader)
+next(it)
+pids = [w["pid"] for w in loader.stats()["workers"]["workers"]]
+threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+t0 = time.monotonic()
+try:
+    for _ in it:
+        pass
+except KeyboardInterrupt:
+    t1 = time.monotonic()
+alive = [p for p in pids if os.path.exists(f"/proc/{p}")
+         and open(f"/proc/{p}/stat").read().split(")")[-1].split()[0] not in "ZX"]
+print(json.dumps({"pids": pids, "raised_after": t1 - t0, "alive": alive,
+                  "stopped_in": time.monotonic() - t1}))
+"""
+
+
+def ctrl_c_with_workers(module: str, name: str, delay: float) -> Any:
+    """Ctrl-C (SIGINT) 0.3 s into an epoch of two persistent worker processes.
+
+    In a fresh interpreter (in the tests' folder), the dataset ``name(delay)`` of test module
+    ``module`` is read in batches of 4 by ``num_workers=2``. Returns what it reports: the
+    workers' ``pids``, ``raised_after`` (seconds from the iteration's start to the
+    KeyboardInterrupt), the pids still ``alive`` (not zombies) after it, and ``stopped_in``
+    (seconds from the KeyboardInterrupt to that check).
+    """
+    args = [module, name, str(delay)]
+    proc = run_python(CTRL_C_SNIPPET, args=args, timeout=60, cwd=TESTS_DIR)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 @pytest.fixture(name="last_json_line")
 def last_json_line_fixture() -> Callable[[str], Any]:
     return last_json_line
@@ -303,6 +342,33 @@ def process_gone(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] in ("Z", "X")
     except FileNotFoundError:
         return True
+
+
+def run_spawned(
+    n: int, target: Callable[..., None], *args: Any, timeout: float
+) -> tuple[list[Any], list[int | None]]:
+    """Run ``target(barrier, *args, out)`` in ``n`` spawned processes; return what they put
+    on ``out`` and their exit codes.
+
+    ``barrier`` is a barrier of ``n`` (for the processes to meet, as a node's ranks do) and
+    ``out`` a queue, on which each puts one result, waited for ``timeout`` seconds. Each
+    process is then joined, and killed if it is still alive 30 s later.
+    """
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(n)
+    out = ctx.Queue()
+    procs = [ctx.Process(target=target, args=(barrier, *args, out)) for _ in range(n)]
+    for p in procs:
+        p.start()
+    try:
+        results = [out.get(timeout=timeout) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return results, [p.exitcode for p in procs]
 
 
 def wait_gone(pids: Sequence[int], within: float) -> bool:

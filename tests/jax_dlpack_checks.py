@@ -19,27 +19,7 @@ import jax.dlpack
 import jax.numpy as jnp
 import numpy as np
 import torch
-
-DTYPES = ["uint8", "int32", "int64", "float16", "bfloat16", "float32"]
-
-
-class Recorder:
-    """Forwards __dlpack__ to a Tensor and records the keyword arguments used."""
-
-    def __init__(self, t: ferrofeed.Tensor) -> None:
-        self.t = t
-        self.calls: list[dict[str, Any]] = []
-
-    def __dlpack__(self, **kw: Any) -> Any:
-        self.calls.append(kw)
-        return self.t.__dlpack__(**kw)
-
-    def __dlpack_device__(self) -> tuple[int, int]:
-        return self.t.__dlpack_device__()
-
-
-def pool(n: int = 4) -> ferrofeed.BufferPool:
-    return ferrofeed.BufferPool(n, pinned=False, timeout=0.2)
+from test_dlpack import DTYPES, Recorder, check_view_outlives_tensor_and_pool, pool
 
 
 def values_and_copies() -> dict[str, bool]:
@@ -77,24 +57,12 @@ def asks_for_legacy() -> dict[str, Any]:
 
 
 def view_outlives_tensor_and_pool() -> None:
-    p = pool()
-    t = p.empty((64, 64), "float32")
-    np.from_dlpack(t)[:] = np.arange(64 * 64, dtype=np.float32).reshape(64, 64)
-    view = jax.dlpack.from_dlpack(t)
-    assert view.unsafe_buffer_pointer() == t.data_ptr
-    stats = p.stats
-    del t, p
-    gc.collect()
-    junk = [ferrofeed.empty((64, 64), "float32") for _ in range(8)]
-    for j in junk:
-        np.from_dlpack(j)[:] = -1
-    assert float(view[63, 63]) == 64 * 64 - 1
-    assert float(view.sum()) == sum(range(64 * 64))
-    assert stats()["in_use"] == 1
-    del view
-    gc.collect()
-    s = stats()
-    assert (s["in_use"], s["releases"], s["idle"]) == (0, 1, 1), s
+    def take_view(t: ferrofeed.Tensor) -> Any:
+        view = jax.dlpack.from_dlpack(t)
+        assert view.unsafe_buffer_pointer() == t.data_ptr
+        return view
+
+    check_view_outlives_tensor_and_pool(take_view)
 
 
 def every_view_returns_the_buffer_once() -> None:

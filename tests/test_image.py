@@ -28,6 +28,7 @@ import ferrofeed
 import ferrofeed.io as fio
 import numpy as np
 import pytest
+from conftest import TESTS_DIR
 
 Image = pytest.importorskip("PIL.Image")
 ImageOps = pytest.importorskip("PIL.ImageOps")
@@ -553,9 +554,10 @@ def test_load_images_error_names_the_first_bad_item(tmp_path: Path):
 
 
 FORK_CHILD = """
-import os, sys, time, warnings
+import os, sys, warnings
 import numpy as np
 import ferrofeed.io as fio
+from forking import HUNG, wait_or_kill
 
 warnings.simplefilter("ignore", DeprecationWarning)  # fork() of a multi-threaded process
 paths = sys.argv[1:]
@@ -567,16 +569,9 @@ if pid == 0:
         ok = bool(np.array_equal(np.from_dlpack(fio.load_images(paths, size=16, threads=2)), want))
     finally:
         os._exit(0 if ok else 1)
-deadline = time.monotonic() + 60
-while True:
-    done, status = os.waitpid(pid, os.WNOHANG)
-    if done:
-        break
-    if time.monotonic() > deadline:
-        os.kill(pid, 9)
-        os.waitpid(pid, 0)
-        sys.exit("load_images hung in a forked child")
-    time.sleep(0.05)
+status = wait_or_kill(pid, 60, poll=0.05)
+if status == HUNG:
+    sys.exit("load_images hung in a forked child")
 assert os.waitstatus_to_exitcode(status) == 0, status
 # And the parent's pool still works.
 assert np.array_equal(np.from_dlpack(fio.load_images(paths, size=16, threads=2)), want)
@@ -601,6 +596,7 @@ def test_load_images_works_in_a_forked_child(tmp_path: Path) -> None:
         text=True,
         timeout=120,
         check=False,
+        cwd=TESTS_DIR,
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "OK"

@@ -17,7 +17,7 @@ import ferrofeed
 import numpy as np
 import pytest
 import torch
-from conftest import wait_gone
+from conftest import ctrl_c_with_workers, wait_gone
 from ferrofeed import (
     DataLoader,
     TooManyFailuresError,
@@ -162,6 +162,14 @@ def rows(batches: Any) -> list[list[int]]:
     return [np.asarray(b).tolist() for b in batches]
 
 
+def assert_same_batches(got: list[Any], want: list[Any]) -> None:
+    """The same number of ``(values, draws)`` batches, equal one by one."""
+    assert len(got) == len(want)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a[0], b[0])
+        np.testing.assert_array_equal(a[1], b[1])
+
+
 def flat(batches: Any) -> list[int]:
     return [x for b in rows(batches) for x in b]
 
@@ -224,10 +232,8 @@ def test_threads_same_output_whatever_num_threads() -> None:
     kw: dict[str, Any] = {"shuffle": True, "shuffle_window": 16, "seed": 3, "transform": jitter}
     one = list(DataLoader(Whole(100), 8, num_threads=1, **kw))
     many = list(DataLoader(Whole(100), 8, num_threads=4, **kw))
-    assert len(one) == len(many) == 13
-    for a, b in zip(one, many, strict=True):
-        np.testing.assert_array_equal(a[0], b[0])
-        np.testing.assert_array_equal(a[1], b[1])
+    assert len(one) == 13
+    assert_same_batches(one, many)
 
 
 def test_torch_output_and_collate() -> None:
@@ -274,10 +280,8 @@ def test_one_worker_gives_the_threads_batches() -> None:
     kw: dict[str, Any] = {"shuffle": True, "shuffle_window": 10, "seed": 9, "transform": jitter}
     threads = list(DataLoader(Whole(50), 6, **kw))
     worker = list(DataLoader(Whole(50), 6, num_workers=1, **kw))
-    assert len(threads) == len(worker) == 9
-    for a, b in zip(threads, worker, strict=True):
-        np.testing.assert_array_equal(a[0], b[0])
-        np.testing.assert_array_equal(a[1], b[1])
+    assert len(threads) == 9
+    assert_same_batches(threads, worker)
 
 
 def test_batches_come_from_the_workers_own_processes() -> None:
@@ -578,30 +582,7 @@ def _workers(loader: DataLoader) -> list[dict[str, Any]]:
     return workers
 
 
-def test_ctrl_c_stops_the_workers(run_python: Any) -> None:
-    proc = run_python(
-        """
-        import json, os, signal, threading
-        from ferrofeed import DataLoader
-        from test_iterable import SlowStream
-
-        loader = DataLoader(SlowStream(0.02), 4, num_workers=2, persistent_workers=True)
-        it = iter(loader)
-        next(it)
-        pids = [w["pid"] for w in loader.stats()["workers"]["workers"]]
-        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
-        try:
-            for _ in it:
-                pass
-        except KeyboardInterrupt:
-            pass
-        alive = [p for p in pids if os.path.exists(f"/proc/{p}")
-                 and open(f"/proc/{p}/stat").read().split(")")[-1].split()[0] not in "ZX"]
-        print(json.dumps({"pids": pids, "alive": alive}))
-        """,
-        timeout=60,
-        cwd=TESTS_DIR,
-    )
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+def test_ctrl_c_stops_the_workers() -> None:
+    out = ctrl_c_with_workers("test_iterable", "SlowStream", 0.02)
     assert len(out["pids"]) == 2
     assert out["alive"] == [], out

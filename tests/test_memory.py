@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -10,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import run_spawned
 from ferrofeed import SharedList
 from ferrofeed.memory import process_memory
 
@@ -23,7 +23,7 @@ def _mem_fields(m: Any) -> dict[str, int]:
     return {k: int(getattr(m, k)) for k in ("rss", "pss", "uss", "shared", "swap")}
 
 
-def _mem_worker(sl: SharedList, barrier: Any, queue: Any, passes: int) -> None:
+def _mem_worker(barrier: Any, sl: SharedList, passes: int, queue: Any) -> None:
     """Spawn worker: ``sl`` was unpickled (opened) before this runs; imports are done."""
     try:
         before = _mem_fields(process_memory())
@@ -79,26 +79,10 @@ def test_spawn_workers_share_arena_pages(
     try:
         assert len(sl) == N_ITEMS
         assert sl.nbytes >= MIN_ARENA, sl.nbytes
-        ctx = mp.get_context("spawn")
-        barrier = ctx.Barrier(N_WORKERS)
-        queue = ctx.Queue()
-        procs = [
-            ctx.Process(target=_mem_worker, args=(sl, barrier, queue, PASSES))
-            for _ in range(N_WORKERS)
-        ]
-        for p in procs:
-            p.start()
-        try:
-            results = [queue.get(timeout=150) for _ in procs]
-        finally:
-            for p in procs:
-                p.join(30)
-                if p.exitcode is None:
-                    p.kill()
-                    p.join()
+        results, exitcodes = run_spawned(N_WORKERS, _mem_worker, sl, PASSES, timeout=150)
         errors = [r for r in results if "error" in r]
         assert errors == []
-        assert [p.exitcode for p in procs] == [0] * N_WORKERS
+        assert exitcodes == [0] * N_WORKERS
         expected_id_sum = PASSES * N_ITEMS * (N_ITEMS - 1) // 2
         summary = []
         for r in results:

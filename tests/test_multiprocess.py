@@ -504,6 +504,14 @@ def _readline_until(proc: subprocess.Popen[str], prefix: str, timeout: float) ->
     pytest.fail(f"no {prefix!r} line within {timeout}s")
 
 
+def _kill_unfinished(*procs: subprocess.Popen[str] | None) -> None:
+    """Kill and reap those of ``procs`` still running (a test's clean-up)."""
+    for p in procs:
+        if p is not None and p.poll() is None:
+            p.kill()
+            p.communicate()
+
+
 def _retry_build_works(arena_dir: Path, name: str) -> None:
     """After a failed build, a new rank 0 with the same name can build (nothing is stuck)."""
     with SharedList.shared(
@@ -531,10 +539,7 @@ def test_shared_builder_raises(arena_dir: Path, mode: str) -> None:
         b_out, b_err = _communicate(builder, 60)
         w_out, w_err = _communicate(waiter, 60)
     finally:
-        for p in (waiter, builder):
-            if p is not None and p.poll() is None:
-                p.kill()
-                p.communicate()
+        _kill_unfinished(waiter, builder)
     assert builder is not None
     assert builder.returncode != 0, b_out
     assert "boom from build" in b_err  # rank 0 itself sees its build() error
@@ -566,10 +571,7 @@ def test_shared_builder_killed(arena_dir: Path) -> None:
         w_out, w_err = _communicate(waiter, 60)
         waited = time.monotonic() - killed_at
     finally:
-        for p in (waiter, builder):
-            if p is not None and p.poll() is None:
-                p.kill()
-                p.communicate()
+        _kill_unfinished(waiter, builder)
     assert builder is not None
     assert builder.returncode == -signal.SIGKILL
     assert waiter.returncode == 0, w_err

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from ferrofeed import Pipeline, PipelineBuilder, PipelineError, ops
+from pipelines import drain
 
 LOGGER = "ferrofeed.pipeline"
 STAT_KEYS = {
@@ -35,11 +36,6 @@ STAT_KEYS = {
     "queue_capacity",
     "concurrency",
 }
-
-
-def drain(p: Pipeline) -> list[Any]:
-    with p.auto_stop():
-        return list(p)
 
 
 def consume_into(p: Pipeline, got: list[Any]) -> None:

@@ -12,11 +12,7 @@ from typing import Any
 import ferrofeed
 import pytest
 from ferrofeed import PipelineBuilder, PipelineError, _core, ops
-
-
-def drain(p: Any) -> list[Any]:
-    with p.auto_stop():
-        return list(p)
+from pipelines import assert_fails_as_programming_error, drain
 
 
 class ItemRecorder:
@@ -208,17 +204,22 @@ class FailingStageHook(NoArgHook):
         yield
 
 
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize("how", ["start", "iterate", "auto_stop"])
-def test_a_stage_hook_failing_to_enter_reaches_the_consumer_as_pipeline_error(how: str) -> None:
-    hook = FailingStageHook(on_enter=True)
-    p = (
+def fmt_pipeline(hook: FailingStageHook) -> Any:
+    """``range(5)`` through ``str`` in a stage named "fmt" that has ``hook``."""
+    return (
         PipelineBuilder()
         .add_source(range(5))
         .pipe(str, name="fmt", hooks=[hook])  # type: ignore[list-item]
         .add_sink()
         .build()
     )
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how", ["start", "iterate", "auto_stop"])
+def test_a_stage_hook_failing_to_enter_reaches_the_consumer_as_pipeline_error(how: str) -> None:
+    hook = FailingStageHook(on_enter=True)
+    p = fmt_pipeline(hook)
 
     def start() -> None:
         if how == "start":
@@ -246,13 +247,7 @@ def test_a_stage_hook_failing_to_enter_reaches_the_consumer_as_pipeline_error(ho
 @pytest.mark.timeout(60)
 def test_a_stage_hook_failing_to_leave_reaches_the_consumer_as_pipeline_error() -> None:
     hook = FailingStageHook(on_enter=False)
-    p = (
-        PipelineBuilder()
-        .add_source(range(5))
-        .pipe(str, name="fmt", hooks=[hook])  # type: ignore[list-item]
-        .add_sink()
-        .build()
-    )
+    p = fmt_pipeline(hook)
     got: list[str] = []
     with pytest.raises(PipelineError) as info:
         got.extend(p)
@@ -307,11 +302,7 @@ def test_a_call_that_fails_before_the_op_runs_fails_the_pipeline_under_skip(
         .add_sink()
         .build()
     )
-    with pytest.raises(PipelineError) as info:
-        drain(p)
-    (inner,) = info.value.exceptions
-    assert isinstance(inner, TypeError)
-    assert any("programming error" in n for n in inner.__notes__)
+    assert_fails_as_programming_error(p)
 
 
 @pytest.mark.timeout(60)

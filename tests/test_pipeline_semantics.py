@@ -21,13 +21,9 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from conftest import TESTS_DIR
 from ferrofeed import Pipeline, PipelineBuilder, PipelineError
-
-
-def drain(p: Pipeline) -> list[Any]:
-    with p.auto_stop():
-        out = list(p)
-    return out
+from pipelines import assert_fails_as_programming_error, drain
 
 
 def take_until_error(p: Pipeline) -> tuple[list[Any], BaseException | None]:
@@ -76,11 +72,7 @@ def test_async_stage_failing_at_call_is_not_skipped(op: Any) -> None:
     # A call that fails before the op runs is a programming error, not a bad item: it
     # fails the pipeline even under on_error="skip".
     p = PipelineBuilder().add_source(range(3)).pipe(op, on_error="skip").add_sink().build()
-    with pytest.raises(PipelineError) as info:
-        drain(p)
-    (inner,) = info.value.exceptions
-    assert isinstance(inner, TypeError)
-    assert any("programming error" in n for n in inner.__notes__)
+    assert_fails_as_programming_error(p)
 
 
 @pytest.mark.timeout(20)
@@ -266,6 +258,7 @@ def test_stop_before_start_leaves_nothing_to_read() -> None:
 FORK_STOP_SNIPPET = r"""
 import asyncio, gc, json, os, time
 from ferrofeed import PipelineBuilder
+from forking import HUNG, wait_or_kill
 
 def slow(x):
     time.sleep(0.001)
@@ -297,21 +290,11 @@ if pid == 0:
         code = 0
     finally:
         os._exit(code)
-deadline = time.monotonic() + 30
-while True:
-    done, status = os.waitpid(pid, os.WNOHANG)
-    if done:
-        break
-    if time.monotonic() > deadline:
-        os.kill(pid, 9)
-        os.waitpid(pid, 0)
-        status = -1
-        break
-    time.sleep(0.01)
+status = wait_or_kill(pid, 30)
 more = [next(it) for _ in range(20)]
 parent.stop()
 print(json.dumps({
-    "child_exit": os.waitstatus_to_exitcode(status) if status != -1 else "hung",
+    "child_exit": os.waitstatus_to_exitcode(status) if status != HUNG else "hung",
     "parent_ok": head + more == [x + 1 for x in range(40)],
 }))
 """
@@ -321,7 +304,7 @@ print(json.dumps({
 def test_stop_in_forked_child_does_not_touch_the_parents_runtime(
     run_python: Any, last_json_line: Any
 ) -> None:
-    proc = run_python(FORK_STOP_SNIPPET, timeout=60)
+    proc = run_python(FORK_STOP_SNIPPET, timeout=60, cwd=TESTS_DIR)
     r = last_json_line(proc.stdout)
     assert r["child_exit"] == 0, (r, proc.stdout, proc.stderr)
     child = [ln for ln in proc.stdout.splitlines() if ln.startswith("CHILD ")]

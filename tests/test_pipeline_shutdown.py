@@ -402,6 +402,7 @@ FORK_SNIPPET = (
     + r"""
 import asyncio, json, os, sys, threading, time
 from ferrofeed import PipelineBuilder, ops
+from forking import HUNG, wait_or_kill
 
 
 def double(x):
@@ -469,21 +470,11 @@ if pid == 0:
     finally:
         os._exit(code)
 
-deadline = time.monotonic() + 30
-while True:
-    done, status = os.waitpid(pid, os.WNOHANG)
-    if done:
-        break
-    if time.monotonic() > deadline:
-        os.kill(pid, 9)
-        os.waitpid(pid, 0)
-        status = -1
-        break
-    time.sleep(0.01)
+status = wait_or_kill(pid, 30)
 rest = list(it)
 print(json.dumps({
     "child_status": status,
-    "child_exit": os.waitstatus_to_exitcode(status) if status != -1 else "hung",
+    "child_exit": os.waitstatus_to_exitcode(status) if status != HUNG else "hung",
     "parent_ok": head + rest == expected_parent,
 }))
 """

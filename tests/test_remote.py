@@ -43,6 +43,7 @@ from typing import Any
 
 import ferrofeed as ff
 import pytest
+from conftest import run_spawned
 from ferrofeed import _remote
 from objstore import (
     FaultProxy,
@@ -501,26 +502,6 @@ def test_past_the_ttl_only_changed_objects_are_counted_again(
     assert ids == [*range(10), *range(100, 107), *range(200, 209), *range(300, 304)]
 
 
-def _at_once(n: int, target: Callable[..., None], *args: Any) -> tuple[list[Any], list[int | None]]:
-    """``target(barrier, *args, out)`` in ``n`` spawned processes that start together (a
-    barrier of ``n``), as a node's ranks do; what each put on ``out``, and their exit codes."""
-    ctx = multiprocessing.get_context("spawn")
-    barrier = ctx.Barrier(n)
-    out = ctx.Queue()
-    procs = [ctx.Process(target=target, args=(barrier, *args, out)) for _ in range(n)]
-    for p in procs:
-        p.start()
-    try:
-        results = [out.get(timeout=90) for _ in procs]
-    finally:
-        for p in procs:
-            p.join(30)
-            if p.is_alive():
-                p.kill()
-                p.join()
-    return results, [p.exitcode for p in procs]
-
-
 def _make_source(
     barrier: Any, pattern: str, options: dict[str, str], out: Any
 ) -> None:  # in a spawned process
@@ -530,7 +511,7 @@ def _make_source(
 
 
 def test_processes_of_a_node_list_and_count_once(s3: S3Server, proxy: FaultProxy) -> None:
-    results, exitcodes = _at_once(4, _make_source, url("tar"), via(proxy))
+    results, exitcodes = run_spawned(4, _make_source, url("tar"), via(proxy), timeout=90)
     assert exitcodes == [0] * 4
     shards = [s for _, s in results]
     assert all(s == shards[0] for s in shards)
@@ -1054,7 +1035,7 @@ def test_processes_sharing_a_cache_download_each_shard_once(
     s3: S3Server, proxy: FaultProxy, tmp_path: Path
 ) -> None:
     cache = tmp_path / "cache"
-    results, exitcodes = _at_once(3, _read_epoch, url("tar"), via(proxy), str(cache))
+    results, exitcodes = run_spawned(3, _read_epoch, url("tar"), via(proxy), str(cache), timeout=90)
     assert exitcodes == [0] * 3
     everything = sorted((i, crc) for i, crc in flat(epoch(loader(ff.TarShards(url("tar"))))))
     assert all(samples == everything for _, samples, _ in results)
@@ -1103,6 +1084,30 @@ def _child_reads(pattern: str, inherited: ff.TarShards | None) -> list[tuple[int
     return got
 
 
+def _fork_child_reads(pattern: str, inherited: ff.TarShards | None) -> tuple[int, int]:
+    """Fork a child that runs `_child_reads` and writes its JSON (or its error) to a pipe.
+
+    Returns the child's pid and the read end of the pipe, for `_wait_child`. The child
+    exits 0 once it has written its result, 1 on an error; SIGALRM ends it after 60 s.
+    """
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        code = 1
+        try:
+            os.close(r)
+            signal.alarm(60)
+            got = _child_reads(pattern, inherited)
+            os.write(w, json.dumps(got).encode())
+            code = 0
+        except BaseException as e:
+            os.write(w, repr(e).encode())
+        finally:
+            os._exit(code)
+    os.close(w)
+    return pid, r
+
+
 def _wait_child(pid: int, fd: int, timeout: float) -> bytes:
     """The child's output (until it closes ``fd``) and its exit status 0, within ``timeout``."""
     deadline = time.monotonic() + timeout
@@ -1145,21 +1150,7 @@ def test_a_forked_child_reads_remote_shards_itself(s3: S3Server) -> None:
     parent = ff.TarShards(url("tar"))
     want = [digest(s) for s in parent]
     pattern = url("tar", "brace")  # another source: the child lists and fetches itself
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child
-        code = 1
-        try:
-            os.close(r)
-            signal.alarm(60)
-            got = _child_reads(pattern, parent)
-            os.write(w, json.dumps(got).encode())
-            code = 0
-        except BaseException as e:
-            os.write(w, repr(e).encode())
-        finally:
-            os._exit(code)
-    os.close(w)
+    pid, r = _fork_child_reads(pattern, parent)
     out = _wait_child(pid, r, 90)
     assert [tuple(x) for x in json.loads(out)] == want
 
@@ -1171,21 +1162,8 @@ def test_a_fork_while_fetches_are_in_flight(s3: S3Server, proxy: FaultProxy) -> 
     proxy.latency = 0.3  # the parent's fetches of the next shards are on their way
     it = iter(src)
     head = [digest(next(it))]
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: the inherited source, read from its start, and a new one
-        code = 1
-        try:
-            os.close(r)
-            signal.alarm(60)
-            got = _child_reads(url("tar", "brace"), src)
-            os.write(w, json.dumps(got).encode())
-            code = 0
-        except BaseException as e:
-            os.write(w, repr(e).encode())
-        finally:
-            os._exit(code)
-    os.close(w)
+    # The child: the inherited source, read from its start, and a new one.
+    pid, r = _fork_child_reads(url("tar", "brace"), src)
     # The parent goes on with its own iteration meanwhile.
     rest = [digest(s) for s in it]
     out = _wait_child(pid, r, 90)

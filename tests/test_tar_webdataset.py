@@ -229,18 +229,30 @@ JSON_TEXTS = {
 }
 
 
-@pytest.mark.parametrize("text", JSON_TEXTS.values(), ids=JSON_TEXTS.keys())
-def test_json_decodes_as_json_loads(tmp_path: Path, text: bytes) -> None:
-    path = write_tar(tmp_path / "json.tar", [("a.json", text), ("a.cls", b"1")])
+def json_as_json_loads(path: Path, text: bytes, what: str) -> tuple[Any, Any]:
+    """Check that webdataset and ferrofeed read the ``json`` field of ``path``'s one sample
+    as ``json.loads(text)`` does; return the sample as ferrofeed and webdataset read it.
+
+    Compared by repr (NaN is not equal to itself, and repr shows key order, 1 vs 1.0 and all
+    digits) and, for ferrofeed, by `types` too. ``what`` names the JSON in the failure of a
+    ferrofeed that refuses it.
+    """
     expected = json.loads(text)
     (theirs,) = wds_samples(path, decode=True)
-    # repr: NaN is not equal to itself, and repr shows key order, 1 vs 1.0 and all digits.
     assert repr(theirs["json"]) == repr(expected)
     got = outcome(path)
-    assert isinstance(got, list), f"ferrofeed refused valid JSON (json.loads reads it): {got}"
+    assert isinstance(got, list), f"ferrofeed refused {what}: {got}"
     (ours,) = got
     assert repr(ours["json"]) == repr(expected)
     assert types(ours["json"]) == types(expected)
+    return ours, theirs
+
+
+@pytest.mark.parametrize("text", JSON_TEXTS.values(), ids=JSON_TEXTS.keys())
+def test_json_decodes_as_json_loads(tmp_path: Path, text: bytes) -> None:
+    path = write_tar(tmp_path / "json.tar", [("a.json", text), ("a.cls", b"1")])
+    ours, _ = json_as_json_loads(path, text, "valid JSON (json.loads reads it)")
+    expected = json.loads(text)
     if isinstance(expected, dict):
         assert list(ours["json"]) == list(expected)
 
@@ -261,14 +273,7 @@ def test_json_written_by_webdataset_reads_back(tmp_path: Path) -> None:
         text = tar.extractfile("a.json").read()  # type: ignore[union-attr]
     for written in (b"NaN", b"Infinity", b"1.4000000000000001", str(2**70).encode()):
         assert written in text
-    expected = json.loads(text)
-    (theirs,) = wds_samples(path, decode=True)
-    assert repr(theirs["json"]) == repr(expected)
-    got = outcome(path)
-    assert isinstance(got, list), f"ferrofeed refused webdataset's own JSON: {got}"
-    (ours,) = got
-    assert repr(ours["json"]) == repr(expected)
-    assert types(ours["json"]) == types(expected)
+    ours, theirs = json_as_json_loads(path, text, "webdataset's own JSON")
     assert ours["cls"] == theirs["cls"] == 7
 
 

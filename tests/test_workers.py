@@ -18,7 +18,7 @@ from typing import Any
 import ferrofeed
 import numpy as np
 import pytest
-from conftest import wait_gone
+from conftest import ctrl_c_with_workers, wait_gone
 from ferrofeed import (
     DataLoader,
     SharedList,
@@ -746,33 +746,8 @@ def test_timeout_does_not_count_a_workers_start() -> None:
     assert [b.tolist() for b in loader] == [[0, 1, 2, 3], [4, 5, 6, 7]]
 
 
-def test_ctrl_c_stops_the_workers(run_python: Any) -> None:
-    proc = run_python(
-        """
-        import json, os, signal, threading, time
-        from ferrofeed import DataLoader
-        from test_workers import Slow
-
-        loader = DataLoader(Slow(0.05), 4, num_workers=2, persistent_workers=True)
-        it = iter(loader)
-        next(it)
-        pids = [w["pid"] for w in loader.stats()["workers"]["workers"]]
-        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
-        t0 = time.monotonic()
-        try:
-            for _ in it:
-                pass
-        except KeyboardInterrupt:
-            t1 = time.monotonic()
-        alive = [p for p in pids if os.path.exists(f"/proc/{p}")
-                 and open(f"/proc/{p}/stat").read().split(")")[-1].split()[0] not in "ZX"]
-        print(json.dumps({"pids": pids, "raised_after": t1 - t0, "alive": alive,
-                          "stopped_in": time.monotonic() - t1}))
-        """,
-        timeout=60,
-        cwd=TESTS_DIR,
-    )
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+def test_ctrl_c_stops_the_workers() -> None:
+    out = ctrl_c_with_workers("test_workers", "Slow", 0.05)
     # The workers are stopped before KeyboardInterrupt reaches the caller. The epoch (1000
     # samples of 50 ms on 2 workers) would last 25 s: the bounds are hang guards.
     assert out["alive"] == [], out

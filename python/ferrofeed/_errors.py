@@ -47,17 +47,25 @@ class FerrofeedError(Exception):
     """Base class of every error ferrofeed raises."""
 
 
-class ArenaError(FerrofeedError):
-    """Base class of the errors of shared arenas (`ferrofeed.SharedList`).
+class _PlainMessage(Exception):
+    """A one-argument error whose ``str()`` is that argument, also on an `OSError` subclass.
 
-    The `OSError` subclasses carry ``errno`` and ``filename``; their message is the plain
-    text, not OSError's ``[Errno N] ...: 'file'`` rendering, since it names the file already.
+    OSError's own rendering, ``[Errno N] message: 'file'``, would name the file twice: the
+    message names it already.
     """
 
     def __str__(self) -> str:
         if len(self.args) == 1:
             return str(self.args[0])
         return super().__str__()
+
+
+class ArenaError(_PlainMessage, FerrofeedError):
+    """Base class of the errors of shared arenas (`ferrofeed.SharedList`).
+
+    The `OSError` subclasses carry ``errno`` and ``filename``; their message is the plain
+    text, not OSError's ``[Errno N] ...: 'file'`` rendering, since it names the file already.
+    """
 
 
 class ArenaNotFoundError(ArenaError, FileNotFoundError):
@@ -135,16 +143,11 @@ class DLPackError(StagingError, BufferError):
     """
 
 
-class ImageError(FerrofeedError):
+class ImageError(_PlainMessage, FerrofeedError):
     """Base class of the errors of image decoding (`ferrofeed.io`).
 
     The message starts with the file's path (or ``item N`` for bytes in a batch).
     """
-
-    def __str__(self) -> str:
-        if len(self.args) == 1:
-            return str(self.args[0])
-        return super().__str__()
 
 
 class ImageDecodeError(ImageError, ValueError):

@@ -19,17 +19,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._dependencies import raise_missing
+
 try:
     import jax
     import jax.dlpack
 except ModuleNotFoundError as e:
-    if e.name != "jax":  # JAX is there but broken: its own error says more
-        raise
-    raise ModuleNotFoundError(
+    raise_missing(
+        e,
+        "jax",
         "ferrofeed.jax (to_jax, DataLoader(output='jax')) needs JAX, which is not installed: "
         "pip install 'ferrofeed[jax]' (or jax[cuda12] and the like for a GPU)",
-        name="jax",
-    ) from e
+    )
 
 __all__ = ["to_jax"]
 

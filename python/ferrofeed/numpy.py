@@ -15,17 +15,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._dependencies import raise_missing
+
 try:
     import numpy as np
     import numpy.typing as npt
 except ModuleNotFoundError as e:
-    if e.name != "numpy":  # NumPy is there but broken: its own error says more
-        raise
-    raise ModuleNotFoundError(
+    raise_missing(
+        e,
+        "numpy",
         "ferrofeed.numpy needs NumPy, a dependency of ferrofeed that is missing from this "
         "environment: pip install 'numpy>=2.2' (installing ferrofeed with pip brings it)",
-        name="numpy",
-    ) from e
+    )
 
 __all__ = ["to_numpy"]
 

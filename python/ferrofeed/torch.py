@@ -18,17 +18,18 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from ._dependencies import raise_missing
+
 try:
     import torch
     import torch.utils.dlpack
 except ModuleNotFoundError as e:
-    if e.name != "torch":  # PyTorch is there but broken: its own error says more
-        raise
-    raise ModuleNotFoundError(
+    raise_missing(
+        e,
+        "torch",
         "ferrofeed.torch (to_torch, DataLoader(output='torch')) needs PyTorch, which is not "
         "installed: pip install 'ferrofeed[torch]' (or a build of your choice from pytorch.org)",
-        name="torch",
-    ) from e
+    )
 
 __all__ = ["to_torch"]
 

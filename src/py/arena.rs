@@ -22,6 +22,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyDict, PyInt, PyList, PySlice, PyTuple, PyType};
 
+use super::convert::fill_byte_buffer;
 use super::errors::{closed_error, corrupt_error};
 use crate::arena::format::{align_up, ITEM_ALIGN};
 use crate::arena::{sweep_orphans, Arena, ArenaWriter};
@@ -81,52 +82,26 @@ impl ArenaBuffer {
     /// # Safety
     ///
     /// Called by the interpreter with a valid, writable `view`.
-    #[allow(clippy::needless_pass_by_value)] // the signature pyo3 expects
     unsafe fn __getbuffer__(
         slf: Bound<'_, Self>,
         view: *mut ffi::Py_buffer,
         flags: c_int,
     ) -> PyResult<()> {
-        if view.is_null() {
-            return Err(PyBufferError::new_err("no Py_buffer to fill"));
-        }
-        if flags & ffi::PyBUF_WRITABLE == ffi::PyBUF_WRITABLE {
-            return Err(PyBufferError::new_err("an arena is read-only"));
-        }
         let bytes = slf.get().arena.as_bytes();
-        // SAFETY: `view` is non-null and points to a Py_buffer the caller
-        // gives us to fill. `buf` points into the read-only mapping, which
-        // lives as long as `slf.arena`; `obj` takes a strong reference to
-        // `slf`, which the interpreter drops only when the buffer is
-        // released, so the mapping outlives every use of `buf`. `shape` and
-        // `strides` point into the Py_buffer itself (its `len` and
-        // `itemsize`), which lives as long as the export.
+        let (buf, len) = (bytes.as_ptr().cast_mut().cast::<c_void>(), bytes.len());
+        // SAFETY: the interpreter gives a valid `view`. `buf` points into the
+        // read-only mapping, which lives as long as `slf.arena`: `slf` is the
+        // owner, so the mapping outlives every use of `buf`.
         unsafe {
-            (*view).obj = slf.clone().into_any().into_ptr();
-            (*view).buf = bytes.as_ptr().cast_mut().cast::<c_void>();
-            (*view).len = bytes.len() as ffi::Py_ssize_t;
-            (*view).readonly = 1;
-            (*view).itemsize = 1;
-            (*view).format = if flags & ffi::PyBUF_FORMAT == ffi::PyBUF_FORMAT {
-                c"B".as_ptr().cast_mut()
-            } else {
-                std::ptr::null_mut()
-            };
-            (*view).ndim = 1;
-            (*view).shape = if flags & ffi::PyBUF_ND == ffi::PyBUF_ND {
-                &raw mut (*view).len
-            } else {
-                std::ptr::null_mut()
-            };
-            (*view).strides = if flags & ffi::PyBUF_STRIDES == ffi::PyBUF_STRIDES {
-                &raw mut (*view).itemsize
-            } else {
-                std::ptr::null_mut()
-            };
-            (*view).suboffsets = std::ptr::null_mut();
-            (*view).internal = std::ptr::null_mut();
+            fill_byte_buffer(
+                view,
+                flags,
+                slf.into_any(),
+                buf,
+                len,
+                Some("an arena is read-only"),
+            )
         }
-        Ok(())
     }
 }
 

@@ -7,6 +7,7 @@
 #![allow(clippy::cast_possible_wrap, clippy::cast_sign_loss)]
 
 mod arena;
+mod convert;
 mod cpu;
 mod dlpack;
 mod errors;

@@ -20,6 +20,7 @@ use pyo3::types::{PyBytes, PyDict};
 use crate::remote::store::{retry_config, store_environment, Process};
 use crate::remote::{list, stats, Object, ObjectUrl, RemoteError, RemoteOptions, RemoteShards};
 
+use super::convert::fields_dict;
 use super::errors::remote_error;
 
 /// `(url, size, etag)` of an object, as Python sees it.
@@ -190,12 +191,7 @@ fn remote_environment(py: Python<'_>, url: &str) -> PyResult<Vec<(String, String
 #[pyo3(name = "_remote_stats")]
 fn remote_stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let s = stats().snapshot();
-    let d = PyDict::new(py);
-    d.set_item("requests", s.requests)?;
-    d.set_item("retries", s.retries)?;
-    d.set_item("bytes", s.bytes)?;
-    d.set_item("fetched", s.fetched)?;
-    d.set_item("cache_hits", s.cache_hits)?;
+    let d = fields_dict!(py, s => requests, retries, bytes, fetched, cache_hits);
     #[allow(clippy::cast_precision_loss)] // nanoseconds to seconds
     d.set_item("wait_s", s.wait_ns as f64 / 1e9)?;
     Ok(d)

@@ -5,11 +5,12 @@
 use std::ffi::c_int;
 use std::os::raw::c_void;
 
-use pyo3::exceptions::{PyBufferError, PyOSError, PyRuntimeError};
+use pyo3::exceptions::{PyOSError, PyRuntimeError};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+use super::convert::{fields_dict, fill_byte_buffer};
 use crate::staging::{SlotError, SlotLease, SlotRing};
 
 impl From<SlotError> for PyErr {
@@ -81,14 +82,7 @@ impl PySlotRing {
     /// could not be, or None).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.ring.stats();
-        let d = PyDict::new(py);
-        d.set_item("slots", s.slots)?;
-        d.set_item("free", s.free)?;
-        d.set_item("dispatched", s.dispatched)?;
-        d.set_item("leased", s.leased)?;
-        d.set_item("bytes", s.bytes)?;
-        d.set_item("leases", s.leases)?;
-        d.set_item("pinned", s.pinned)?;
+        let d = fields_dict!(py, s => slots, free, dispatched, leased, bytes, leases, pinned);
         d.set_item("pin_error", self.ring.pin_error())?;
         Ok(d)
     }
@@ -123,51 +117,19 @@ impl PySlotLease {
     /// # Safety
     ///
     /// Called by the interpreter with a valid, writable `view`.
-    #[allow(clippy::needless_pass_by_value)] // the signature pyo3 expects
     unsafe fn __getbuffer__(
         slf: Bound<'_, Self>,
         view: *mut ffi::Py_buffer,
         flags: c_int,
     ) -> PyResult<()> {
-        if view.is_null() {
-            return Err(PyBufferError::new_err("no Py_buffer to fill"));
-        }
         let lease = &slf.get().lease;
-        // SAFETY: `view` is non-null and points to a Py_buffer the caller
-        // gives us to fill. `buf` points to `len` mapped bytes that stay
-        // mapped while the lease lives (`SlotLease`'s Safety note); `obj`
-        // takes a strong reference to `slf`, which the interpreter drops only
-        // when the buffer is released, so the lease outlives every use of
-        // `buf`. While leased, the slot is not dispatched to any worker, so
-        // the consumer is its only writer. `shape` and `strides` point into
-        // the Py_buffer itself (its `len` and `itemsize`), which lives as
-        // long as the export.
-        unsafe {
-            (*view).obj = slf.clone().into_any().into_ptr();
-            (*view).buf = lease.as_ptr().cast::<c_void>();
-            (*view).len = lease.len() as ffi::Py_ssize_t;
-            (*view).readonly = 0;
-            (*view).itemsize = 1;
-            (*view).format = if flags & ffi::PyBUF_FORMAT == ffi::PyBUF_FORMAT {
-                c"B".as_ptr().cast_mut()
-            } else {
-                std::ptr::null_mut()
-            };
-            (*view).ndim = 1;
-            (*view).shape = if flags & ffi::PyBUF_ND == ffi::PyBUF_ND {
-                &raw mut (*view).len
-            } else {
-                std::ptr::null_mut()
-            };
-            (*view).strides = if flags & ffi::PyBUF_STRIDES == ffi::PyBUF_STRIDES {
-                &raw mut (*view).itemsize
-            } else {
-                std::ptr::null_mut()
-            };
-            (*view).suboffsets = std::ptr::null_mut();
-            (*view).internal = std::ptr::null_mut();
-        }
-        Ok(())
+        let (buf, len) = (lease.as_ptr().cast::<c_void>(), lease.len());
+        // SAFETY: the interpreter gives a valid `view`. `buf` points to `len`
+        // mapped bytes that stay mapped while the lease lives (`SlotLease`'s
+        // Safety note), and `slf`, which holds the lease, is the owner. While
+        // leased, the slot is not dispatched to any worker, so the consumer
+        // is its only writer.
+        unsafe { fill_byte_buffer(view, flags, slf.into_any(), buf, len, None) }
     }
 
     fn __repr__(&self) -> String {

@@ -8,6 +8,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyDict;
 
+use super::convert::fields_dict;
 use super::dlpack::{parse_dtype, parse_shape, PyTensor};
 use crate::staging::{self, BufferPool, Pinning, PoolConfig, PooledBuffer, StagingError, Tensor};
 
@@ -87,16 +88,8 @@ fn new_tensor(
 
 fn stats_dict<'py>(py: Python<'py>, pool: &BufferPool) -> PyResult<Bound<'py, PyDict>> {
     let s = pool.stats();
-    let d = PyDict::new(py);
-    d.set_item("allocated", s.allocated)?;
-    d.set_item("in_use", s.in_use)?;
-    d.set_item("idle", s.idle)?;
-    d.set_item("bytes", s.bytes)?;
-    d.set_item("pinned", s.pinned)?;
-    d.set_item("allocations", s.allocations)?;
-    d.set_item("reuses", s.reuses)?;
-    d.set_item("releases", s.releases)?;
-    d.set_item("evictions", s.evictions)?;
+    let d = fields_dict!(py, s => allocated, in_use, idle, bytes, pinned, allocations, reuses,
+        releases, evictions);
     Ok(d)
 }
 

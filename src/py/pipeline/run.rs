@@ -17,6 +17,7 @@ use crate::pipeline::{
     format_table, Failure, FailureKind, Next, Pipeline, PipelineConfig, ReportFn, SkipHook, Stall,
     StallFn, StallWatch, StatsReporter, StatsSnapshot,
 };
+use crate::py::convert::fields_dict;
 use crate::py::hang;
 
 /// How long `__next__` waits without the GIL before checking for signals.
@@ -82,12 +83,7 @@ fn stall_watch(secs: f64) -> PyResult<StallWatch> {
 }
 
 fn snapshot_dict<'py>(py: Python<'py>, s: &StatsSnapshot) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    d.set_item("concurrency", s.concurrency)?;
-    d.set_item("items_in", s.items_in)?;
-    d.set_item("items_out", s.items_out)?;
-    d.set_item("dropped", s.dropped)?;
-    d.set_item("failures", s.failures)?;
+    let d = fields_dict!(py, s => concurrency, items_in, items_out, dropped, failures);
     d.set_item("busy_s", s.busy.as_secs_f64())?;
     d.set_item("busy_per_item_s", s.busy_per_item().as_secs_f64())?;
     d.set_item("wait_upstream_s", s.wait_upstream.as_secs_f64())?;
