@@ -105,6 +105,20 @@ class Config:
         """Whether a failing sample is skipped (``on_error="skip"``)."""
         return self.on_error == "skip"
 
+    def plan_args(self) -> dict[str, Any]:
+        """The keywords every core plan takes from the loader.
+
+        `_core.EpochPlan` and `_core.ShardPlan` alike: the order's shuffle and seed, this
+        rank's place, ``drop_last``.
+        """
+        return {
+            "shuffle": self.shuffle,
+            "seed": self.seed,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "drop_last": self.drop_last,
+        }
+
     @property
     def pinned(self) -> bool:
         """Whether batches go to a CUDA device (their host memory is then page-locked)."""

@@ -82,13 +82,9 @@ class ShardSource(BaseSource):
         return _core.ShardPlan(
             self.shards._counts,
             c.batch,
-            shuffle=c.shuffle,
-            seed=c.seed,
             epoch=epoch,
-            rank=c.rank,
-            world_size=c.world_size,
-            drop_last=c.drop_last,
             window=c.shuffle_window,
+            **c.plan_args(),
             history=list(history),
             start=start,
         )

@@ -173,13 +173,9 @@ class MapSource(BaseSource):
         return _core.EpochPlan(
             len(self.dataset),
             c.batch,
-            shuffle=c.shuffle,
-            seed=c.seed,
             epoch=epoch,
-            rank=c.rank,
-            world_size=c.world_size,
-            drop_last=c.drop_last,
             batches_per_epoch=c.batches_per_epoch,
+            **c.plan_args(),
             start=start,
         )
 
