@@ -97,7 +97,6 @@ pub(super) fn tar_sample<'py>(
             d.set_item(field, to_py(py, v)?)?;
             continue;
         };
-        let raw = PyBytes::new(py, bytes);
         let how = if decode {
             Decode::of(field)
         } else {
@@ -114,7 +113,7 @@ pub(super) fn tar_sample<'py>(
             )
         };
         let value = match how {
-            Decode::Bytes => raw.into_any(),
+            Decode::Bytes => PyBytes::new(py, bytes).into_any(),
             Decode::Text => std::str::from_utf8(bytes)
                 .map_err(|e| bad(format!("not UTF-8 text ({e})")))?
                 .into_pyobject(py)?
@@ -122,7 +121,7 @@ pub(super) fn tar_sample<'py>(
             Decode::Int => {
                 static INT: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
                 INT.import(py, "builtins", "int")?
-                    .call1((raw,))
+                    .call1((PyBytes::new(py, bytes),))
                     .map_err(|_| bad(format!("not an integer: {}", excerpt(bytes))))?
             }
             Decode::Json => {
