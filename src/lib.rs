@@ -36,6 +36,9 @@
 //!   exported by `DLPack`.
 //! - [`image`]: decode, resize, crop and flip into a slot of a batch, and the
 //!   batch engine ([`image::batch`]), which decodes into [`staging`] buffers.
+//! - [`pack`]: writing shards (tar, Parquet) from image folders or samples,
+//!   in parallel, locally or into object storage, resumable, with the
+//!   sample index ([`shards::index`]).
 //! - [`pipeline`]: the engine: a source, stages on a tokio runtime linked by
 //!   bounded channels, stats, clean failure and shutdown.
 //!
@@ -48,6 +51,7 @@ pub mod cpu;
 pub mod dlpack;
 pub mod fs;
 pub mod image;
+pub mod pack;
 mod panic;
 pub mod pipeline;
 pub mod plan;

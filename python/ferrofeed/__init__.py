@@ -48,6 +48,10 @@ from ._errors import (
     ImageDecodeError,
     ImageError,
     ImageReadError,
+    PackConflictError,
+    PackDestinationError,
+    PackError,
+    PackInputError,
     PinnedMemoryError,
     PipelineError,
     PoolExhaustedError,
@@ -65,6 +69,7 @@ from ._errors import (
 )
 from ._images import IMAGE_EXTENSIONS, ImageFiles, ImageFolder
 from ._loader import DataLoader
+from ._pack import PackSummary, SkippedSample, write_shards
 from ._pipeline import Aggregator, Pipeline, PipelineBuilder, TaskHook
 from ._sample import sample_rng
 from ._shards import JsonLines, MDSShards, ParquetShards, ShardedSource, TarShards
@@ -106,6 +111,11 @@ __all__ = [
     "ImageReadError",
     "JsonLines",
     "MDSShards",
+    "PackConflictError",
+    "PackDestinationError",
+    "PackError",
+    "PackInputError",
+    "PackSummary",
     "ParquetShards",
     "PinnedMemoryError",
     "Pipeline",
@@ -120,6 +130,7 @@ __all__ = [
     "ShardReadError",
     "ShardedSource",
     "SharedList",
+    "SkippedSample",
     "StagingError",
     "TarShards",
     "TaskHook",
@@ -142,6 +153,7 @@ __all__ = [
     "to_jax",
     "to_numpy",
     "to_torch",
+    "write_shards",
     "zeros",
 ]
 

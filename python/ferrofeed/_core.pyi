@@ -605,6 +605,55 @@ def _remote_stats() -> dict[str, Any]:
     """Return this process's counters of remote reads."""
 
 @final
+class _Packer:
+    """The pack's writer, in Rust (internal: `ferrofeed.write_shards` drives it)."""
+
+    def __new__(
+        cls,
+        dest: str,
+        *,
+        format: str,
+        shard_size: int | None,
+        samples_per_shard: int | None,
+        workers: int,
+        on_error: str,
+        resize: int | None,
+        quality: int,
+        prefix: str,
+        class_names: Sequence[str] | None,
+        storage_options: Sequence[tuple[str, str]],
+        input: str,
+    ) -> Self: ...
+    @property
+    def resume_at(self) -> int:
+        """The input position the pack goes on from (0 for a new pack)."""
+    @property
+    def complete(self) -> bool:
+        """Whether the destination holds this whole pack already."""
+    def progress(self) -> tuple[int, int, int, int, int]:
+        """Return ``(done, samples, bytes, skipped, shards)``."""
+    def add(
+        self,
+        samples: Sequence[
+            tuple[str | None, str | None, Sequence[tuple[str, bytes | str | int | float]]]
+        ],
+        first: int,
+    ) -> None:
+        """Pack the next samples ``(key, path, fields)``, the first at position ``first``."""
+    def add_files(
+        self,
+        paths: Sequence[str],
+        stored: Sequence[str],
+        labels: Sequence[int] | None,
+        report: Callable[[int, int, int, int, int], object] | None = None,
+    ) -> None:
+        """Pack image files from where the pack resumes, reporting progress now and then."""
+    def finish(self) -> dict[str, Any]:
+        """Finish the pack (the last shard, the index); return its summary."""
+    def abort(self) -> None:
+        """Drop the pack unfinished: the shard being written is removed, finished ones kept."""
+
+@final
 class _ShardWindow:
     """The samples of one window of a sharded source, held in Rust (internal)."""
 

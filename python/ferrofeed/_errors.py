@@ -30,6 +30,10 @@ __all__ = [
     "ImageDecodeError",
     "ImageError",
     "ImageReadError",
+    "PackConflictError",
+    "PackDestinationError",
+    "PackError",
+    "PackInputError",
     "PinnedMemoryError",
     "PipelineError",
     "PoolExhaustedError",
@@ -293,4 +297,36 @@ class ShardFieldError(ShardError, LookupError):
     """A sample lacks the field that ``image=`` or ``label=`` names.
 
     The message lists the fields it has.
+    """
+
+
+class PackError(FerrofeedError):
+    """Base class of the errors of writing shards (`ferrofeed.write_shards`, ``ferrofeed pack``)."""
+
+
+class PackInputError(_PlainMessage, PackError, ValueError):
+    """A sample cannot be packed: its file is unreadable, not an image, or not whole.
+
+    The message starts with the file's path (or the sample's key); ``sample`` carries it.
+    With ``on_error="skip"`` such samples are left out and listed in the summary instead.
+    """
+
+    sample: str | None = None
+
+
+class PackDestinationError(_PlainMessage, PackError, OSError):
+    """The destination cannot be written.
+
+    A folder that cannot be made or written, a bucket that does not exist, refused
+    credentials, a failed upload. ``filename`` is the destination (or the file in it),
+    ``errno`` the OS error's for a local folder. Raised before any shard is written when the
+    destination itself is the problem.
+    """
+
+
+class PackConflictError(_PlainMessage, PackError, FileExistsError):
+    """The destination holds something other than this pack.
+
+    Files no pack wrote, a pack of other input or options, or another pack writing it now. A
+    pack of the same input and options is resumed, never refused.
     """

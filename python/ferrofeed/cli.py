@@ -3,7 +3,9 @@
 ``ferrofeed demo`` runs the main job end to end and prints what it measured;
 ``ferrofeed inspect ARENA`` validates an arena file and prints its header;
 ``ferrofeed clean [DIR ...]`` removes the orphaned arenas (no process holds them) of the
-arena directory, or of each ``DIR``, and prints what it removed.
+arena directory, or of each ``DIR``, and prints what it removed;
+``ferrofeed pack SRC DEST`` packs an image folder (or shards, to re-shard or convert) into
+tar or Parquet shards (see `ferrofeed.write_shards`).
 """
 
 from __future__ import annotations
@@ -81,6 +83,78 @@ def _clean(argv: list[str]) -> int:
     return status
 
 
+def _storage_option(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    return key, value
+
+
+def _pack(argv: list[str]) -> int:
+    from . import PackError, write_shards
+    from ._pack import parse_size
+
+    parser = argparse.ArgumentParser(
+        prog="ferrofeed pack",
+        description=(
+            "Pack an image folder (one subfolder per class), or shards (.tar, .parquet, "
+            ".jsonl, an MDS folder: re-shard or convert), into WebDataset tar shards or "
+            "Parquet files in the Hugging Face image layout, in parallel, locally or into "
+            "object storage. Run again after an interruption, it resumes."
+        ),
+    )
+    parser.add_argument("src", help="image folder, or shards (path or pattern)")
+    parser.add_argument("dest", help="a new or empty folder, or s3://bucket/prefix (gs://, az://)")
+    parser.add_argument("--format", choices=("tar", "parquet"), default="tar")
+    parser.add_argument(
+        "--shard-size", type=parse_size, help="bytes per shard at most (e.g. 256MB, 1GiB)"
+    )
+    parser.add_argument("--samples-per-shard", type=int, help="samples per shard at most")
+    parser.add_argument("--workers", type=int, help="threads (default: the CPUs)")
+    parser.add_argument(
+        "--on-error",
+        choices=("raise", "skip"),
+        default="raise",
+        help="stop at a bad image (default), or skip it and count it",
+    )
+    parser.add_argument("--resize", type=int, help="re-encode: shorter side to this many pixels")
+    parser.add_argument("--quality", type=int, default=90, help="JPEG quality of --resize")
+    parser.add_argument("--prefix", default="shard", help="shard names: PREFIX-000000.tar")
+    parser.add_argument(
+        "--storage-option",
+        type=_storage_option,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an option of DEST's store (repeatable)",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+    try:
+        summary = write_shards(
+            args.src,
+            args.dest,
+            format=args.format,
+            shard_size=args.shard_size,
+            samples_per_shard=args.samples_per_shard,
+            workers=args.workers,
+            on_error=args.on_error,
+            storage_options=dict(args.storage_option),
+            resize=args.resize,
+            quality=args.quality,
+            prefix=args.prefix,
+            progress=False if args.no_progress else None,
+        )
+    except (PackError, FileNotFoundError, ValueError, TypeError) as e:
+        print(f"ferrofeed pack: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("ferrofeed pack: interrupted (run it again to resume)", file=sys.stderr)
+        return 130
+    print(summary)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the ``ferrofeed`` command line."""
     argv = sys.argv[1:] if argv is None else argv
@@ -88,9 +162,10 @@ def main(argv: list[str] | None = None) -> int:
         "demo": "run the main job on generated data and print what it measured",
         "inspect": "validate an arena file and print its header",
         "clean": "remove orphaned arenas (that no process holds) and print what went",
+        "pack": "pack an image folder or shards into tar or Parquet shards",
     }
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
-        print("usage: ferrofeed {demo,inspect,clean} ...\n")
+        print("usage: ferrofeed {demo,inspect,clean,pack} ...\n")
         for name, text in commands.items():
             print(f"  {name:<9}{text}")
         return 0 if argv and argv[0] in ("-h", "--help") else 2
@@ -100,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         return demo(argv[1:])
     if argv[0] == "clean":
         return _clean(argv[1:])
+    if argv[0] == "pack":
+        return _pack(argv[1:])
     return _inspect(argv[1:])
 
 

@@ -9,6 +9,7 @@ use pyo3::types::PyType;
 use crate::arena::ArenaError;
 use crate::image::spec::SpecError;
 use crate::image::ImageError;
+use crate::pack::PackError;
 use crate::plan::{PlanError, ShardPlanError};
 use crate::remote::RemoteError;
 use crate::shards::ShardError;
@@ -54,6 +55,9 @@ exception_classes! {
     shard_denied => "ShardPermissionError",
     collate_type => "CollateTypeError",
     collate_value => "CollateValueError",
+    pack_input => "PackInputError",
+    pack_dest => "PackDestinationError",
+    pack_conflict => "PackConflictError",
 }
 
 /// Builds an exception of `cls` whose `str()` is `msg`; for `OSError`
@@ -281,5 +285,34 @@ pub(crate) fn remote_error(py: Python<'_>, err: &RemoteError) -> PyErr {
             PyValueError::new_err(err.to_string())
         }
         _ => shard_exception(py, remote_class(err), &err.to_string(), &err.url(), None),
+    }
+}
+
+/// A [`PackError`] as its `ferrofeed` exception: `PackInputError` (a
+/// `ValueError`, with the file or key as `sample`) for a sample that cannot
+/// be packed, `PackDestinationError` (an `OSError`, with `errno` and
+/// `filename`) for a destination that cannot be written,
+/// `PackConflictError` (a `FileExistsError`) for a destination holding
+/// something else; a bad option is a `ValueError`.
+#[cold]
+pub(crate) fn pack_error(py: Python<'_>, err: &PackError) -> PyErr {
+    let msg = err.to_string();
+    match err {
+        PackError::BadSample { name, .. } => {
+            let build = || -> PyResult<PyErr> {
+                let exc = pack_input(py)?.call1((msg.as_str(),))?;
+                exc.setattr("sample", name)?;
+                Ok(PyErr::from_value(exc))
+            };
+            build().unwrap_or_else(|e| {
+                PyRuntimeError::new_err(format!("{msg} (and the exception class failed: {e})"))
+            })
+        }
+        PackError::Dest { dest, errno, .. } => {
+            make(pack_dest(py), &msg, *errno, Some(dest.clone()))
+        }
+        PackError::Conflict { dest, .. } => make(pack_conflict(py), &msg, None, Some(dest.clone())),
+        PackError::Options(_) => PyValueError::new_err(msg),
+        PackError::Stopped | PackError::Panic(_) => PyRuntimeError::new_err(msg),
     }
 }

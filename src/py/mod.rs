@@ -14,6 +14,7 @@ mod errors;
 mod hang;
 mod image;
 mod ops;
+mod pack;
 mod pipeline;
 mod plan;
 mod remote;
@@ -46,6 +47,7 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     sampler::register(m)?;
     plan::register(m)?;
     shards::register(m)?;
+    pack::register(m)?;
     remote::register(m)?;
     dlpack::register(m)?;
     staging::register(m)?;

@@ -28,6 +28,7 @@
 //! with an `Err`, and the samples not yet delivered are lost with it.
 
 mod error;
+pub mod index;
 pub mod jsonl;
 pub mod mds;
 pub mod parquet;
