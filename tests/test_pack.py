@@ -400,3 +400,35 @@ def test_the_docstring_examples_run() -> None:
     res = doctest.testmod(_pack)
     assert res.failed == 0
     assert res.attempted > 0
+
+
+# -- re-encoding -------------------------------------------------------------------------------
+
+
+def test_resize_reencodes_every_image_in_rust(tmp_path: Path) -> None:
+    root = make_folder(tmp_path / "images", per_class=3)
+    summary = ff.write_shards(root, tmp_path / "out", resize=64, quality=85, workers=2)
+    assert summary.samples == 6
+    folder = ff.ImageFolder(root)
+    for sample, (path, label) in zip(
+        ff.TarShards(str(tmp_path / "out" / "*.tar")), folder, strict=True
+    ):
+        assert sample["cls"] == label
+        original = ff.io.decode_image(Path(path).read_bytes())
+        small = ff.io.decode_image(sample["jpg"])
+        h, w = original.shape[:2]
+        assert min(small.shape[:2]) == 64, "the shorter side (EXIF orientation applied)"
+        assert small.shape[2] == 3
+        assert abs(small.shape[0] / small.shape[1] - h / w) < 0.05
+    proc = cli(str(root), str(tmp_path / "cli"), "--resize", "64", "--quality", "85")
+    assert proc.returncode == 0, proc.stderr
+    assert shard_bytes(tmp_path / "cli") == shard_bytes(tmp_path / "out"), "any workers"
+    # A different quality is another pack: smaller files here.
+    low = ff.write_shards(root, tmp_path / "low", resize=64, quality=20)
+    assert low.bytes < summary.bytes
+
+    bad = make_folder(tmp_path / "bad", per_class=1)
+    (bad / "cat" / "000.jpg").write_bytes((bad / "dog" / "000.jpg").read_bytes()[:5000])
+    with pytest.raises(ff.PackInputError) as e:
+        ff.write_shards(bad, tmp_path / "bad-out", resize=64)
+    assert e.value.sample == str(bad / "cat" / "000.jpg")

@@ -178,7 +178,17 @@ impl Dest {
                     .process
                     .runtime()
                     .block_on(r.store.list(Some(&prefix)).try_collect())
-                    .map_err(|e| Remote::error(&r.shown, &e, "cannot list"))?;
+                    .map_err(|e| match RemoteError::from_store(&r.shown, &e) {
+                        // Listing a prefix finds nothing rather than failing: a 404
+                        // is the bucket's.
+                        RemoteError::NotFound { .. } => PackError::Dest {
+                            dest: r.shown.clone(),
+                            reason: "the bucket does not exist (listing it answered 404)".into(),
+                            kind: DestKind::NotFound,
+                            errno: None,
+                        },
+                        other => PackError::remote(&other, "cannot list"),
+                    })?;
                 let strip = format!("{}/", prefix.as_ref());
                 let mut out: Vec<(String, Stamp)> = metas
                     .into_iter()
