@@ -90,11 +90,11 @@ def _storage_option(text: str) -> tuple[str, str]:
     return key, value
 
 
-def _pack(argv: list[str]) -> int:
-    from . import PackError, write_shards
+def _pack_arguments() -> argparse.ArgumentParser:
+    """``ferrofeed pack``'s arguments: named as `ferrofeed.write_shards`' keywords."""
     from ._pack import parse_size
 
-    parser = argparse.ArgumentParser(
+    p = argparse.ArgumentParser(
         prog="ferrofeed pack",
         description=(
             "Pack an image folder (one subfolder per class), or shards (.tar, .parquet, "
@@ -103,24 +103,22 @@ def _pack(argv: list[str]) -> int:
             "object storage. Run again after an interruption, it resumes."
         ),
     )
-    parser.add_argument("src", help="image folder, or shards (path or pattern)")
-    parser.add_argument("dest", help="a new or empty folder, or s3://bucket/prefix (gs://, az://)")
-    parser.add_argument("--format", choices=("tar", "parquet"), default="tar")
-    parser.add_argument(
-        "--shard-size", type=parse_size, help="bytes per shard at most (e.g. 256MB, 1GiB)"
-    )
-    parser.add_argument("--samples-per-shard", type=int, help="samples per shard at most")
-    parser.add_argument("--workers", type=int, help="threads (default: the CPUs)")
-    parser.add_argument(
+    p.add_argument("src", help="image folder, or shards (path or pattern)")
+    p.add_argument("dest", help="a new or empty folder, or s3://bucket/prefix (gs://, az://)")
+    p.add_argument("--format", choices=("tar", "parquet"), default="tar")
+    p.add_argument("--shard-size", type=parse_size, help="bytes per shard at most (256MB, 1GiB)")
+    p.add_argument("--samples-per-shard", type=int, help="samples per shard at most")
+    p.add_argument("--workers", type=int, help="threads (default: the CPUs)")
+    p.add_argument(
         "--on-error",
         choices=("raise", "skip"),
         default="raise",
         help="stop at a bad image (default), or skip it and count it",
     )
-    parser.add_argument("--resize", type=int, help="re-encode: shorter side to this many pixels")
-    parser.add_argument("--quality", type=int, default=90, help="JPEG quality of --resize")
-    parser.add_argument("--prefix", default="shard", help="shard names: PREFIX-000000.tar")
-    parser.add_argument(
+    p.add_argument("--resize", type=int, help="re-encode: shorter side to this many pixels")
+    p.add_argument("--quality", type=int, default=90, help="JPEG quality of --resize")
+    p.add_argument("--prefix", default="shard", help="shard names: PREFIX-000000.tar")
+    p.add_argument(
         "--storage-option",
         type=_storage_option,
         action="append",
@@ -128,23 +126,19 @@ def _pack(argv: list[str]) -> int:
         metavar="KEY=VALUE",
         help="an option of DEST's store (repeatable)",
     )
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    args = parser.parse_args(argv)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def _pack(argv: list[str]) -> int:
+    from . import PackError, write_shards
+
+    keywords = vars(_pack_arguments().parse_args(argv))
+    src, dest = keywords.pop("src"), keywords.pop("dest")
+    storage = dict(keywords.pop("storage_option"))
+    progress = False if keywords.pop("no_progress") else None
     try:
-        summary = write_shards(
-            args.src,
-            args.dest,
-            format=args.format,
-            shard_size=args.shard_size,
-            samples_per_shard=args.samples_per_shard,
-            workers=args.workers,
-            on_error=args.on_error,
-            storage_options=dict(args.storage_option),
-            resize=args.resize,
-            quality=args.quality,
-            prefix=args.prefix,
-            progress=False if args.no_progress else None,
-        )
+        summary = write_shards(src, dest, storage_options=storage, progress=progress, **keywords)
     except (PackError, FileNotFoundError, ValueError, TypeError) as e:
         print(f"ferrofeed pack: {e}", file=sys.stderr)
         return 1

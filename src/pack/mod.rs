@@ -52,6 +52,8 @@ pub mod run;
 pub mod sample;
 pub mod shard;
 pub mod tar;
+#[cfg(test)]
+mod testing;
 pub mod writer;
 
 use serde_json::{json, Value as Json};

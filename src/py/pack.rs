@@ -47,6 +47,22 @@ fn value(name: &str, v: &Bound<'_, PyAny>) -> PyResult<Value> {
     )))
 }
 
+/// The value of `given` among `options` (`(name, value)`), or a
+/// `ValueError` naming the argument and the names it takes.
+fn choice<T: Copy>(argument: &str, given: &str, options: &[(&str, T)]) -> PyResult<T> {
+    options
+        .iter()
+        .find(|(name, _)| *name == given)
+        .map(|(_, v)| *v)
+        .ok_or_else(|| {
+            let names: Vec<String> = options.iter().map(|(n, _)| format!("{n:?}")).collect();
+            PyValueError::new_err(format!(
+                "{argument} must be one of {}, not {given:?}",
+                names.join(", ")
+            ))
+        })
+}
+
 /// The progress as Python sees it.
 fn progress_tuple(p: Progress) -> (u64, u64, u64, u64, u64) {
     (p.done, p.samples, p.bytes, p.skipped, p.shards)
@@ -105,24 +121,19 @@ impl PyPacker {
         mut storage_options: Vec<(String, String)>,
         input: &str,
     ) -> PyResult<Self> {
-        let format = match format {
-            "tar" => OutputFormat::Tar,
-            "parquet" => OutputFormat::Parquet,
-            other => {
-                return Err(PyValueError::new_err(format!(
-                    "format must be 'tar' or 'parquet', not {other:?}"
-                )))
-            }
-        };
-        let on_error = match on_error {
-            "raise" => OnError::Raise,
-            "skip" => OnError::Skip,
-            other => {
-                return Err(PyValueError::new_err(format!(
-                    "on_error must be 'raise' or 'skip', not {other:?}"
-                )))
-            }
-        };
+        let format = choice(
+            "format",
+            format,
+            &[
+                ("tar", OutputFormat::Tar),
+                ("parquet", OutputFormat::Parquet),
+            ],
+        )?;
+        let on_error = choice(
+            "on_error",
+            on_error,
+            &[("raise", OnError::Raise), ("skip", OnError::Skip)],
+        )?;
         let input: serde_json::Value = serde_json::from_str(input)
             .map_err(|e| PyValueError::new_err(format!("input: not JSON ({e})")))?;
         storage_options.sort();

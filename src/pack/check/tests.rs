@@ -1,16 +1,5 @@
 use super::*;
-use crate::image::synth;
-
-fn jpeg() -> Vec<u8> {
-    synth::encode_jpeg(
-        &synth::photo(32, 24, 1),
-        32,
-        24,
-        90,
-        synth::Chroma::Subsampled,
-    )
-    .unwrap()
-}
+use crate::pack::testing::jpeg;
 
 /// A 1x1 PNG.
 const PNG: [u8; 69] = [

@@ -1,16 +1,5 @@
 use super::*;
-use crate::image::synth;
-
-fn jpeg() -> Vec<u8> {
-    synth::encode_jpeg(
-        &synth::photo(32, 24, 1),
-        32,
-        24,
-        90,
-        synth::Chroma::Subsampled,
-    )
-    .unwrap()
-}
+use crate::pack::testing::jpeg;
 
 fn sample(fields: Vec<(&str, Value)>) -> Sample {
     Sample {
