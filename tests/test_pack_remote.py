@@ -86,9 +86,7 @@ def test_a_shard_larger_than_a_part_goes_up_in_parts(s3: S3Server, tmp_path: Pat
     assert objects(s3, "big")[name] == data
 
 
-def test_a_missing_bucket_or_a_busy_prefix_is_refused_at_once(
-    s3: S3Server, tmp_path: Path
-) -> None:
+def test_a_missing_bucket_or_a_busy_prefix_is_refused_at_once(s3: S3Server, tmp_path: Path) -> None:
     root = make_folder(tmp_path / "images", per_class=1)
     with pytest.raises(ff.PackDestinationError, match="the bucket does not exist") as e:
         ff.write_shards(root, "s3://no-such-bucket/x")
@@ -122,9 +120,7 @@ def test_a_pack_into_s3_killed_midway_resumes(s3: S3Server, tmp_path: Path) -> N
     finished = sorted(k for k in before if k.endswith(".tar"))
     assert len(finished) >= 3
     assert any(k.startswith(".ferrofeed-pack/") for k in before), "its records"
-    etags = {
-        k: s3.client.head_object(Bucket=BUCKET, Key=f"killed/{k}")["ETag"] for k in finished
-    }
+    etags = {k: s3.client.head_object(Bucket=BUCKET, Key=f"killed/{k}")["ETag"] for k in finished}
 
     summary = ff.write_shards(root, dest, samples_per_shard=8, workers=2)
     assert (summary.samples, summary.resumed) == (100, len(finished))
@@ -133,6 +129,4 @@ def test_a_pack_into_s3_killed_midway_resumes(s3: S3Server, tmp_path: Path) -> N
     for k in finished:
         assert s3.client.head_object(Bucket=BUCKET, Key=f"killed/{k}")["ETag"] == etags[k]
     ff.write_shards(root, tmp_path / "fresh", samples_per_shard=8)
-    assert {k: v for k, v in after.items() if k.endswith(".tar")} == shard_bytes(
-        tmp_path / "fresh"
-    )
+    assert {k: v for k, v in after.items() if k.endswith(".tar")} == shard_bytes(tmp_path / "fresh")

@@ -69,7 +69,7 @@ from ._errors import (
 )
 from ._images import IMAGE_EXTENSIONS, ImageFiles, ImageFolder
 from ._loader import DataLoader
-from ._pack import PackSummary, SkippedSample, write_shards
+from ._pack import PackSummary, SkippedSample, index_shards, write_shards
 from ._pipeline import Aggregator, Pipeline, PipelineBuilder, TaskHook
 from ._sample import sample_rng
 from ._shards import JsonLines, MDSShards, ParquetShards, ShardedSource, TarShards
@@ -147,6 +147,7 @@ __all__ = [
     "default_pool",
     "empty",
     "get_worker_info",
+    "index_shards",
     "io",
     "ops",
     "sample_rng",

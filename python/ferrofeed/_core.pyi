@@ -547,6 +547,7 @@ class _ShardReader:
         columns: Sequence[str] | None = None,
         remote: _RemoteShards | None = None,
         decode: bool = True,
+        offsets: Sequence[tuple[Sequence[int], int] | None] | None = None,
     ) -> Self: ...
     def count(
         self, threads: int
@@ -603,6 +604,26 @@ def _remote_environment(url: str) -> list[tuple[str, str]]:
 
 def _remote_stats() -> dict[str, Any]:
     """Return this process's counters of remote reads."""
+
+_IndexEntry = tuple[
+    str, int, str | None, int | None, int, str | None, str | None, list[int] | None, int | None
+]
+
+def _read_index(data: bytes, what: str) -> tuple[list[_IndexEntry], bool]:
+    """Return a sample index's entries, checked, and whether a pack wrote it.
+
+    An entry: ``(name, size, etag, mtime_ns, samples, first_key, last_key, offsets, end)``.
+    """
+
+def _write_index(
+    dest: str, entries: Sequence[_IndexEntry], storage_options: Sequence[tuple[str, str]] = ...
+) -> str:
+    """Write the sample index of ``entries`` into the folder or prefix ``dest``; return it."""
+
+def _scan_shards(
+    reader: _ShardReader, threads: int
+) -> list[tuple[int, str | None, str | None, list[int] | None, int | None]]:
+    """Return ``(samples, first_key, last_key, offsets, end)`` of each tar shard."""
 
 @final
 class _Packer:

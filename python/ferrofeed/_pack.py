@@ -25,11 +25,21 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, TextIO
 
-from . import _core
+from . import _core, _remote
 from ._images import ImageFiles, ImageFolder
-from ._shards import JsonLines, MDSShards, ParquetShards, ShardedSource, TarShards, _restore
+from ._shards import (
+    JsonLines,
+    MDSShards,
+    ParquetShards,
+    ShardedSource,
+    TarShards,
+    _all_or_none,
+    _patterns,
+    _restore,
+    expand_shards,
+)
 
-__all__ = ["PackSummary", "SkippedSample", "parse_size", "write_shards"]
+__all__ = ["PackSummary", "SkippedSample", "index_shards", "parse_size", "write_shards"]
 
 # Samples handed to Rust at a time (sources other than an image folder).
 _BATCH = 256
@@ -231,7 +241,7 @@ def _iter_from(source: Iterable[Any], start: int) -> Iterator[Any]:
     if start == 0:
         yield from source
     elif isinstance(source, ShardedSource):
-        if source._remote is not None:
+        if source._remote is not None and not source._ranged:
             source._remote.prefetch(list(range(len(source._counts))))
         for shard, n in enumerate(source._counts):
             first = source._offsets[shard]
@@ -423,4 +433,81 @@ def write_shards(
         resumed=done["resumed"],
         dest=os.fspath(dest),
         index=done["index"],
+    )
+
+
+def index_shards(
+    urls: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    *,
+    storage_options: Mapping[str, str] | None = None,
+    threads: int | None = None,
+) -> str:
+    """Write the sample index of tar shards made by any tool; return where it is.
+
+    Every shard is read once (a remote one fetched whole) and scanned as `TarShards` reads
+    it: its samples, the keys at its ends, and, for an uncompressed tar, where each sample's
+    bytes start and end. The index (``_ferrofeed-index.json``, format version 1: see the
+    README) goes into the shards' folder, which must be one; an index already there is
+    replaced. `TarShards` then opens the shards without counting them, and remote ranks
+    fetch only their samples' byte ranges.
+
+    Args:
+        urls: tar shards: a path, URL, pattern (braces, globs) or list, as for `TarShards`.
+        storage_options: for URLs, as for `TarShards`.
+        threads: shards scanned at once (default: up to 8; 4 for URLs).
+
+    Raises:
+        ValueError: the shards are in more than one folder, or are not tar shards.
+        ShardCorruptError: a shard is damaged or splits a sample (its index would be wrong).
+
+    Example:
+        >>> import os, tempfile
+        >>> out = os.path.join(tempfile.mkdtemp(), "shards")
+        >>> _ = write_shards([{"txt": "a"}, {"txt": "b"}], out)
+        >>> os.remove(os.path.join(out, "_ferrofeed-index.json"))
+        >>> index_shards(os.path.join(out, "*.tar"))  # doctest: +ELLIPSIS
+        '.../shards/_ferrofeed-index.json'
+        >>> len(TarShards(os.path.join(out, "*.tar"), index=True))
+        2
+    """
+    patterns = _patterns(urls)
+    remote = [_remote.is_url(p) for p in patterns]
+    if any(remote):
+        _all_or_none(patterns, remote)
+        config = _remote.RemoteConfig(storage_options=dict(storage_options or {}))
+        objects = _remote.list_objects(patterns, config)
+        paths = [u for u, _, _ in objects]
+        stamps: list[tuple[int, str | None, int | None]] = [(n, e, None) for _, n, e in objects]
+        shards: _core._RemoteShards | None = config.shards(objects)
+        folders = {u.rsplit("/", 1)[0] for u in paths}
+    else:
+        if storage_options:
+            raise ValueError("storage_options= are for shards in object storage (URLs)")
+        paths = expand_shards(urls)
+        stats = [os.stat(p) for p in paths]
+        stamps = [(st.st_size, None, st.st_mtime_ns) for st in stats]
+        shards = None
+        folders = {os.path.dirname(os.path.abspath(p)) for p in paths}
+    if len(folders) != 1:
+        raise ValueError(
+            f"an index describes one folder's shards; these are in {len(folders)} folders "
+            f"({', '.join(sorted(folders)[:3])}, ...): index each folder on its own"
+        )
+    bare = [p.rsplit("/", 1)[-1] for p in paths]
+    others = [p for p in bare if not p.endswith((".tar", ".tar.gz", ".tgz"))]
+    if others:
+        raise ValueError(
+            f"{others[0]!r} is not a tar shard (.tar, .tar.gz, .tgz): an index describes tar "
+            "shards (Parquet files hold their own in their footer)"
+        )
+    most = 4 if shards is not None else 8
+    reader = _core._ShardReader("tar", paths, None, shards)
+    scanned = _core._scan_shards(reader, threads or min(most, len(paths)))
+    entries = sorted(
+        (name, size, etag, mtime, *found)
+        for name, (size, etag, mtime), found in zip(bare, stamps, scanned, strict=True)
+    )
+    (folder,) = folders
+    return _core._write_index(
+        folder, entries, sorted((str(k), str(v)) for k, v in (storage_options or {}).items())
     )

@@ -35,9 +35,9 @@ _log = logging.getLogger("ferrofeed")
 
 # How long a node's listing of a source is reused by the node's other processes.
 LIST_TTL = 60.0
-# The node index's layout: 2 added each shard's damage (an index of another version is
-# listed and counted again).
-INDEX_VERSION = 2
+# The node index's layout: 2 added each shard's damage, 3 the sample offsets a folder's
+# sample index gives (an index of another version is listed and counted again).
+INDEX_VERSION = 3
 _URL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
 
 # A source's remote defaults, one copy, in Rust (RemoteOptions::default()).
@@ -47,6 +47,11 @@ Listed = tuple[str, int, str | None]
 # A shard's count: samples, first and last key (tar), and where it is damaged, ``(at,
 # message)``, if it is (the samples are then those before the damage).
 Counted = tuple[int, str | None, str | None, tuple[str, str] | None]
+# A tar shard's sample offsets from its folder's sample index: each sample's start, and the
+# last one's end (see _shard_index).
+Offsets = tuple[list[int], int] | None
+# Looks objects up as list_objects does, and says what their sample index gives, if any.
+Lister = Callable[[Sequence[str]], tuple[list[Listed], tuple[list[Counted], list[Offsets]] | None]]
 
 
 def is_url(text: str) -> bool:
@@ -232,14 +237,22 @@ def resolve(
     patterns: Sequence[str],
     config: RemoteConfig,
     count: Callable[[list[Listed]], list[Counted]],
-) -> tuple[list[Listed], list[Counted]]:
-    """The objects ``patterns`` name and their counts, made once per node.
+    lister: Lister | None = None,
+) -> tuple[list[Listed], list[Counted], list[Offsets] | None]:
+    """The objects ``patterns`` name, their counts and sample offsets, made once per node.
 
-    ``count(objects)`` counts the given objects' samples (a fresh reader over them). The first
-    process of a node to get here lists and counts, and writes the node's index; the others
-    wait on its lock and reuse the index while its listing is younger than `LIST_TTL`.
-    Counts of objects whose URL, size and ETag did not change are reused from an older index.
+    ``count(objects)`` counts the given objects' samples (a fresh reader over them);
+    ``lister`` looks the objects up instead of `list_objects` and gives their counts and
+    offsets when their folders hold a sample index (tar: `_shard_index.remote`), so that
+    nothing is counted. The first process of a node to get here lists and counts, and
+    writes the node's index; the others wait on its lock and reuse the index while its
+    listing is younger than `LIST_TTL`. Counts of objects whose URL, size and ETag did not
+    change are reused from an older index.
     """
+
+    def look() -> tuple[list[Listed], tuple[list[Counted], list[Offsets]] | None]:
+        return (list_objects(patterns, config), None) if lister is None else lister(patterns)
+
     key_text = json.dumps(
         [
             kind,
@@ -252,24 +265,33 @@ def resolve(
     key = hashlib.sha256(key_text.encode()).hexdigest()[:32]
     where = index_dir(config)
     if where is None:
-        objects = list_objects(patterns, config)
-        return objects, count(objects)
+        objects, indexed = look()
+        if indexed is not None:
+            return objects, *indexed
+        return objects, count(objects), None
     path = where / f"{key}.json"
     with _locked(where / f".{key}.lock"):
         old = _read_index(path)
         if old is not None and time.time() - float(old.get("listed_at", 0)) < LIST_TTL:
             shards = old["shards"]
-            return [(u, int(n), e) for u, n, e, *_ in shards], [_counted(r) for r in shards]
-        objects = list_objects(patterns, config)
-        known: dict[tuple[str, int, str | None], Counted] = {}
-        if old is not None:
-            for row in old["shards"]:
-                u, n, e = row[:3]
-                known[(u, int(n), e)] = _counted(row)
-        missing = [o for o in objects if o not in known]
-        if missing:
-            known.update(zip(missing, count(missing), strict=True))
-        counted = [known[o] for o in objects]
+            kept = old.get("offsets")
+            offsets = [(o[0], o[1]) if o else None for o in kept] if kept is not None else None
+            objects = [(u, int(n), e) for u, n, e, *_ in shards]
+            return objects, [_counted(r) for r in shards], offsets
+        objects, indexed = look()
+        offsets = None
+        if indexed is not None:
+            counted, offsets = indexed
+        else:
+            known: dict[tuple[str, int, str | None], Counted] = {}
+            if old is not None:
+                for row in old["shards"]:
+                    u, n, e = row[:3]
+                    known[(u, int(n), e)] = _counted(row)
+            missing = [o for o in objects if o not in known]
+            if missing:
+                known.update(zip(missing, count(missing), strict=True))
+            counted = [known[o] for o in objects]
         _write_index(
             path,
             {
@@ -277,6 +299,7 @@ def resolve(
                 "listed_at": time.time(),
                 "patterns": list(patterns),
                 "shards": [[*o, *c] for o, c in zip(objects, counted, strict=True)],
+                "offsets": offsets,
             },
         )
-        return objects, counted
+        return objects, counted, offsets

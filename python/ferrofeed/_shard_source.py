@@ -168,7 +168,9 @@ class ShardSource(BaseSource):
         for a whole window to be read.
         """
         c, shards = self.config, self.shards
-        remote = shards._remote
+        # Whole shards fetched ahead; a source with an index fetches each window's samples
+        # when the window is read (one window ahead), and nothing whole.
+        remote = shards._remote if not shards._ranged else None
         reader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ferrofeed-shards")
         reads: dict[int, concurrent.futures.Future[_core._ShardWindow]] = {}
         windows = plan.windows

@@ -18,7 +18,7 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
-from . import _core, _remote
+from . import _core, _remote, _shard_index
 from ._errors import ShardCorruptError
 
 __all__ = [
@@ -148,6 +148,7 @@ class ShardedSource:
         prefetch_bytes: int | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | None = None,
+        index: bool | None = None,
         _counted: list[_remote.Counted] | None = None,
         _objects: list[_remote.Listed] | None = None,
         _config: _remote.RemoteConfig | None = None,
@@ -158,6 +159,10 @@ class ShardedSource:
         self._config = _config
         self._objects = _objects
         self._remote: _core._RemoteShards | None = None
+        # Each remote tar shard's sample offsets, from its folder's index: windows then
+        # fetch their samples' bytes alone (see _shard_index).
+        self._sample_offsets: list[_shard_index.Offsets] | None = None
+        use_index = self._kind == "tar" and index is not False and _counted is None
         if _objects is None:
             patterns = _patterns(urls)
             flags = [_remote.is_url(p) for p in patterns]
@@ -185,8 +190,18 @@ class ShardedSource:
                     reader = _core._ShardReader(self._kind, urls, self._columns, shards)
                     return reader.count(threads)
 
-                self._objects, _counted = _remote.resolve(
-                    self._kind, self._columns, patterns, config, count
+                def lister(
+                    patterns: Sequence[str],
+                ) -> tuple[list[_remote.Listed], _shard_index.Indexed | None]:
+                    return _shard_index.remote(patterns, config, required=index is True)
+
+                self._objects, _counted, self._sample_offsets = _remote.resolve(
+                    self._kind,
+                    self._columns,
+                    patterns,
+                    config,
+                    count,
+                    lister if use_index else None,
                 )
             assert self._objects is not None
             self._paths = [u for u, _, _ in self._objects]
@@ -196,8 +211,16 @@ class ShardedSource:
                 self._remote = config.shards(self._objects)
         else:
             self._paths = expand_shards(urls) if _objects is None else []
+            found = _shard_index.local(self._paths, required=index is True) if use_index else None
+            if found is not None:
+                _counted = found.counted
         self._reader = _core._ShardReader(
-            self._kind, self._paths, self._columns, self._remote, self._decode
+            self._kind,
+            self._paths,
+            self._columns,
+            self._remote,
+            self._decode,
+            self._sample_offsets,
         )
         if _counted is None:
             threads = count_threads or min(8, os.cpu_count() or 2, len(self._paths))
@@ -257,8 +280,14 @@ class ShardedSource:
         """``(path or URL, samples)`` of every shard, in stored order."""
         return list(zip(self._paths, self._counts, strict=True))
 
+    @property
+    def _ranged(self) -> bool:
+        """Whether windows fetch their samples' byte ranges (remote, with an index)."""
+        offsets = self._sample_offsets
+        return offsets is not None and any(o is not None for o in offsets)
+
     def __iter__(self) -> Iterator[Any]:
-        if self._remote is not None:
+        if self._remote is not None and not self._ranged:
             self._remote.prefetch(list(range(len(self._counts))))
         for shard, n in enumerate(self._counts):
             for lo in range(0, n, _ITER_CHUNK):
@@ -362,6 +391,11 @@ class TarShards(ShardedSource):
             epoch.
         cache_limit: the cache's size limit in bytes, least recently used evicted past it
             (default: half the free space of its disk when the source is made).
+        index: use the shards' folder's sample index (``_ferrofeed-index.json``, written by
+            ``ferrofeed pack`` and ``ferrofeed index``) when there is one (None, the
+            default), require it (True), or ignore it (False). With it, opening counts
+            nothing, and remote windows fetch only their samples' byte ranges; an index
+            that no longer matches a shard (size, ETag) is a `ShardCorruptError`.
 
     Raises:
         FileNotFoundError: a pattern names no file (`ShardNotFoundError` for a missing
@@ -390,6 +424,7 @@ class TarShards(ShardedSource):
         prefetch_bytes: int | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | None = None,
+        index: bool | None = None,
     ) -> None:
         super().__init__(
             urls,
@@ -399,6 +434,7 @@ class TarShards(ShardedSource):
             prefetch_bytes=prefetch_bytes,
             cache_dir=cache_dir,
             cache_limit=cache_limit,
+            index=index,
         )
 
 

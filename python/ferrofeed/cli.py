@@ -5,7 +5,8 @@
 ``ferrofeed clean [DIR ...]`` removes the orphaned arenas (no process holds them) of the
 arena directory, or of each ``DIR``, and prints what it removed;
 ``ferrofeed pack SRC DEST`` packs an image folder (or shards, to re-shard or convert) into
-tar or Parquet shards (see `ferrofeed.write_shards`).
+tar or Parquet shards (see `ferrofeed.write_shards`); ``ferrofeed index PATTERN`` writes the
+sample index of tar shards made by other tools (see `ferrofeed.index_shards`).
 """
 
 from __future__ import annotations
@@ -90,6 +91,19 @@ def _storage_option(text: str) -> tuple[str, str]:
     return key, value
 
 
+def _with_storage_options(p: argparse.ArgumentParser, whose: str) -> argparse.ArgumentParser:
+    """``p`` with ``--storage-option KEY=VALUE`` (repeatable): the options of ``whose`` store."""
+    p.add_argument(
+        "--storage-option",
+        type=_storage_option,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"an option of {whose} store (repeatable)",
+    )
+    return p
+
+
 def _pack_arguments() -> argparse.ArgumentParser:
     """``ferrofeed pack``'s arguments: named as `ferrofeed.write_shards`' keywords."""
     from ._pack import parse_size
@@ -118,16 +132,8 @@ def _pack_arguments() -> argparse.ArgumentParser:
     p.add_argument("--resize", type=int, help="re-encode: shorter side to this many pixels")
     p.add_argument("--quality", type=int, default=90, help="JPEG quality of --resize")
     p.add_argument("--prefix", default="shard", help="shard names: PREFIX-000000.tar")
-    p.add_argument(
-        "--storage-option",
-        type=_storage_option,
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="an option of DEST's store (repeatable)",
-    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    return p
+    return _with_storage_options(p, "DEST's")
 
 
 def _pack(argv: list[str]) -> int:
@@ -149,6 +155,31 @@ def _pack(argv: list[str]) -> int:
     return 0
 
 
+def _index(argv: list[str]) -> int:
+    from . import ShardError, index_shards
+
+    what = (
+        "Write the sample index (_ferrofeed-index.json) of tar shards made by any tool, into "
+        "their folder: TarShards then opens them without counting, and remote ranks fetch "
+        "only their samples' bytes."
+    )
+    p = _with_storage_options(
+        argparse.ArgumentParser(prog="ferrofeed index", description=what), "the shards'"
+    )
+    p.add_argument("pattern", nargs="+", help="tar shards: paths, URLs, braces or globs")
+    p.add_argument("--threads", type=int, help="shards scanned at once")
+    args = p.parse_args(argv)
+    try:
+        where = index_shards(
+            args.pattern, storage_options=dict(args.storage_option), threads=args.threads
+        )
+    except (ShardError, FileNotFoundError, ValueError) as e:
+        print(f"ferrofeed index: {e}", file=sys.stderr)
+        return 1
+    print(f"index: {where}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the ``ferrofeed`` command line."""
     argv = sys.argv[1:] if argv is None else argv
@@ -157,9 +188,10 @@ def main(argv: list[str] | None = None) -> int:
         "inspect": "validate an arena file and print its header",
         "clean": "remove orphaned arenas (that no process holds) and print what went",
         "pack": "pack an image folder or shards into tar or Parquet shards",
+        "index": "write the sample index of tar shards made by other tools",
     }
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
-        print("usage: ferrofeed {demo,inspect,clean,pack} ...\n")
+        print("usage: ferrofeed {demo,inspect,clean,pack,index} ...\n")
         for name, text in commands.items():
             print(f"  {name:<9}{text}")
         return 0 if argv and argv[0] in ("-h", "--help") else 2
@@ -171,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
         return _clean(argv[1:])
     if argv[0] == "pack":
         return _pack(argv[1:])
+    if argv[0] == "index":
+        return _index(argv[1:])
     return _inspect(argv[1:])
 
 

@@ -13,6 +13,7 @@ mod dlpack;
 mod errors;
 mod hang;
 mod image;
+mod index;
 mod ops;
 mod pack;
 mod pipeline;
@@ -48,6 +49,7 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     plan::register(m)?;
     shards::register(m)?;
     pack::register(m)?;
+    index::register(m)?;
     remote::register(m)?;
     dlpack::register(m)?;
     staging::register(m)?;

@@ -20,6 +20,7 @@ use pyo3::types::PyDict;
 
 use crate::plan::{Plan, Segment, ShardPlan, ShardPlanConfig};
 use crate::remote::{RemoteError, RemoteShards};
+use crate::shards::index::SampleOffsets;
 use crate::shards::jsonl::JsonLinesFormat;
 use crate::shards::mds::MdsFormat;
 use crate::shards::parquet::ParquetFormat;
@@ -56,10 +57,14 @@ const PARQUET_TAIL: u64 = 64 << 10;
 /// Where the shards' bytes are: local files, or remote objects fetched
 /// through [`RemoteShards`].
 #[derive(Clone)]
-struct Sources {
+pub(super) struct Sources {
     kind: Kind,
     paths: Arc<Vec<PathBuf>>,
     remote: Option<Arc<RemoteShards>>,
+    /// Each remote tar shard's sample offsets, from its folder's index
+    /// (`crate::shards::index`): a window then fetches its samples' bytes
+    /// alone.
+    offsets: Option<Arc<Vec<SampleOffsets>>>,
 }
 
 impl Sources {
@@ -72,7 +77,7 @@ impl Sources {
 
     /// Shard `shard` for counting: a Parquet file's footer alone, a whole
     /// tar or JSON lines shard (through the cache, if any).
-    fn for_count(&self, shard: usize) -> Result<Shard, ShardError> {
+    pub(super) fn for_count(&self, shard: usize) -> Result<Shard, ShardError> {
         let name = &self.paths[shard];
         let Some(remote) = &self.remote else {
             return Ok(Shard::file(name));
@@ -96,6 +101,25 @@ impl Sources {
         Ok(Shard::memory(name, bytes))
     }
 
+    /// The pieces' samples fetched by their offsets (`index::fetch_pieces`),
+    /// each as a shard of its own whose sample 0 is the piece's `lo`; `None`
+    /// where the source has no offsets.
+    fn fetch_pieces(&self, pieces: &[(usize, u64, u64)]) -> Vec<Option<Result<Shard, ShardError>>> {
+        let (Some(offsets), Some(remote)) = (&self.offsets, &self.remote) else {
+            return pieces.iter().map(|_| None).collect();
+        };
+        let got = crate::shards::index::fetch_pieces(remote, offsets, pieces);
+        got.into_iter()
+            .zip(pieces)
+            .map(|(got, &(shard, _, _))| {
+                Some(match got? {
+                    Ok(bytes) => Ok(Shard::memory(&self.paths[shard], bytes)),
+                    Err(e) => Err(self.remote_error(shard, e)),
+                })
+            })
+            .collect()
+    }
+
     /// Shard `shard` for reading: its file, or its bytes once fetched
     /// (blocking until they are).
     fn for_read(&self, shard: usize) -> Result<Shard, ShardError> {
@@ -112,10 +136,10 @@ impl Sources {
 
 /// Counts shards and reads windows of them.
 #[pyclass(name = "_ShardReader", module = "ferrofeed._core", frozen)]
-struct PyShardReader {
+pub(super) struct PyShardReader {
     kind: Kind,
     format: Arc<dyn ShardFormat>,
-    sources: Sources,
+    pub(super) sources: Sources,
     /// Whether a tar sample's fields are decoded (see `samples::tar_sample`).
     decode: bool,
 }
@@ -123,14 +147,18 @@ struct PyShardReader {
 #[pymethods]
 impl PyShardReader {
     #[new]
-    #[pyo3(signature = (kind, paths, columns=None, remote=None, decode=true))]
+    #[pyo3(signature = (kind, paths, columns=None, remote=None, decode=true, offsets=None))]
     fn new(
         kind: &str,
         paths: Vec<PathBuf>,
         columns: Option<Vec<String>>,
         remote: Option<PyRef<'_, PyRemoteShards>>,
         decode: bool,
+        offsets: Option<Vec<SampleOffsets>>,
     ) -> PyResult<Self> {
+        if offsets.as_ref().is_some_and(|o| o.len() != paths.len()) {
+            return Err(PyValueError::new_err("one entry of offsets per shard"));
+        }
         let (kind, format): (Kind, Arc<dyn ShardFormat>) = match kind {
             "tar" => (Kind::Tar, Arc::new(TarFormat)),
             "jsonl" => (Kind::JsonLines, Arc::new(JsonLinesFormat)),
@@ -159,6 +187,7 @@ impl PyShardReader {
                 kind,
                 paths: Arc::new(paths),
                 remote,
+                offsets: offsets.map(Arc::new),
             },
             decode,
         })
@@ -172,7 +201,11 @@ impl PyShardReader {
     fn count(&self, py: Python<'_>, threads: usize) -> PyResult<Vec<Counted>> {
         let sources = self.sources.clone();
         let format = Arc::clone(&self.format);
-        let results = py.detach(move || count_all(&*format, &sources, threads.max(1)));
+        let results = py.detach(move || {
+            each_shard(&sources, threads.max(1), |i| {
+                sources.for_count(i).and_then(|shard| format.count(&shard))
+            })
+        });
         let mut out = Vec::with_capacity(results.len());
         for r in results {
             match r {
@@ -212,11 +245,18 @@ impl PyShardReader {
         let sources = self.sources.clone();
         let format = Arc::clone(&self.format);
         let spans = py.detach(move || {
+            let fetched = sources.fetch_pieces(&pieces);
             pieces
                 .iter()
                 .zip(first_ids)
-                .map(|(&(shard, lo, hi), first)| {
-                    read_piece(&*format, &sources, shard, lo, hi, first)
+                .zip(fetched)
+                .map(|((&(shard, lo, hi), first), fetched)| {
+                    // A fetched piece is a shard of its own, from its sample `lo`.
+                    let (data, base) = match fetched {
+                        Some(data) => (data, lo),
+                        None => (sources.for_read(shard), 0),
+                    };
+                    read_piece(&*format, &sources, (shard, lo, hi), first, data, base)
                 })
                 .collect()
         });
@@ -239,15 +279,16 @@ impl PyShardReader {
     }
 }
 
-/// Counts every shard on up to `threads` threads; results in shard order.
-fn count_all(
-    format: &dyn ShardFormat,
+/// `work(shard)` for every shard on up to `threads` threads (counting,
+/// scanning for an index); results in shard order.
+pub(super) fn each_shard<T: Send>(
     sources: &Sources,
     threads: usize,
-) -> Vec<Result<crate::shards::ShardInfo, ShardError>> {
+    work: impl Fn(usize) -> Result<T, ShardError> + Sync,
+) -> Vec<Result<T, ShardError>> {
     let next = AtomicUsize::new(0);
     let n = sources.paths.len();
-    let results: Vec<Mutex<Option<Result<crate::shards::ShardInfo, ShardError>>>> =
+    let results: Vec<Mutex<Option<Result<T, ShardError>>>> =
         (0..n).map(|_| Mutex::new(None)).collect();
     std::thread::scope(|s| {
         for _ in 0..threads.min(n) {
@@ -256,7 +297,7 @@ fn count_all(
                 if i >= n {
                     break;
                 }
-                let r = sources.for_count(i).and_then(|shard| format.count(&shard));
+                let r = work(i);
                 *results[i]
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(r);
@@ -285,21 +326,26 @@ struct Span {
     samples: Vec<Entry>,
 }
 
+/// Reads the piece `(shard, lo, hi)` from `data`, whose sample `base` is the
+/// shard's sample 0 (a whole shard: 0; a piece fetched by its offsets: `lo`).
 fn read_piece(
     format: &dyn ShardFormat,
     sources: &Sources,
-    shard: usize,
-    lo: u64,
-    hi: u64,
+    (shard, lo, hi): (usize, u64, u64),
     first: u64,
+    data: Result<Shard, ShardError>,
+    base: u64,
 ) -> Span {
     let n = (hi - lo) as usize;
     let path = &sources.paths[shard];
     let mut samples: Vec<Option<Result<Sample, Arc<ShardError>>>> = Vec::with_capacity(n);
     samples.resize_with(n, || None);
-    let result = sources.for_read(shard).and_then(|data| {
-        format.read(&data, lo, hi, &mut |k, sample| {
-            if let Some(slot) = k.checked_sub(lo).and_then(|i| samples.get_mut(i as usize)) {
+    let result = data.and_then(|data| {
+        format.read(&data, lo - base, hi - base, &mut |k, sample| {
+            if let Some(slot) = (k + base)
+                .checked_sub(lo)
+                .and_then(|i| samples.get_mut(i as usize))
+            {
                 *slot = Some(sample.map_err(Arc::new));
             }
         })

@@ -279,6 +279,61 @@ impl RemoteShards {
         Ok(bytes)
     }
 
+    /// The byte ranges `ranges` (`(shard, range)` each) fetched now, all at
+    /// once: what a source with a sample index reads of a window, its
+    /// samples' bytes and nothing else (no whole shard is fetched or kept).
+    /// A range of a shard the cache directory holds is sliced from it; the
+    /// others are ranged GETs of the shard's listed version (`If-Match` its
+    /// `ETag`), under the source's request limit.
+    ///
+    /// # Errors
+    ///
+    /// Each range's own: a shard replaced since it was listed is
+    /// [`RemoteError::Changed`].
+    pub fn fetch_ranges(
+        &self,
+        ranges: &[(usize, std::ops::Range<u64>)],
+    ) -> Vec<Result<Bytes, RemoteError>> {
+        let process = match Process::current() {
+            Ok(p) => p,
+            Err(e) => {
+                return ranges
+                    .iter()
+                    .map(|(s, _)| Err(self.failed(*s, &e)))
+                    .collect()
+            }
+        };
+        let requests = Arc::clone(&self.lock().requests);
+        let one = |shard: usize, range: std::ops::Range<u64>| {
+            let process = &process;
+            let requests = &requests;
+            async move {
+                let object = &self.objects[shard];
+                if let Some(cache) = &self.cache {
+                    if let Some(bytes) = cache.lookup(object)? {
+                        Stats::add(&stats().cache_hits, 1);
+                        let end = range.end.min(bytes.len() as u64) as usize;
+                        let start = (range.start as usize).min(end);
+                        return Ok(bytes.slice(start..end));
+                    }
+                }
+                let store = process.client(&object.url, &self.options.storage)?;
+                object
+                    .get(
+                        &*store,
+                        range,
+                        self.options.part_size,
+                        requests,
+                        &self.retry,
+                    )
+                    .await
+            }
+        };
+        process.runtime().block_on(futures_util::future::join_all(
+            ranges.iter().map(|(s, r)| one(*s, r.clone())),
+        ))
+    }
+
     /// The last `n` bytes of shard `shard` (a Parquet footer), by one ranged
     /// GET, with the shard's size.
     ///

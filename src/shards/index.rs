@@ -41,7 +41,13 @@
 //!
 //! Unknown keys are ignored, so that version 1 can gain optional ones.
 
+use std::io::BufReader;
+
 use serde_json::{json, Map, Value};
+
+use super::jsonl::{sniff, Codec};
+use super::tar::{is_member_file, is_meta, member_name, split_name, TarFormat};
+use super::{Shard, ShardError, ShardFormat};
 
 /// The index's file name, in the shards' folder.
 pub const INDEX_NAME: &str = "_ferrofeed-index.json";
@@ -260,6 +266,181 @@ impl Index {
             pack: o.get("pack").cloned(),
         })
     }
+}
+
+/// What scanning a tar shard finds: its samples, the keys at its ends, and,
+/// for a plain (uncompressed) tar, where each sample starts and the last
+/// ends (`None` for a compressed shard: positions in its decompressed
+/// stream cannot be fetched as ranges).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Scanned {
+    /// Samples.
+    pub samples: u64,
+    /// The first sample's key.
+    pub first_key: Option<String>,
+    /// The last sample's key.
+    pub last_key: Option<String>,
+    /// Where each sample starts, and where the last ends.
+    pub offsets: Option<(Vec<u64>, u64)>,
+}
+
+/// Scans a tar shard for its index entry: the samples as
+/// [`TarFormat::count`] finds them (the same grouping rules and refusals),
+/// and, for a plain tar, each sample's first byte: where its first member's
+/// headers start (a GNU long-name or PAX header included), which is where
+/// the data of the member before it, padded, ends.
+///
+/// # Errors
+///
+/// The shard's [`ShardError`]: it cannot be read, a sample is split within
+/// it, or it is damaged (an index of a shard read only up to its damage
+/// would be wrong for its writer).
+pub fn scan_tar(shard: &Shard) -> Result<Scanned, ShardError> {
+    let info = TarFormat.count(shard)?;
+    if let Some(d) = info.damage {
+        return Err(ShardError::corrupt(&shard.name, d.at, d.message));
+    }
+    let mut reader = BufReader::new(shard.open()?);
+    let codec = sniff(&mut reader).map_err(|e| ShardError::io(&shard.name, e))?;
+    let offsets = if codec == Codec::Plain {
+        Some(plain_offsets(shard, reader)?)
+    } else {
+        None
+    };
+    if let Some((starts, _)) = &offsets {
+        if starts.len() as u64 != info.samples {
+            return Err(ShardError::corrupt(
+                &shard.name,
+                "index",
+                format!(
+                    "{} sample starts found for {} samples",
+                    starts.len(),
+                    info.samples
+                ),
+            ));
+        }
+    }
+    Ok(Scanned {
+        samples: info.samples,
+        first_key: info.first_key,
+        last_key: info.last_key,
+        offsets,
+    })
+}
+
+/// Where each sample of a plain tar starts, and where the last one ends.
+fn plain_offsets<R: std::io::Read + std::io::Seek>(
+    shard: &Shard,
+    reader: R,
+) -> Result<(Vec<u64>, u64), ShardError> {
+    let bad = |e: std::io::Error| ShardError::corrupt(&shard.name, "index", e.to_string());
+    let mut archive = ::tar::Archive::new(reader);
+    let mut starts = Vec::new();
+    let mut key: Option<String> = None;
+    // The end of the last entry's data, padded: where the next entry's
+    // headers start.
+    let mut previous_end = 0u64;
+    let mut end = 0u64;
+    for entry in archive.entries_with_seek().map_err(bad)? {
+        let mut entry = entry.map_err(bad)?;
+        let data_end = (entry.raw_file_position() + entry.size()).next_multiple_of(512);
+        let (name, _) = member_name(&mut entry);
+        let sample = is_member_file(entry.header().entry_type()) && !is_meta(&name);
+        if let Some((k, _)) = split_name(&name).filter(|_| sample) {
+            if key.as_deref() != Some(k) {
+                starts.push(previous_end);
+                key = Some(k.to_string());
+            }
+            end = data_end;
+        }
+        previous_end = data_end;
+    }
+    Ok((starts, end))
+}
+
+/// A shard's sample offsets, if known: where each sample starts, and where
+/// the last ends (as in [`ShardEntry`]).
+pub type SampleOffsets = Option<(Vec<u64>, u64)>;
+
+/// A piece of a window (`(shard, lo, hi)`) as fetched from an index: which
+/// fetch holds its bytes, and where in that fetch they are.
+pub type PieceBytes = Option<(usize, std::ops::Range<usize>)>;
+
+/// The byte ranges to fetch for `pieces` (`(shard, lo, hi)` each) of shards
+/// whose sample offsets are known (`offsets[shard]`: starts and end, as in
+/// [`ShardEntry`]), touching or overlapping ranges of one shard merged into
+/// one fetch. Returns the fetches (`(shard, range)`) and, for each piece,
+/// [`PieceBytes`]: `None` for a piece whose shard has no offsets (or an
+/// empty or out-of-range piece), which is then read some other way.
+pub fn plan_fetches(
+    offsets: &[SampleOffsets],
+    pieces: &[(usize, u64, u64)],
+) -> (Vec<(usize, std::ops::Range<u64>)>, Vec<PieceBytes>) {
+    let range_of = |&(shard, lo, hi): &(usize, u64, u64)| {
+        let (starts, end) = offsets.get(shard)?.as_ref()?;
+        let n = starts.len() as u64;
+        if lo >= hi || hi > n {
+            return None;
+        }
+        let start = starts[lo as usize];
+        let stop = if hi == n { *end } else { starts[hi as usize] };
+        Some(start..stop)
+    };
+    let ranges: Vec<Option<std::ops::Range<u64>>> = pieces.iter().map(range_of).collect();
+    // Merge per shard, in byte order.
+    let mut order: Vec<(usize, std::ops::Range<u64>)> = ranges
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| Some((i, r.clone()?)))
+        .collect();
+    order.sort_by_key(|(i, r)| (pieces[*i].0, r.start));
+    let mut fetches: Vec<(usize, std::ops::Range<u64>)> = Vec::new();
+    let mut fetch_of = vec![usize::MAX; pieces.len()];
+    for (i, r) in order {
+        let shard = pieces[i].0;
+        match fetches.last_mut() {
+            Some((s, f)) if *s == shard && r.start <= f.end => f.end = f.end.max(r.end),
+            _ => fetches.push((shard, r)),
+        }
+        fetch_of[i] = fetches.len() - 1;
+    }
+    let placed = ranges
+        .iter()
+        .zip(&fetch_of)
+        .map(|(r, &f)| {
+            let r = r.as_ref()?;
+            let base = fetches[f].1.start;
+            Some((f, (r.start - base) as usize..(r.end - base) as usize))
+        })
+        .collect();
+    (fetches, placed)
+}
+
+/// The bytes of each of `pieces` (`(shard, lo, hi)`) of `remote`'s shards
+/// whose sample offsets are known, fetched at once by [`plan_fetches`]'
+/// ranges (`RemoteShards::fetch_ranges`): only the samples' bytes. `None`
+/// for a piece whose shard has no offsets.
+pub fn fetch_pieces(
+    remote: &crate::remote::RemoteShards,
+    offsets: &[SampleOffsets],
+    pieces: &[(usize, u64, u64)],
+) -> Vec<Option<Result<bytes::Bytes, std::sync::Arc<crate::remote::RemoteError>>>> {
+    let (fetches, placed) = plan_fetches(offsets, pieces);
+    let got: Vec<_> = remote
+        .fetch_ranges(&fetches)
+        .into_iter()
+        .map(|r| r.map_err(std::sync::Arc::new))
+        .collect();
+    placed
+        .into_iter()
+        .map(|place| {
+            let (f, within) = place?;
+            Some(match &got[f] {
+                Ok(bytes) => Ok(bytes.slice(within)),
+                Err(e) => Err(std::sync::Arc::clone(e)),
+            })
+        })
+        .collect()
 }
 
 #[cfg(test)]

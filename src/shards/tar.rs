@@ -548,7 +548,7 @@ const METADATA: [&str; 2] = ["__key__", "__shard__"];
 /// one in `GNU.sparse.name` when there is one (it is stored under
 /// `GNUSparseFile.N/NAME`), so that it groups with its sample's other
 /// members.
-fn member_name<R: Read>(entry: &mut tar::Entry<'_, R>) -> (String, bool) {
+pub(super) fn member_name<R: Read>(entry: &mut tar::Entry<'_, R>) -> (String, bool) {
     let mut sparse = false;
     let mut real = None;
     // A PAX header that does not parse has already failed the entry's path
@@ -569,7 +569,7 @@ fn member_name<R: Read>(entry: &mut tar::Entry<'_, R>) -> (String, bool) {
 }
 
 /// Whether an entry of this type is a file (webdataset's `isreg`).
-fn is_member_file(kind: tar::EntryType) -> bool {
+pub(super) fn is_member_file(kind: tar::EntryType) -> bool {
     matches!(
         kind,
         tar::EntryType::Regular | tar::EntryType::Continuous | tar::EntryType::GNUSparse
@@ -579,7 +579,7 @@ fn is_member_file(kind: tar::EntryType) -> bool {
 /// Whether `name` is webdataset's metadata (a top-level `__name__` entry, or
 /// one under it), which samples do not include, or under a top-level
 /// `__MACOSX/` (macOS's resource forks, `._NAME` each).
-fn is_meta(name: &str) -> bool {
+pub(super) fn is_meta(name: &str) -> bool {
     let top = name.split('/').next().unwrap_or("");
     top == "__MACOSX" || (top.len() >= 4 && top.starts_with("__") && top.ends_with("__"))
 }
@@ -587,7 +587,7 @@ fn is_meta(name: &str) -> bool {
 /// Splits a member's name into its sample's key and its field name (not yet
 /// lowercased): `dir/000123.seg.png` -> (`dir/000123`, `seg.png`). `None`
 /// when its base name has no dot or starts with one.
-fn split_name(name: &str) -> Option<(&str, &str)> {
+pub(super) fn split_name(name: &str) -> Option<(&str, &str)> {
     let base = name.rfind('/').map_or(0, |slash| slash + 1);
     let dot = name[base..].find('.')?;
     if dot == 0 {
