@@ -366,6 +366,14 @@ SCALING_ARGS ?=
 bench-scaling: install-test ## The native chain at 1-32 threads, batches of 32 and 256, folders and tar shards: images/s, threads busy, CPU per image (benches/scaling.py)
 	$(PY) benches/scaling.py $(SCALING_ARGS)
 
+# benches/pack_compare.py's options, e.g. PACK_COMPARE_ARGS="--n 2000 --repeats 5" or --quick.
+PACK_COMPARE_ARGS ?=
+
+.PHONY: bench-pack
+bench-pack: install-test ## Packing 2,000 JPEGs into tar shards: ferrofeed pack against webdataset's ShardWriter loop (copy, and Pillow re-encode) and LitData's optimize() (installed apart, into target/litdata) (benches/pack_compare.py)
+	$(PY) -m pip install --quiet --target target/litdata --no-deps litdata lightning-utilities
+	$(PY) benches/pack_compare.py --litdata target/litdata $(PACK_COMPARE_ARGS)
+
 .PHONY: bench-gpu
 bench-gpu: install-test ## On a CUDA machine: copies to the GPU and loaders ending there, against PyTorch's pin_memory=True (benches/gpu_feed.py)
 	$(PY) benches/gpu_feed.py $(GPU_FEED_ARGS)
