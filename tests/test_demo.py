@@ -112,8 +112,8 @@ def test_demo_without_torch_says_so() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=150)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    # The shards are written with Python's tarfile and read in Rust: nothing else needed.
-    assert "TarShards counted 24 samples" in out, out
+    # The shards are written and read in Rust (write_shards, TarShards): nothing else needed.
+    assert "TarShards read 24 samples' counts from its index" in out, out
     assert "ferrofeed, Python transform, 2 workers" in out, out
     assert "PyTorch DataLoader + Pillow" not in out, out
     assert re.search(
@@ -130,7 +130,8 @@ def test_demo_packs_its_images_as_tar_shards_and_reads_them_back() -> None:
     out = proc.stdout
     packed = re.search(
         r"shards: the 24 images packed as 3 WebDataset tar shards of up to 10 "
-        r"\([\d.]+ [KMG]iB, in [\d.]+ s\) in (\S+); TarShards counted 24 samples",
+        r"\([\d.]+ [KMG]iB, in [\d.]+ s\) in (\S+) by write_shards \(ferrofeed pack\); "
+        r"TarShards read 24 samples' counts from its index",
         out,
     )
     assert packed, out
@@ -141,21 +142,3 @@ def test_demo_packs_its_images_as_tar_shards_and_reads_them_back() -> None:
     assert "skipped" not in out
     # The shards lived in the demo's temporary folder, gone afterwards.
     assert not os.path.exists(packed.group(1))
-
-
-def test_write_tar_shards_gives_the_webdataset_layout(tmp_path: Path) -> None:
-    import tarfile
-
-    import ferrofeed as ff
-    from ferrofeed._demo import write_tar_shards
-
-    files = image_folder(tmp_path / "images", 5, classes=2, size=(32, 24))
-    paths, exts = write_tar_shards(files, str(tmp_path / "shards"), 2)
-    assert exts == ["jpg"]
-    assert [os.path.basename(p) for p in paths] == [f"shard-{k:06d}.tar" for k in range(3)]
-    with tarfile.open(paths[0]) as tar:
-        assert tar.getnames() == ["000000.jpg", "000000.cls", "000001.jpg", "000001.cls"]
-    samples = list(ff.TarShards(paths))
-    assert [s["__key__"] for s in samples] == [f"{i:06d}" for i in range(5)]
-    assert [s["cls"] for s in samples] == [label for _, label in files]
-    assert [s["jpg"] for s in samples] == [Path(p).read_bytes() for p, _ in files]

@@ -6,8 +6,9 @@
 2. Loading: `DataLoader` over that metadata through the native image chain (read, decode,
    resize, crop, collate in Rust, no GIL): time to first batch, images/s (per core too),
    and the pipeline's per-stage figures. Then the same images packed as WebDataset tar
-   shards (Python's ``tarfile``; for the generated sample, or with ``--shards``) and read
-   back through `TarShards`: the image bytes go from the shard to the decode in Rust.
+   shards by `write_shards` (what ``ferrofeed pack`` runs; for the generated sample, or with
+   ``--shards``) and read back through `TarShards`: the image bytes go from the files to the
+   shards and from the shards to the decode in Rust.
 3. Side by side, each in a fresh interpreter on the same images and job: the native
    chain, a Python transform in ferrofeed's worker processes, and PyTorch's DataLoader
    with Pillow when torch and Pillow are installed (a line says so when they are not):
@@ -21,7 +22,6 @@
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import multiprocessing as mp
 import os
@@ -29,7 +29,6 @@ import pickle
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from collections.abc import Sequence
@@ -38,7 +37,7 @@ from typing import Any
 from .memory import format_bytes, process_memory
 from .samples import coco_like_annotations, image_folder
 
-__all__ = ["main", "run_variant", "write_tar_shards"]
+__all__ = ["main", "run_variant"]
 
 
 def _worker(
@@ -228,58 +227,25 @@ def _epochs(loader: Any, epochs: int, threads: int, prefix: str = "") -> int:
     return images
 
 
-def write_tar_shards(
-    files: Sequence[tuple[str, int]], root: str, per_shard: int
-) -> tuple[list[str], list[str]]:
-    """Pack ``files`` (path, label), in order, as WebDataset tar shards in ``root``.
-
-    Sample ``i`` is two members: ``{i:06d}.<ext>`` (the file's bytes, its extension in
-    lower case) and ``{i:06d}.cls`` (the label as text); shard ``k`` is
-    ``root/shard-{k:06d}.tar``, ``per_shard`` samples each. Written with Python's
-    ``tarfile``, nothing else needed. Returns the shard paths and the image extensions
-    found (what ``image=`` names).
-
-    Example:
-        >>> import tempfile
-        >>> from ferrofeed.samples import image_folder
-        >>> files = image_folder(tempfile.mkdtemp(), 5, size=(32, 24))
-        >>> shards, exts = write_tar_shards(files, tempfile.mkdtemp(), 2)
-        >>> len(shards), exts
-        (3, ['jpg'])
-    """
-    os.makedirs(root, exist_ok=True)
-    paths: list[str] = []
-    exts: set[str] = set()
-    for k, start in enumerate(range(0, len(files), per_shard)):
-        path = os.path.join(root, f"shard-{k:06d}.tar")
-        with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
-            for i, (src, label) in enumerate(files[start : start + per_shard], start):
-                ext = os.path.splitext(src)[1].lstrip(".").lower() or "img"
-                exts.add(ext)
-                tar.add(src, arcname=f"{i:06d}.{ext}")
-                text = str(label).encode()
-                info = tarfile.TarInfo(f"{i:06d}.cls")
-                info.size = len(text)
-                tar.addfile(info, io.BytesIO(text))
-        paths.append(path)
-    return paths, sorted(exts)
-
-
 def _shards(args: argparse.Namespace, files: list[tuple[str, int]], root: str) -> None:
     """Part 2b: the images packed as WebDataset tar shards in ``root``, read back."""
-    from . import DataLoader, TarShards, ops
+    from . import DataLoader, ImageFiles, TarShards, ops, write_shards
 
     per_shard = max(1, min(args.shard_size, len(files)))
-    t0 = time.perf_counter()
-    paths, exts = write_tar_shards(files, root, per_shard)
-    packed_s = time.perf_counter() - t0
+    # An image is named by its format in a shard: what `image=` names below.
+    formats = {".jpeg": "jpg", ".jpg": "jpg", ".png": "png", ".webp": "webp", ".bmp": "bmp"}
+    exts = sorted({formats.get(os.path.splitext(p)[1].lower(), "jpg") for p, _ in files})
+    images = ImageFiles([p for p, _ in files], [label for _, label in files])
+    summary = write_shards(images, root, samples_per_shard=per_shard, progress=False)
+    paths = sorted(os.path.join(root, n) for n in os.listdir(root) if n.endswith(".tar"))
     t0 = time.perf_counter()
     shards = TarShards(paths)
     counted_s = time.perf_counter() - t0
     print(
         f"\nshards: the {len(files):,} images packed as {len(paths)} WebDataset tar shards of "
-        f"up to {per_shard} ({format_bytes(_folder_size(paths))}, in {packed_s:.2f} s) in "
-        f"{root}; TarShards counted {len(shards):,} samples in {counted_s * 1e3:.0f} ms"
+        f"up to {per_shard} ({format_bytes(summary.bytes)}, in {summary.seconds:.2f} s) in "
+        f"{root} by write_shards (ferrofeed pack); TarShards read {len(shards):,} samples' "
+        f"counts from its index in {counted_s * 1e3:.0f} ms"
     )
     threads = args.threads or min(os.cpu_count() or 1, 8)
     window = 2 * per_shard
