@@ -53,10 +53,13 @@
 //! assert_eq!(ids(&map.resumed(2).unwrap()), vec![4]);
 //! ```
 
+mod interleave;
 pub mod map;
+pub mod mix;
 pub mod sharded;
 
 pub use map::{EpochPlan, PlanConfig};
+pub use mix::{Draw, MixConfig, MixError, MixPlan, Part, Stop};
 pub use sharded::{Piece, Segment, ShardPlan, ShardPlanConfig, ShardPlanError};
 
 /// What a plan cannot be made from, whichever the plan.
