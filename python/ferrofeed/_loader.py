@@ -18,6 +18,7 @@ from typing import Any, Literal
 from . import _core
 from ._config import Arguments, Config, StartMethod
 from ._errors import TooManyFailuresError
+from ._mix import Mix
 from ._output import Output, Progress, convert
 from ._shards import ShardedSource
 from ._source import History
@@ -186,7 +187,7 @@ class DataLoader:
 
     def __init__(
         self,
-        source: MapDataset | Iterable[Any] | ShardedSource | str | os.PathLike[str],
+        source: MapDataset | Iterable[Any] | ShardedSource | Mix | str | os.PathLike[str],
         batch_size: int | None = 1,
         *,
         shuffle: bool = False,
@@ -397,13 +398,12 @@ class DataLoader:
         with self._skipped_lock:
             skipped = list(self._skipped)
         pipeline = self._executor.pipeline
-        source = self._source.stats()
+        source = self._source.stats(self._epoch, self._history, self._batches_done, skipped)
         return {
             "pipeline": pipeline.stats() if pipeline is not None else {},
-            "remote": source["remote"],
+            **source,
             "skipped": skipped,
             "skipped_count": len(skipped),
-            "skipped_shards": source["skipped_shards"],
             "buffers": {},
             "pools": {},
             "workers": {},

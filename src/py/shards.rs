@@ -504,9 +504,20 @@ impl PyShardWindow {
         }
         let label = match label {
             None => None,
-            Some(name) => {
-                let Some(v) = sample.get(name) else {
-                    return Err(missing("label", &format!("{name:?}")));
+            Some(names) => {
+                // `names`: one field, or alternatives as "cls;label" (the first the
+                // sample has).
+                let Some((name, v)) = names
+                    .split(';')
+                    .filter(|n| !n.is_empty())
+                    .find_map(|n| sample.get(n).map(|v| (n, v)))
+                else {
+                    let names: Vec<String> = names
+                        .split(';')
+                        .filter(|n| !n.is_empty())
+                        .map(str::to_owned)
+                        .collect();
+                    return Err(missing("label", &quoted(&names)));
                 };
                 Some(int_label(v).ok_or_else(|| {
                     shard_exception(
