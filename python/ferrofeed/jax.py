@@ -152,9 +152,8 @@ def _raise_for_the_array(
             _from_local(sharding, x)
         except (ValueError, TypeError) as e:
             kind = TypeError if isinstance(e, TypeError) else ValueError
-            name = f"batch{path}"
-            shape = getattr(x, "shape", "?")
-            raise kind(f"cannot lay {name} (shape {shape}) out over the devices: {e} ({_HINT})") from e
+            where = f"batch{path} (shape {x.shape})"
+            raise kind(f"cannot lay {where} out over the devices: {e} ({_HINT})") from e
     raise error
 
 
