@@ -385,35 +385,25 @@ class DataLoader:
         ``pipeline``: the current (or last) pass's per-stage figures; ``skipped``: the
         samples left out under ``on_error="skip"``, as (index, reason), and
         ``skipped_shards`` the damaged shards read only up to the damage, as (shard, reason)
-        (see `ShardedSource.damaged`); ``sources``: with a `Mix`, each source's
-        ``weight``, ``samples`` given this rank in the current epoch so far and samples
-        ``skipped``, else empty; ``buffers``: the batch buffer pool's counters with the
-        native image chain (see `BufferPool.stats`), else empty. ``pools``: with the native image chain,
+        (see `ShardedSource.damaged`); ``sources``: with a `Mix`, each source's ``weight``,
+        ``samples`` given this rank in the current epoch so far and samples ``skipped``,
+        else empty; ``buffers``: the batch buffer pool's counters with the native image
+        chain (see `BufferPool.stats`), else empty. ``pools``: with the native image chain,
         ``pools["decode"]``, the threads that decode its batches over the current (or last)
         pass: ``threads``, ``wall_s`` (the pass so far), ``busy_s`` and ``idle_s`` (thread
         seconds spent decoding and not: ``threads x wall_s`` in all), ``busy`` (the busy
-        share, 0 to 1: below 1, the threads waited, for the source, a batch hand-over or
-        the consumer), ``batches`` decoded, ``in_flight`` now and ``max_in_flight`` so far,
-        and the bound, ``batches_in_flight`` (``images_in_flight`` images), which the
-        thread count sets; else empty. With shards in object storage, ``remote``: since
-        the loader was made, in this process, ``requests`` sent, ``retries`` (requests that
-        failed and were retried, or resumed), ``bytes`` received, shards ``fetched`` from
-        the store and found in the cache (``cache_hits``), and ``wait_s``, the time the
-        reader waited for a shard's bytes.
-        """
-        skipped = self._failures.skipped()
-        pipeline = self._executor.pipeline
-        source = self._source.stats(self._epoch, self._history, self._batches_done, skipped)
-        return {
-            "pipeline": pipeline.stats() if pipeline is not None else {},
-            **source,
-            "skipped": skipped,
-            "skipped_count": len(skipped),
-            "buffers": {},
-            "pools": {},
-            "workers": {},
-            **self._executor.stats(),
-        }
+        share, 0 to 1: below 1, the threads waited, for the source, a batch hand-over or the
+        consumer), ``batches`` decoded, ``in_flight`` now and ``max_in_flight`` so far, and
+        the bound, ``batches_in_flight`` (``images_in_flight`` images), which the thread
+        count sets; else empty. With shards in object storage, ``remote``: since the loader
+        was made, in this process, ``requests`` sent, ``retries`` (requests that failed and
+        were retried, or resumed), ``bytes`` received, shards ``fetched`` from the store and
+        found in the cache (``cache_hits``), and ``wait_s``, the time the reader waited for
+        a shard's bytes. """ skipped = self._failures.skipped() pipeline =
+        self._executor.pipeline source = self._source.stats(self._epoch, self._history,
+        self._batches_done, skipped) return { "pipeline": pipeline.stats() if pipeline is
+        not None else {}, **source, "skipped": skipped, "skipped_count": len(skipped),
+        "buffers": {}, "pools": {}, "workers": {}, **self._executor.stats(), }
 
     def stats_table(self) -> str:
         """Return the current (or last) pass's per-stage figures as a text table."""
