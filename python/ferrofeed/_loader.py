@@ -399,11 +399,21 @@ class DataLoader:
         was made, in this process, ``requests`` sent, ``retries`` (requests that failed and
         were retried, or resumed), ``bytes`` received, shards ``fetched`` from the store and
         found in the cache (``cache_hits``), and ``wait_s``, the time the reader waited for
-        a shard's bytes. """ skipped = self._failures.skipped() pipeline =
-        self._executor.pipeline source = self._source.stats(self._epoch, self._history,
-        self._batches_done, skipped) return { "pipeline": pipeline.stats() if pipeline is
-        not None else {}, **source, "skipped": skipped, "skipped_count": len(skipped),
-        "buffers": {}, "pools": {}, "workers": {}, **self._executor.stats(), }
+        a shard's bytes.
+        """
+        skipped = self._failures.skipped()
+        pipeline = self._executor.pipeline
+        source = self._source.stats(self._epoch, self._history, self._batches_done, skipped)
+        return {
+            "pipeline": pipeline.stats() if pipeline is not None else {},
+            **source,
+            "skipped": skipped,
+            "skipped_count": len(skipped),
+            "buffers": {},
+            "pools": {},
+            "workers": {},
+            **self._executor.stats(),
+        }
 
     def stats_table(self) -> str:
         """Return the current (or last) pass's per-stage figures as a text table."""
