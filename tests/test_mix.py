@@ -289,6 +289,29 @@ def test_an_elastic_resume_finishes_the_epoch_with_nothing_repeated(
     assert len(seen) >= len(whole) - sum(3 * w for w, _ in worlds) - 8 * 5
 
 
+# -- object storage --------------------------------------------------------------------
+
+
+def test_remote_sources_mix_as_their_local_copies(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from objstore import HttpFileServer
+
+    monkeypatch.setenv("FERROFEED_CACHE_DIR", str(tmp_path / "cache"))
+    root = tmp_path / "shards"
+    root.mkdir()
+    local = id_shards(root, range(50_000, 50_300), 50)
+    n = len(local.shards)
+    kw: dict[str, Any] = {"batch_size": 16, "shuffle": True, "seed": 8, "transform": value}
+    want = ids(ff.DataLoader(ff.Mix([A, local], weights=[1, 1]), **kw))
+    with HttpFileServer(root) as server:
+        remote = ff.TarShards(f"{server.url}/ids-{{000..{n - 1:03d}}}.tar")
+        loader = ff.DataLoader(ff.Mix([A, remote], weights=[1, 1]), **kw)
+        assert ids(loader) == want
+        # The sharded source's object-storage counters come through the mixture's stats.
+        assert {"requests", "bytes", "fetched"} <= set(loader.stats()["remote"])
+
+
 # -- the native image chain ------------------------------------------------------------
 
 
