@@ -171,6 +171,7 @@ def test_the_same_batches_on_one_or_many_threads_and_in_worker_processes(
     assert len([i for i in got if i < 10_000]) > len(A)
     assert run(num_threads=4) == one
     assert run(num_workers=2) == one
+    assert run(num_workers=2, worker_start_method="spawn") == one
 
 
 def test_samples_reach_the_transform_as_their_source_gives_them(tmp_path: Path) -> None:
