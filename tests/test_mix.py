@@ -395,6 +395,27 @@ def test_a_failing_source_is_counted_and_the_others_go_on() -> None:
         list(ff.DataLoader(mix, batch_size=10))
 
 
+def test_a_damaged_shard_is_refused_without_skip_and_read_up_to_the_damage_with_it(
+    tmp_path: Path,
+) -> None:
+    tar = id_shards(tmp_path, range(50_000, 50_120), 40)
+    cut = Path(tar.shards[1][0])
+    data = cut.read_bytes()
+    cut.write_bytes(data[: len(data) // 2 + 100])
+    damaged = ff.TarShards([p for p, _ in tar.shards])
+    mix = ff.Mix([A, damaged], weights=[1, 1])
+    with pytest.raises(ff.ShardCorruptError) as e:
+        ff.DataLoader(mix, batch_size=8)
+    assert e.value.shard == str(cut)
+    loader = ff.DataLoader(mix, batch_size=8, on_error="skip", transform=value)
+    got = flat(ids(loader))
+    from_tar = [i for i in got if i >= 50_000]
+    # Every sample before the damage, and the other shards whole.
+    assert len(from_tar) == len(damaged) < 120
+    assert set(from_tar) >= set(range(50_000, 50_040)) | set(range(50_080, 50_120))
+    assert [shard for shard, _ in loader.stats()["skipped_shards"]] == [str(cut)]
+
+
 def test_stats_count_each_source_up_to_the_loader_position() -> None:
     loader = ff.DataLoader(ff.Mix([A, B], weights=[0.5, 0.5]), batch_size=10)
     it = iter(loader)
