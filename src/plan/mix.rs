@@ -79,8 +79,8 @@
 use std::sync::Mutex;
 
 use super::interleave::Schedule;
-use super::{check_start, check_world, Plan, PlanError, Segment, ShardPlan, ShardPlanConfig};
-use super::{ShardPlanError, Split};
+use super::{check_start, check_world, MixError, Plan, PlanError, Segment, ShardPlan};
+use super::{ShardPlanConfig, Split};
 use crate::sampler::Permutation;
 use crate::seed::{epoch_key, mix, Stream};
 
@@ -133,96 +133,6 @@ impl Part {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-}
-
-/// What a mixture plan cannot be made from.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum MixError {
-    /// A refusal every plan shares ([`PlanError`]).
-    #[error(transparent)]
-    Plan(#[from] PlanError),
-    /// A sharded part's own plan refused ([`ShardPlanError`]).
-    #[error("source {part}: {error}")]
-    Shard {
-        /// The part.
-        part: usize,
-        /// Its plan's refusal.
-        error: ShardPlanError,
-    },
-    /// No parts.
-    #[error("a mixture needs at least one source")]
-    NoParts,
-    /// As many weights as parts are needed.
-    #[error("{weights} weights for {parts} sources")]
-    WeightCount {
-        /// Weights given.
-        weights: usize,
-        /// Parts.
-        parts: usize,
-    },
-    /// A weight is negative, NaN or infinite.
-    #[error("weight {weight} of source {part} is not a finite number >= 0")]
-    BadWeight {
-        /// The part.
-        part: usize,
-        /// Its weight.
-        weight: f64,
-    },
-    /// Every weight is 0.
-    #[error("every weight is 0: at least one source must be drawn from")]
-    AllZero,
-    /// A weight is so small next to the others that it rounds to 0.
-    #[error("weight {weight} of source {part} is too small next to the others (below 2^-40 of their sum)")]
-    WeightTooSmall {
-        /// The part.
-        part: usize,
-        /// Its weight.
-        weight: f64,
-    },
-    /// A part with a weight above 0 has no samples.
-    #[error("source {part} is empty")]
-    EmptyPart {
-        /// The part.
-        part: usize,
-    },
-    /// `Stop::Samples(0)`.
-    #[error("samples_per_epoch must be at least 1")]
-    ZeroSamples,
-    /// More than `2^48` samples in the parts or an epoch (the interleave's
-    /// exact integer times need them below).
-    #[error("{samples} samples: a mixture holds at most 2^48 samples in its sources and epochs")]
-    TooLarge {
-        /// The samples asked for.
-        samples: u64,
-    },
-    /// A part must start a new pass in a world with more ranks than samples.
-    #[error(
-        "source {part} has {samples} samples, fewer than the {world_size} ranks: it cannot \
-         start over with a sample for every rank"
-    )]
-    TooFewSamples {
-        /// The part.
-        part: usize,
-        /// Its samples.
-        samples: u64,
-        /// The ranks.
-        world_size: u64,
-    },
-    /// A segment of the resume history does not fit the mixture.
-    #[error(
-        "the resume history's segment {segment} ({batches_done} batches on {world_size} \
-         ranks) does not fit: that world had {len} batches"
-    )]
-    BadHistory {
-        /// The segment's position in the history.
-        segment: usize,
-        /// Its world size.
-        world_size: u64,
-        /// Its batches done.
-        batches_done: u64,
-        /// The batches that world had.
-        len: u64,
-    },
 }
 
 /// A mixture: its parts, their weights, where an epoch ends, and the
