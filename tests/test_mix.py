@@ -363,6 +363,31 @@ def test_the_native_chain_mixes_folders_and_shards_with_field_alternatives(
         list(plain)
 
 
+# -- nothing left behind ---------------------------------------------------------------
+
+
+def test_leaving_an_epoch_early_leaves_no_thread(tmp_path: Path) -> None:
+    from thread_counts import settle_threads, thread_counts
+
+    tar = id_shards(tmp_path, range(50_000, 50_400), 40)
+    (tmp_path / "b").mkdir()
+    other = id_shards(tmp_path / "b", range(60_000, 60_200), 40)
+    base = thread_counts()
+    for _ in range(3):
+        loader = ff.DataLoader(
+            ff.Mix([A, tar, other], weights=[1, 1, 1]),
+            batch_size=8,
+            shuffle=True,
+            shuffle_window=16,
+            transform=value,
+        )
+        it = iter(loader)
+        next(it)
+        next(it)
+        del it, loader  # break out mid-epoch, every part's reader mid-read
+    assert settle_threads(base) == base
+
+
 # -- failures and figures --------------------------------------------------------------
 
 
