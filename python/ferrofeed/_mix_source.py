@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Generator, Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from typing import Any
 
 from . import _core
@@ -24,12 +24,12 @@ from ._images import ImageFiles
 from ._mix import Mix
 from ._shard_source import ShardSource
 from ._shards import ShardedSource
-from ._source import BaseSource, History, check_image_items
+from ._source import ElasticSource, History, check_image_items
 
 __all__ = ["MixSource"]
 
 
-class MixSource(BaseSource):
+class MixSource(ElasticSource):
     """A `Mix`, in the order of the core's mixture plan."""
 
     def __init__(self, mix: Mix, config: Config) -> None:
@@ -86,22 +86,6 @@ class MixSource(BaseSource):
             history=list(history),
             start=start,
         )
-
-    def batches(self, epoch: int, history: History) -> int:
-        """Return the batches of this world's part of the epoch."""
-        return len(self.plan(epoch, 0, history))
-
-    def sized(self) -> bool:
-        """Return True: the plan knows its length."""
-        return True
-
-    def samples_per_rank(self, epoch: int, history: History) -> int:
-        """Return the samples this rank draws in the current world."""
-        return self.plan(epoch, 0, history).samples
-
-    def batches_per_pass(self, epoch: int, history: History) -> int:
-        """Return the batches of this world's part of the epoch (an epoch is one pass)."""
-        return self.batches(epoch, history)
 
     def groups(self, epoch: int, start: int, history: History) -> Iterator[Group]:
         """Return the plan's groups from ``start`` (the plan is made now)."""
@@ -164,10 +148,6 @@ class MixSource(BaseSource):
     def checked_keys(self) -> list[str]:
         """Return the mixture (the world may differ: an elastic resume)."""
         return ["mix"]
-
-    def resume(self, state: Mapping[str, Any], epoch: int, done: int) -> tuple[int, History]:
-        """Return the position: exact on the same world; elastic on another."""
-        return self._elastic_resume(state, epoch, done, self.plan)
 
     def stats(
         self, epoch: int, history: History, done: int, skipped: Sequence[tuple[int, str]]

@@ -23,7 +23,7 @@ from ._config import Config
 from ._errors import ShardError
 from ._group import Carried, Failed, Group, Samples, Skipped
 from ._shards import ShardedSource
-from ._source import BaseSource, History
+from ._source import ElasticSource, History
 
 __all__ = ["DEFAULT_IMAGE_FIELDS", "ShardSource"]
 
@@ -33,7 +33,7 @@ _log = logging.getLogger("ferrofeed.loader")
 DEFAULT_IMAGE_FIELDS = ("jpg", "jpeg", "png", "webp")
 
 
-class ShardSource(BaseSource):
+class ShardSource(ElasticSource):
     """A `ShardedSource` in the order of the core's sharded plan, read a window ahead."""
 
     sharded = True
@@ -97,22 +97,6 @@ class ShardSource(BaseSource):
             start=start,
         )
 
-    def batches(self, epoch: int, history: History) -> int:
-        """Return the batches of this world's part of the epoch."""
-        return len(self.plan(epoch, 0, history))
-
-    def sized(self) -> bool:
-        """Return True: the plan knows its length."""
-        return True
-
-    def samples_per_rank(self, epoch: int, history: History) -> int:
-        """Return the samples this rank yields in the current world."""
-        return self.plan(epoch, 0, history).samples
-
-    def batches_per_pass(self, epoch: int, history: History) -> int:
-        """Return the batches of this world's part of the epoch (an epoch is one pass)."""
-        return self.batches(epoch, history)
-
     def groups(self, epoch: int, start: int, history: History) -> Iterator[Group]:
         """Return the plan's groups, read a window ahead."""
         return self.read(self.plan(epoch, start, history), epoch)
@@ -132,8 +116,8 @@ class ShardSource(BaseSource):
     def resume(self, state: Mapping[str, Any], epoch: int, done: int) -> tuple[int, History]:
         """Return the position: exact on the same world; elastic on another.
 
-        On another world size, what the saved world did becomes history, and the new
-        world's share starts at batch 0.
+        With ``bucket_by``, a position on another world is refused: which samples a
+        window's first batches held depends on their keys.
         """
         c = self.config
         world = state["world_size"]
@@ -144,7 +128,7 @@ class ShardSource(BaseSource):
                 "first batches held depends on their keys, so the epoch cannot go on on "
                 "another world; resume on the same world size, or at an epoch's start"
             )
-        return self._elastic_resume(state, epoch, done, self.plan)
+        return super().resume(state, epoch, done)
 
     def stats(
         self, epoch: int, history: History, done: int, skipped: Sequence[tuple[int, str]]

@@ -25,7 +25,7 @@ from ._images import ImageFiles
 from ._iterable import StreamSpec
 from ._worker_process import _Setup
 
-__all__ = ["BaseSource", "History", "Source", "check_image_items"]
+__all__ = ["BaseSource", "ElasticSource", "History", "Source", "check_image_items"]
 
 # An epoch's elastic history: (world_size, batches_done) of each world it ran on before.
 History = Sequence[tuple[int, int]]
@@ -183,32 +183,6 @@ class BaseSource:
                 + ("" if has else " none")
             )
 
-    def _elastic_resume(
-        self,
-        state: Mapping[str, Any],
-        epoch: int,
-        done: int,
-        plan: Callable[[int, int, History], object],
-    ) -> tuple[int, History]:
-        """The position of ``state`` for a source that resumes on another world size.
-
-        On the same world, exact. On another, what the saved world did becomes the
-        epoch's history, and the new world's share starts at batch 0. Checked by making
-        the epoch's plan, ``plan(epoch, start, history)``.
-        """
-        self._check_sampler(state)
-        history = [(int(w), int(d)) for w, d in state.get("history", [])]
-        world = state["world_size"]
-        if world != self.config.world_size and done > 0:
-            history.append((world, done))
-            done = 0
-        try:
-            # Refuses a history or a position that does not fit the source.
-            plan(epoch, done, history)
-        except ValueError as e:
-            raise ValueError(f"the state does not fit this loader: {e}") from None
-        return done, history
-
     def stats(
         self, epoch: int, history: History, done: int, skipped: Sequence[tuple[int, str]]
     ) -> dict[str, Any]:
@@ -279,6 +253,54 @@ class BaseSource:
             start_method=c.worker_start_method,
             stream=stream,
         )
+
+
+class ElasticSource(BaseSource):
+    """A source whose epoch is one plan of the core: sharded sources and mixtures.
+
+    Its length is known, and it resumes on another world size. A subclass gives `plan`:
+    the core's plan of an epoch for this rank from a batch, after a history of worlds,
+    with ``len()`` (batches) and ``samples`` (this rank's).
+    """
+
+    def plan(self, epoch: int, start: int = 0, history: History = ()) -> Any:
+        """Return the core's plan of ``epoch`` for this rank, from batch ``start``."""
+        raise NotImplementedError
+
+    def batches(self, epoch: int, history: History) -> int:
+        """Return the batches of this world's part of the epoch."""
+        return len(self.plan(epoch, 0, history))
+
+    def sized(self) -> bool:
+        """Return True: the plan knows its length."""
+        return True
+
+    def samples_per_rank(self, epoch: int, history: History) -> int:
+        """Return the samples this rank yields in the current world."""
+        return int(self.plan(epoch, 0, history).samples)
+
+    def batches_per_pass(self, epoch: int, history: History) -> int:
+        """Return the batches of this world's part of the epoch (an epoch is one pass)."""
+        return self.batches(epoch, history)
+
+    def resume(self, state: Mapping[str, Any], epoch: int, done: int) -> tuple[int, History]:
+        """Return the position: exact on the same world; elastic on another.
+
+        On another world size, what the saved world did becomes the epoch's history, and
+        the new world's share starts at batch 0. Checked by making the epoch's plan.
+        """
+        self._check_sampler(state)
+        history = [(int(w), int(d)) for w, d in state.get("history", [])]
+        world = state["world_size"]
+        if world != self.config.world_size and done > 0:
+            history.append((world, done))
+            done = 0
+        try:
+            # Refuses a history or a position that does not fit the source.
+            self.plan(epoch, done, history)
+        except ValueError as e:
+            raise ValueError(f"the state does not fit this loader: {e}") from None
+        return done, history
 
 
 def check_image_items(dataset: Any, what: str) -> None:

@@ -11,8 +11,8 @@ use std::sync::Mutex;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use super::plan::{check_batch, next_batch};
-use crate::plan::{MixConfig, MixError, MixPlan, Part, Plan, Segment, Stop};
+use super::plan::{check_batch, next_batch, segments};
+use crate::plan::{MixConfig, MixError, MixPlan, Part, Plan, Stop};
 
 impl From<MixError> for PyErr {
     /// Every [`MixError`] is an argument that does not fit: `ValueError`.
@@ -94,15 +94,8 @@ impl PyMixPlan {
             world_size,
             drop_last,
         };
-        let history: Vec<Segment> = history
-            .into_iter()
-            .map(|(world_size, batches_done)| Segment {
-                world_size,
-                batches_done,
-            })
-            .collect();
         Ok(Self {
-            inner: MixPlan::new(&config, epoch, &history, start)?,
+            inner: MixPlan::new(&config, epoch, &segments(history), start)?,
         })
     }
 

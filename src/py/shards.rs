@@ -18,7 +18,7 @@ use pyo3::exceptions::{PyIndexError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::plan::{Plan, Segment, ShardPlan, ShardPlanConfig};
+use crate::plan::{Plan, ShardPlan, ShardPlanConfig};
 use crate::remote::{RemoteError, RemoteShards};
 use crate::shards::jsonl::JsonLinesFormat;
 use crate::shards::mds::MdsFormat;
@@ -28,7 +28,7 @@ use crate::shards::{Sample, Shard, ShardError, ShardFormat, Value};
 
 use super::errors::{shard_error, shard_exception, ShardClass};
 use super::pipeline::{Item, PyPlanGroup};
-use super::plan::{check_batch, next_batch};
+use super::plan::{check_batch, next_batch, segments};
 use super::remote::PyRemoteShards;
 use super::samples::{tar_sample, to_py};
 
@@ -674,15 +674,8 @@ impl PyShardPlan {
             drop_last,
             window,
         };
-        let history: Vec<Segment> = history
-            .into_iter()
-            .map(|(world_size, batches_done)| Segment {
-                world_size,
-                batches_done,
-            })
-            .collect();
         Ok(Self {
-            inner: ShardPlan::new(&config, epoch, &history, start)?,
+            inner: ShardPlan::new(&config, epoch, &segments(history), start)?,
         })
     }
 
