@@ -40,7 +40,7 @@ use super::cache::Cache;
 use super::fetch::Object;
 use object_store::RetryConfig;
 
-use super::store::{retry_config, stats, Process, Stats, StorageOptions};
+use super::store::{client, retry_config, runtime, stats, Stats, StorageOptions};
 use super::RemoteError;
 
 /// Shards kept after `get` returned them (see `State::recent`).
@@ -349,11 +349,9 @@ impl Shared {
 
     /// See [`RemoteShards::fetch_now`].
     fn fetch_now(&self, shard: usize) -> Result<Bytes, RemoteError> {
-        let process = Process::current().map_err(|e| self.failed(shard, &e))?;
+        let runtime = runtime(&self.objects[shard].url.url)?;
         let requests = Arc::clone(&self.lock().requests);
-        let bytes = process
-            .runtime()
-            .block_on(self.fetch(&process, shard, &requests))?;
+        let bytes = runtime.block_on(self.fetch(shard, &requests))?;
         let mut state = self.lock();
         let held: u64 = state
             .slots
@@ -372,7 +370,7 @@ impl Shared {
     /// See [`RemoteShards::tail`].
     fn tail(&self, shard: usize, n: u64) -> Result<(Bytes, u64), RemoteError> {
         let object = &self.objects[shard];
-        let process = Process::current().map_err(|e| self.failed(shard, &e))?;
+        let runtime = runtime(&object.url.url)?;
         if let Some(cache) = &self.cache {
             if let Some(bytes) = cache.lookup(object)? {
                 Stats::add(&stats().cache_hits, 1);
@@ -380,10 +378,10 @@ impl Shared {
                 return Ok((bytes.slice(from..), object.size));
             }
         }
-        let store = process.client(&object.url, &self.options.storage)?;
+        let store = client(&object.url, &self.options.storage)?;
         let requests = Arc::clone(&self.lock().requests);
         let from = object.size.saturating_sub(n);
-        let bytes = process.runtime().block_on(object.get(
+        let bytes = runtime.block_on(object.get(
             &*store,
             from..object.size,
             self.options.part_size,
@@ -391,13 +389,6 @@ impl Shared {
             &self.retry,
         ))?;
         Ok((bytes, object.size))
-    }
-
-    fn failed(&self, shard: usize, e: &std::io::Error) -> RemoteError {
-        RemoteError::Failed {
-            url: self.objects[shard].url.url.clone(),
-            message: format!("cannot start the I/O runtime: {e}"),
-        }
     }
 
     /// Drops the bytes of shards no reader waits for, returned lately or
@@ -444,16 +435,15 @@ impl Shared {
     /// the fetch ends. The task is kept in `state.fetches` (those seen
     /// finished are let go), for [`RemoteShards`]' drop to abort.
     fn start(self: &Arc<Self>, state: &mut State, shard: usize) -> Result<(), RemoteError> {
-        let process = Process::current().map_err(|e| self.failed(shard, &e))?;
+        let runtime = runtime(&self.objects[shard].url.url)?;
         state.slots.insert(shard, Slot::Fetching);
         let this = Arc::clone(self);
         let requests = Arc::clone(&state.requests);
         let pid = state.pid;
-        let p = Arc::clone(&process);
-        let task = process.runtime().spawn(async move {
+        let task = runtime.spawn(async move {
             // A panic in the fetch must still end the slot, or readers would wait
             // for it forever.
-            let result = AssertUnwindSafe(this.fetch(&p, shard, &requests))
+            let result = AssertUnwindSafe(this.fetch(shard, &requests))
                 .catch_unwind()
                 .await
                 .unwrap_or_else(|panic| {
@@ -484,12 +474,11 @@ impl Shared {
     /// store (into the cache, if any).
     async fn fetch(
         &self,
-        process: &Process,
         shard: usize,
         requests: &tokio::sync::Semaphore,
     ) -> Result<Bytes, RemoteError> {
         let object = &self.objects[shard];
-        let store = process.client(&object.url, &self.options.storage)?;
+        let store = client(&object.url, &self.options.storage)?;
         let get = || async {
             let bytes = object
                 .get(
@@ -609,7 +598,11 @@ mod tests {
         let fetches: Vec<_> = {
             let state = shards.shared.lock();
             assert!(state.slots.values().all(|s| matches!(s, Slot::Fetching)));
-            state.fetches.iter().map(|f| f.abort_handle()).collect()
+            state
+                .fetches
+                .iter()
+                .map(tokio::task::JoinHandle::abort_handle)
+                .collect()
         };
         assert_eq!(fetches.len(), 3);
         assert!(fetches.iter().all(|f| !f.is_finished()));
