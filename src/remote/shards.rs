@@ -219,7 +219,7 @@ impl RemoteShards {
 
 impl Drop for RemoteShards {
     /// Aborts the fetches still on their way and waits (at most
-    /// [`CANCEL_GRACE`]) for their tasks to end. In a forked child the
+    /// `CANCEL_GRACE`, 5 s) for their tasks to end. In a forked child the
     /// tasks are the parent's, on threads that do not exist here: they are
     /// forgotten, not touched.
     fn drop(&mut self) {
