@@ -116,43 +116,44 @@ pub enum ImageError {
     },
 }
 
+/// `$then` with `$name` bound to the source name of the error `$error` (a
+/// reference, shared or not), or `$none` for an error about no source.
+macro_rules! with_source_name {
+    ($error:expr, $name:ident => $then:expr, $none:expr) => {
+        match $error {
+            ImageError::Empty { $name }
+            | ImageError::UnknownFormat { $name, .. }
+            | ImageError::Corrupt { $name, .. }
+            | ImageError::Unsupported { $name, .. }
+            | ImageError::TooLarge { $name, .. }
+            | ImageError::OutOfMemory { $name, .. }
+            | ImageError::Io { $name, .. }
+            | ImageError::SlotSize { $name, .. }
+            | ImageError::DecoderPanic { $name, .. } => $then,
+            ImageError::InvalidTransform { .. } | ImageError::Encode { .. } => $none,
+        }
+    };
+}
+
 impl ImageError {
     /// Sets the source name (the kernels build errors before they know it).
     #[cold]
     pub(super) fn named(mut self, source: &str) -> Self {
-        match &mut self {
-            ImageError::Empty { name }
-            | ImageError::UnknownFormat { name, .. }
-            | ImageError::Corrupt { name, .. }
-            | ImageError::Unsupported { name, .. }
-            | ImageError::TooLarge { name, .. }
-            | ImageError::OutOfMemory { name, .. }
-            | ImageError::Io { name, .. }
-            | ImageError::SlotSize { name, .. }
-            | ImageError::DecoderPanic { name, .. } => {
+        with_source_name!(
+            &mut self,
+            name => {
                 if name.is_empty() {
                     source.clone_into(name);
                 }
-            }
-            ImageError::InvalidTransform { .. } | ImageError::Encode { .. } => {}
-        }
+            },
+            {}
+        );
         self
     }
 
     /// The name of the source the error is about, if any.
     pub fn source_name(&self) -> Option<&str> {
-        match self {
-            ImageError::Empty { name }
-            | ImageError::UnknownFormat { name, .. }
-            | ImageError::Corrupt { name, .. }
-            | ImageError::Unsupported { name, .. }
-            | ImageError::TooLarge { name, .. }
-            | ImageError::OutOfMemory { name, .. }
-            | ImageError::Io { name, .. }
-            | ImageError::SlotSize { name, .. }
-            | ImageError::DecoderPanic { name, .. } => Some(name),
-            ImageError::InvalidTransform { .. } | ImageError::Encode { .. } => None,
-        }
+        with_source_name!(self, name => Some(name), None)
     }
 }
 
