@@ -280,7 +280,10 @@ def _after_fork_in_child() -> None:
     """Mark pipelines built before a fork as the parent's (internal)."""
 
 def _native_threads() -> tuple[int, int, int]:
-    """(runtime threads, runtime tasks not finished, CPU pool threads) (internal)."""
+    """(runtime threads, runtime tasks not finished, CPU pool threads) (internal).
+
+    The runtime is the process's one: pipelines' stage tasks and remote fetches share it.
+    """
 
 def _cpu_pool_size() -> int:
     """The threads of the process's CPU pool, made if need be (internal)."""
