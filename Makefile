@@ -374,6 +374,10 @@ bench-pack: install-test ## Packing 2,000 JPEGs into tar shards: ferrofeed pack 
 	$(PY) -m pip install --quiet --target target/litdata --no-deps litdata lightning-utilities
 	$(PY) benches/pack_compare.py --litdata target/litdata $(PACK_COMPARE_ARGS)
 
+.PHONY: bench-mix
+bench-mix: install-test ## A Mix of two sources against the same images as one source, side by side (folder and tar), and a mixture's resume cost at 10^6 and 10^8 samples (benches/mix_cost.py)
+	$(PY) benches/mix_cost.py $(MIX_ARGS)
+
 .PHONY: bench-gpu
 bench-gpu: install-test ## On a CUDA machine: copies to the GPU and loaders ending there, against PyTorch's pin_memory=True (benches/gpu_feed.py)
 	$(PY) benches/gpu_feed.py $(GPU_FEED_ARGS)

@@ -69,6 +69,7 @@ from ._errors import (
 )
 from ._images import IMAGE_EXTENSIONS, ImageFiles, ImageFolder
 from ._loader import DataLoader
+from ._mix import Mix
 from ._pack import PackSummary, SkippedSample, index_shards, write_shards
 from ._pipeline import Aggregator, Pipeline, PipelineBuilder, TaskHook
 from ._sample import sample_rng
@@ -111,6 +112,7 @@ __all__ = [
     "ImageReadError",
     "JsonLines",
     "MDSShards",
+    "Mix",
     "PackConflictError",
     "PackDestinationError",
     "PackError",

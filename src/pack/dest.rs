@@ -28,8 +28,9 @@ use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
 
 use super::error::DestKind;
 use super::PackError;
-use crate::remote::store::{Process, StorageOptions};
+use crate::remote::store::{client, runtime, StorageOptions};
 use crate::remote::{ObjectUrl, RemoteError};
+use crate::runtime::Runtime;
 
 /// Bytes of one part of a multipart upload (S3 wants 5 MiB at least, but
 /// for the last).
@@ -68,8 +69,8 @@ pub struct Remote {
     shown: String,
     /// The prefix's store and path.
     prefix: ObjectUrl,
-    /// The process's runtime and clients.
-    process: Arc<Process>,
+    /// The process's runtime.
+    runtime: Arc<Runtime>,
     /// The store's client.
     store: Arc<dyn ObjectStore>,
 }
@@ -118,17 +119,12 @@ impl Dest {
         let shown = text.trim_end_matches('/').to_string();
         let bad = |e: RemoteError| PackError::Options(e.to_string());
         let prefix = ObjectUrl::parse_prefix(&shown).map_err(bad)?;
-        let process = Process::current().map_err(|e| PackError::Dest {
-            dest: shown.clone(),
-            reason: format!("cannot start the runtime: {e}"),
-            kind: DestKind::Other,
-            errno: e.raw_os_error(),
-        })?;
-        let store = process.client(&prefix, options).map_err(bad)?;
+        let runtime = runtime(&shown).map_err(|e| PackError::remote(&e, "the runtime"))?;
+        let store = client(&prefix, options).map_err(bad)?;
         Ok(Dest::Remote(Remote {
             shown,
             prefix,
-            process,
+            runtime,
             store,
         }))
     }
@@ -175,8 +171,7 @@ impl Dest {
             Dest::Remote(r) => {
                 let prefix = r.prefix.path.clone();
                 let metas: Vec<object_store::ObjectMeta> = r
-                    .process
-                    .runtime()
+                    .runtime
                     .block_on(r.store.list(Some(&prefix)).try_collect())
                     .map_err(|e| match RemoteError::from_store(&r.shown, &e) {
                         // Listing a prefix finds nothing rather than failing: a 404
@@ -231,7 +226,7 @@ impl Dest {
             },
             Dest::Remote(r) => {
                 let path = r.path(name);
-                let got = r.process.runtime().block_on(async {
+                let got = r.runtime.block_on(async {
                     match r.store.get(&path).await {
                         Ok(g) => g.bytes().await.map(Some),
                         Err(object_store::Error::NotFound { .. }) => Ok(None),
@@ -258,7 +253,7 @@ impl Dest {
             },
             Dest::Remote(r) => {
                 let path = r.path(name);
-                match r.process.runtime().block_on(r.store.head(&path)) {
+                match r.runtime.block_on(r.store.head(&path)) {
                     Ok(m) => Ok(Some(Stamp {
                         size: m.size,
                         etag: m.e_tag,
@@ -297,7 +292,7 @@ impl Dest {
             },
             Dest::Remote(r) => {
                 let path = r.path(name);
-                match r.process.runtime().block_on(r.store.delete(&path)) {
+                match r.runtime.block_on(r.store.delete(&path)) {
                     Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
                     Err(e) => Err(Remote::error(&self.url_of(name), &e, "cannot remove")),
                 }
@@ -331,7 +326,7 @@ impl Dest {
             Dest::Remote(r) => Ok(ShardOut::Remote(Box::new(RemoteOut {
                 url: self.url_of(name),
                 path: r.path(name),
-                process: Arc::clone(&r.process),
+                runtime: Arc::clone(&r.runtime),
                 store: Arc::clone(&r.store),
                 buffer: Vec::new(),
                 upload: None,
@@ -464,7 +459,7 @@ pub enum ShardOut {
 pub struct RemoteOut {
     url: String,
     path: ObjectPath,
-    process: Arc<Process>,
+    runtime: Arc<Runtime>,
     store: Arc<dyn ObjectStore>,
     /// Bytes not yet handed to an upload.
     buffer: Vec<u8>,
@@ -484,7 +479,7 @@ impl RemoteOut {
     /// Hands the buffer to the multipart upload (started if need be) and
     /// waits until at most [`UPLOAD_CONCURRENCY`] parts are in flight.
     fn flush_parts(&mut self) -> Result<(), PackError> {
-        let rt = self.process.runtime();
+        let rt = Arc::clone(&self.runtime);
         if self.upload.is_none() {
             let upload = rt
                 .block_on(self.store.put_multipart(&self.path))
@@ -506,21 +501,19 @@ impl RemoteOut {
         if let Some(e) = self.failed.take() {
             return Err(e);
         }
-        let rt = Arc::clone(&self.process);
+        let rt = Arc::clone(&self.runtime);
         let result = match self.upload.take() {
             None => {
                 let payload = PutPayload::from(std::mem::take(&mut self.buffer));
-                rt.runtime()
-                    .block_on(self.store.put(&self.path, payload))
+                rt.block_on(self.store.put(&self.path, payload))
                     .map_err(|e| self.error(&e, "cannot upload"))?
             }
             Some(mut upload) => {
                 {
-                    let _in_runtime = rt.runtime().enter();
+                    let _in_runtime = rt.enter();
                     upload.write(&self.buffer);
                 }
-                rt.runtime()
-                    .block_on(upload.finish())
+                rt.block_on(upload.finish())
                     .map_err(|e| self.error(&e, "cannot complete the upload"))?
             }
         };
@@ -537,7 +530,7 @@ impl Drop for RemoteOut {
         if let Some(upload) = self.upload.take() {
             // Not committed: the parts sent are discarded (best effort; a
             // store's lifecycle rule removes what a killed pack leaves).
-            let _ = self.process.runtime().block_on(upload.abort());
+            let _ = self.runtime.block_on(upload.abort());
         }
     }
 }

@@ -117,7 +117,7 @@ impl Default for PackOptions {
             format: OutputFormat::Tar,
             shard_size: None,
             samples_per_shard: None,
-            workers: crate::cpu::machine_threads(),
+            workers: crate::runtime::cpu::machine_threads(),
             on_error: OnError::Raise,
             reencode: None,
             prefix: "shard".into(),

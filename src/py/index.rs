@@ -14,7 +14,8 @@ use crate::pack::Dest;
 use crate::shards::index::{scan_tar, Index, ShardEntry, INDEX_NAME};
 
 use super::errors::{pack_error, shard_error};
-use super::shards::{each_shard, PyShardReader};
+use super::parallel::in_parallel;
+use super::shards::PyShardReader;
 
 /// An index entry as Python sees it: `(name, size, etag, mtime_ns, samples,
 /// first_key, last_key, offsets, end)`.
@@ -110,8 +111,9 @@ fn _scan_shards(
     )>,
 > {
     let sources = reader.get().sources.clone();
+    let n = reader.get().shards();
     let results = py.detach(move || {
-        each_shard(&sources, threads.max(1), |i| {
+        in_parallel(n, threads.max(1), |i| {
             sources.for_count(i).and_then(|shard| scan_tar(&shard))
         })
     });

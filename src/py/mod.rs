@@ -14,8 +14,10 @@ mod errors;
 mod hang;
 mod image;
 mod index;
+mod mix;
 mod ops;
 mod pack;
+mod parallel;
 mod pipeline;
 mod plan;
 mod remote;
@@ -47,6 +49,7 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     ops::register(m)?;
     sampler::register(m)?;
     plan::register(m)?;
+    mix::register(m)?;
     shards::register(m)?;
     pack::register(m)?;
     index::register(m)?;

@@ -11,14 +11,14 @@
 //!   (`plan_group`), so they never become Python objects.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
 use pyo3::exceptions::{PyIndexError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::plan::{Plan, Segment, ShardPlan, ShardPlanConfig};
+use crate::plan::{Plan, ShardPlan, ShardPlanConfig};
 use crate::remote::{RemoteError, RemoteShards};
 use crate::shards::index::SampleOffsets;
 use crate::shards::jsonl::JsonLinesFormat;
@@ -28,8 +28,9 @@ use crate::shards::tar::TarFormat;
 use crate::shards::{Sample, Shard, ShardError, ShardFormat, Value};
 
 use super::errors::{shard_error, shard_exception, ShardClass};
+use super::parallel::in_parallel;
 use super::pipeline::{Item, PyPlanGroup};
-use super::plan::{check_batch, next_batch};
+use super::plan::{check_batch, next_batch, segments};
 use super::remote::PyRemoteShards;
 use super::samples::{tar_sample, to_py};
 
@@ -101,23 +102,13 @@ impl Sources {
         Ok(Shard::memory(name, bytes))
     }
 
-    /// The pieces' samples fetched by their offsets (`index::fetch_pieces`),
-    /// each as a shard of its own whose sample 0 is the piece's `lo`; `None`
-    /// where the source has no offsets.
+    /// The pieces' samples fetched by their offsets, each a shard of its own
+    /// whose sample 0 is the piece's `lo` (`index::fetch_pieces`).
     fn fetch_pieces(&self, pieces: &[(usize, u64, u64)]) -> Vec<Option<Result<Shard, ShardError>>> {
-        let (Some(offsets), Some(remote)) = (&self.offsets, &self.remote) else {
-            return pieces.iter().map(|_| None).collect();
-        };
-        let got = crate::shards::index::fetch_pieces(remote, offsets, pieces);
-        got.into_iter()
-            .zip(pieces)
-            .map(|(got, &(shard, _, _))| {
-                Some(match got? {
-                    Ok(bytes) => Ok(Shard::memory(&self.paths[shard], bytes)),
-                    Err(e) => Err(self.remote_error(shard, e)),
-                })
-            })
-            .collect()
+        match (&self.offsets, &self.remote) {
+            (Some(o), Some(r)) => crate::shards::index::fetch_pieces(r, o, &self.paths, pieces),
+            _ => pieces.iter().map(|_| None).collect(),
+        }
     }
 
     /// Shard `shard` for reading: its file, or its bytes once fetched
@@ -201,11 +192,7 @@ impl PyShardReader {
     fn count(&self, py: Python<'_>, threads: usize) -> PyResult<Vec<Counted>> {
         let sources = self.sources.clone();
         let format = Arc::clone(&self.format);
-        let results = py.detach(move || {
-            each_shard(&sources, threads.max(1), |i| {
-                sources.for_count(i).and_then(|shard| format.count(&shard))
-            })
-        });
+        let results = py.detach(move || count_all(&*format, &sources, threads.max(1)));
         let mut out = Vec::with_capacity(results.len());
         for r in results {
             match r {
@@ -222,8 +209,9 @@ impl PyShardReader {
     }
 
     /// Reads `pieces`, `(shard, lo, hi)` each, whose first samples have the
-    /// global ids `first_ids`, into a window (without the GIL). Errors are
-    /// kept per sample and raised when the sample is asked for.
+    /// global ids `first_ids`, into a window (without the GIL, the pieces on
+    /// threads of their own side by side). Errors are kept per sample and
+    /// raised when the sample is asked for.
     fn read(
         &self,
         py: Python<'_>,
@@ -244,21 +232,38 @@ impl PyShardReader {
         }
         let sources = self.sources.clone();
         let format = Arc::clone(&self.format);
+        // The pieces (shards) of local files are read side by side: on a machine of
+        // many cores, one thread parsing a window would feed fewer images a second
+        // than the decode threads take. Remote shards are taken in the plan's order
+        // (the prefetcher fetches ahead of the reader, on its own tasks).
+        let threads = if sources.remote.is_some() {
+            1
+        } else {
+            piece_threads(pieces.len())
+        };
         let spans = py.detach(move || {
-            let fetched = sources.fetch_pieces(&pieces);
-            pieces
-                .iter()
-                .zip(first_ids)
-                .zip(fetched)
-                .map(|((&(shard, lo, hi), first), fetched)| {
-                    // A fetched piece is a shard of its own, from its sample `lo`.
-                    let (data, base) = match fetched {
-                        Some(data) => (data, lo),
-                        None => (sources.for_read(shard), 0),
-                    };
-                    read_piece(&*format, &sources, (shard, lo, hi), first, data, base)
-                })
-                .collect()
+            let fetched: Vec<Mutex<_>> = sources
+                .fetch_pieces(&pieces)
+                .into_iter()
+                .map(Mutex::new)
+                .collect();
+            in_parallel(pieces.len(), threads, |i| {
+                let (shard, lo, hi) = pieces[i];
+                // A fetched piece is a shard of its own, from its sample `lo`.
+                let taken = fetched[i].lock().map(|mut f| f.take()).ok().flatten();
+                let (data, base) = match taken {
+                    Some(data) => (data, lo),
+                    None => (sources.for_read(shard), 0),
+                };
+                read_piece(
+                    &*format,
+                    &sources,
+                    (shard, lo, hi),
+                    first_ids[i],
+                    data,
+                    base,
+                )
+            })
         });
         Ok(PyShardWindow {
             kind: self.kind,
@@ -279,39 +284,30 @@ impl PyShardReader {
     }
 }
 
-/// `work(shard)` for every shard on up to `threads` threads (counting,
-/// scanning for an index); results in shard order.
-pub(super) fn each_shard<T: Send>(
+impl PyShardReader {
+    /// How many shards it reads.
+    pub(super) fn shards(&self) -> usize {
+        self.sources.paths.len()
+    }
+}
+
+/// Counts every shard on up to `threads` threads; results in shard order.
+fn count_all(
+    format: &dyn ShardFormat,
     sources: &Sources,
     threads: usize,
-    work: impl Fn(usize) -> Result<T, ShardError> + Sync,
-) -> Vec<Result<T, ShardError>> {
-    let next = AtomicUsize::new(0);
-    let n = sources.paths.len();
-    let results: Vec<Mutex<Option<Result<T, ShardError>>>> =
-        (0..n).map(|_| Mutex::new(None)).collect();
-    std::thread::scope(|s| {
-        for _ in 0..threads.min(n) {
-            s.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= n {
-                    break;
-                }
-                let r = work(i);
-                *results[i]
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(r);
-            });
-        }
-    });
-    results
-        .into_iter()
-        .map(|m| {
-            m.into_inner()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .expect("every shard was counted")
-        })
-        .collect()
+) -> Vec<Result<crate::shards::ShardInfo, ShardError>> {
+    in_parallel(sources.paths.len(), threads, |i| {
+        sources.for_count(i).and_then(|shard| format.count(&shard))
+    })
+}
+
+/// The threads a window's pieces are read on: one per piece, at most the
+/// machine's cores and 8 (a piece is a file read or a fetch's wait plus
+/// parsing; more threads than that only contend).
+fn piece_threads(pieces: usize) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    pieces.min(cores).min(8)
 }
 
 /// A sample of a window, or the error that kept it from being read. Behind a
@@ -550,9 +546,20 @@ impl PyShardWindow {
         }
         let label = match label {
             None => None,
-            Some(name) => {
-                let Some(v) = sample.get(name) else {
-                    return Err(missing("label", &format!("{name:?}")));
+            Some(names) => {
+                // `names`: one field, or alternatives as "cls;label" (the first the
+                // sample has).
+                let Some((name, v)) = names
+                    .split(';')
+                    .filter(|n| !n.is_empty())
+                    .find_map(|n| sample.get(n).map(|v| (n, v)))
+                else {
+                    let names: Vec<String> = names
+                        .split(';')
+                        .filter(|n| !n.is_empty())
+                        .map(str::to_owned)
+                        .collect();
+                    return Err(missing("label", &quoted(&names)));
                 };
                 Some(int_label(v).ok_or_else(|| {
                     shard_exception(
@@ -682,15 +689,8 @@ impl PyShardPlan {
             drop_last,
             window,
         };
-        let history: Vec<Segment> = history
-            .into_iter()
-            .map(|(world_size, batches_done)| Segment {
-                world_size,
-                batches_done,
-            })
-            .collect();
         Ok(Self {
-            inner: ShardPlan::new(&config, epoch, &history, start)?,
+            inner: ShardPlan::new(&config, epoch, &segments(history), start)?,
         })
     }
 

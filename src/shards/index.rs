@@ -416,15 +416,18 @@ pub fn plan_fetches(
     (fetches, placed)
 }
 
-/// The bytes of each of `pieces` (`(shard, lo, hi)`) of `remote`'s shards
+/// The samples of each of `pieces` (`(shard, lo, hi)`) of `remote`'s shards
 /// whose sample offsets are known, fetched at once by [`plan_fetches`]'
-/// ranges (`RemoteShards::fetch_ranges`): only the samples' bytes. `None`
-/// for a piece whose shard has no offsets.
+/// ranges (`RemoteShards::fetch_ranges`): only the samples' bytes, each
+/// piece a [`Shard`] of its own (named as its shard, `names[shard]`) whose
+/// sample 0 is the piece's `lo`. `None` for a piece whose shard has no
+/// offsets; a failed fetch is its pieces' [`ShardError::Remote`].
 pub fn fetch_pieces(
     remote: &crate::remote::RemoteShards,
     offsets: &[SampleOffsets],
+    names: &[std::path::PathBuf],
     pieces: &[(usize, u64, u64)],
-) -> Vec<Option<Result<bytes::Bytes, std::sync::Arc<crate::remote::RemoteError>>>> {
+) -> Vec<Option<Result<Shard, ShardError>>> {
     let (fetches, placed) = plan_fetches(offsets, pieces);
     let got: Vec<_> = remote
         .fetch_ranges(&fetches)
@@ -433,11 +436,15 @@ pub fn fetch_pieces(
         .collect();
     placed
         .into_iter()
-        .map(|place| {
+        .zip(pieces)
+        .map(|(place, &(shard, _, _))| {
             let (f, within) = place?;
             Some(match &got[f] {
-                Ok(bytes) => Ok(bytes.slice(within)),
-                Err(e) => Err(std::sync::Arc::clone(e)),
+                Ok(bytes) => Ok(Shard::memory(&names[shard], bytes.slice(within))),
+                Err(e) => Err(ShardError::Remote {
+                    shard: names[shard].clone(),
+                    source: std::sync::Arc::clone(e),
+                }),
             })
         })
         .collect()
