@@ -432,3 +432,30 @@ def test_resize_reencodes_every_image_in_rust(tmp_path: Path) -> None:
     with pytest.raises(ff.PackInputError) as e:
         ff.write_shards(bad, tmp_path / "bad-out", resize=64)
     assert e.value.sample == str(bad / "cat" / "000.jpg")
+
+
+INTERRUPTED = """
+import os, signal, sys
+from ferrofeed import _pack, cli
+
+def interrupt(self, done, samples, nbytes, skipped, shards):
+    if shards >= 2:
+        os.kill(os.getpid(), signal.SIGINT)
+
+_pack._Bar.__call__ = interrupt
+_pack.sys.stderr.isatty = lambda: True  # the progress callback is the bar's
+sys.exit(cli.main(["pack", sys.argv[1], sys.argv[2], "--samples-per-shard", "8"]))
+"""
+
+
+def test_ctrl_c_stops_the_pack_and_a_second_run_finishes_it(tmp_path: Path) -> None:
+    root = make_folder(tmp_path / "images", per_class=60)
+    dest = tmp_path / "out"
+    proc = run_python(INTERRUPTED, args=[str(root), str(dest)], check=False)
+    assert proc.returncode == 130, proc.stderr
+    assert "interrupted (run it again to resume)" in proc.stderr
+    assert not list(dest.glob(".*.tmp")), "the shard being written is removed"
+    kept = len(list(dest.glob("*.tar")))
+    assert 2 <= kept < 15
+    summary = ff.write_shards(root, dest, samples_per_shard=8)
+    assert (summary.samples, summary.resumed) == (120, kept)

@@ -284,8 +284,18 @@ impl PyPacker {
 }
 
 impl PyPacker {
+    /// `f` of the packer; never waits for a pack running on another thread
+    /// (which may be waiting for the GIL this thread holds).
     fn read<T>(&self, f: impl FnOnce(&Packer) -> T) -> PyResult<T> {
-        let slot = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let slot = match self.inner.try_lock() {
+            Ok(slot) => slot,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                return Err(PyRuntimeError::new_err(
+                    "this pack is writing on another thread",
+                ))
+            }
+        };
         slot.as_ref()
             .map(f)
             .ok_or_else(|| PyRuntimeError::new_err("this pack is finished or failed"))
