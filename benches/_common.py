@@ -1,6 +1,7 @@
 """What the Python benchmarks share: the JPEGs made from real photos (and packed as tar or
 Parquet shards), the Pillow transforms every loader runs, running one configuration in a
-fresh interpreter, and the process tree's CPU time and memory.
+fresh interpreter (reading its epochs there, `LoaderCosts`: the process tree's CPU time and
+memory), and the rounds (their order, medians and ratios round by round, the tables).
 
 The scripts in this folder import it as a sibling module (``python benches/NAME.py`` puts
 this folder first on ``sys.path``). Importing it imports neither torch nor ferrofeed, so
@@ -10,9 +11,11 @@ that a child interpreter measuring one loader holds only what that loader needs.
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import json
 import math
+import multiprocessing
 import os
 import random
 import resource
@@ -20,8 +23,10 @@ import statistics
 import subprocess
 import sys
 import tarfile
+import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -248,6 +253,11 @@ def pack_parquet_shards(
     return paths
 
 
+def scratch_dir(prefix: str) -> str:
+    """A new temporary folder for a run's data, on /dev/shm (in memory) where there is one."""
+    return tempfile.mkdtemp(prefix=prefix, dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+
+
 # --- the transforms (module level: the same code in every loader and worker) ------------------
 
 SHORT, CROP = 256, 224
@@ -376,6 +386,38 @@ def shutdown_workers(loader: Any) -> None:
         iterator._shutdown_workers()
 
 
+def first_item(batch: Any) -> Any:
+    """The images of an ``(images, labels)`` batch."""
+    return batch[0]
+
+
+def read_epoch(
+    batches: Iterable[Any],
+    key: str,
+    *,
+    since: float | None = None,
+    images_of: Callable[[Any], Any] = first_item,
+) -> tuple[int, float]:
+    """Read one epoch of image batches; return its images and the seconds to its first batch.
+
+    The first batch's images (``images_of(batch)``) must be uint8 ``CROP x CROP x 3``, or
+    the run fails naming ``key``. The time to the first batch counts from ``since`` (a
+    ``time.perf_counter()``: before the loader was built, say), else from this call.
+    """
+    t0 = time.perf_counter() if since is None else since
+    first, count = 0.0, 0
+    for batch in batches:
+        images = images_of(batch)
+        if not count:
+            first = time.perf_counter() - t0
+            shape, dtype = tuple(images.shape[1:]), str(images.dtype)
+            if shape != (CROP, CROP, 3) or "uint8" not in dtype:
+                raise AssertionError(f"{key}: batches of {shape} {dtype}")
+        count += len(images)
+        del batch, images
+    return count, first
+
+
 # --- CPU time and memory of a process tree ---------------------------------------------------
 
 
@@ -492,6 +534,39 @@ class PssSampler:
         return self.samples
 
 
+class LoaderCosts:
+    """What a loader costs the child that runs it, from just before it is built until its
+    workers are ended and reaped: the CPU seconds of this interpreter (all its threads) and
+    of its reaped children (``getrusage``), and the process tree's PSS before it and at the
+    end of each epoch (`epoch_end`).
+    """
+
+    def __init__(self) -> None:
+        gc.collect()
+        self.pid = os.getpid()
+        self.pss_before = tree_pss(self.pid)
+        self.cpu_before = cpu_self() + cpu_children()
+        self.pss_epoch_end: list[int] = []
+
+    def epoch_end(self) -> None:
+        """Take the tree's PSS at the end of an epoch."""
+        self.pss_epoch_end.append(tree_pss(self.pid))
+
+    def end(self) -> dict[str, Any]:
+        """The figures, once the loader's workers are ended and the loader dropped: the
+        workers that ended are reaped here; those still alive (``children_left``) would
+        leave their CPU time out."""
+        gc.collect()
+        multiprocessing.active_children()  # reaps the workers that ended
+        return {
+            "cpu_before_loader_s": self.cpu_before,
+            "cpu_loader_s": cpu_self() + cpu_children() - self.cpu_before,
+            "pss_before_loader": self.pss_before,
+            "pss_epoch_end": self.pss_epoch_end,
+            "children_left": len(child_pids(self.pid)),
+        }
+
+
 def run_fresh(
     script: str | Path,
     spec: dict[str, Any],
@@ -536,6 +611,18 @@ def run_fresh(
     return result
 
 
+def add_tree_figures(r: dict[str, Any]) -> dict[str, Any]:
+    """Add to a `run_fresh` result with `LoaderCosts`' figures (and ``pss_interval``) the
+    loader's CPU seconds per 1000 images (``cpu_s_per_1000``), the tree's peak PSS over the
+    samples and the epochs' ends (``peak_pss``) and what the loader added to it
+    (``peak_pss_added``); the PSS samples themselves are dropped. Returns ``r``."""
+    r["cpu_s_per_1000"] = r["cpu_loader_s"] / r["images"] * 1000
+    samples = [v for _, v in r.pop("pss_series")] + r["pss_epoch_end"]
+    r["peak_pss"] = max(samples)
+    r["peak_pss_added"] = r["peak_pss"] - r["pss_before_loader"]
+    return r
+
+
 def child_entry(argv: list[str], run: Any) -> bool:
     """In a child started by `run_fresh`: run ``run(spec)``, write its result; else False."""
     if len(argv) < 4 or argv[1] != CHILD_FLAG:
@@ -551,6 +638,56 @@ def child_entry(argv: list[str], run: Any) -> bool:
 def med_range(values: list[float]) -> dict[str, float]:
     """Median, min and max."""
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def same_rounds(
+    a: list[dict[str, Any]], b: list[dict[str, Any]]
+) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """The runs of two configurations paired round by round, for the rounds both ran."""
+    return list(zip(a, b, strict=False))
+
+
+def better(
+    pairs: Iterable[tuple[dict[str, Any], dict[str, Any]]], key: str, *, lower: bool = False
+) -> dict[str, float]:
+    """Runs ``(a, b)`` of the same round compared on ``key``, round by round, then the median
+    and range: ``a``'s over ``b``'s, or ``b``'s over ``a``'s where ``lower`` is better (CPU
+    per image, time to the first batch), so that above 1 is always better for ``a``."""
+    return med_range([b[key] / a[key] if lower else a[key] / b[key] for a, b in pairs])
+
+
+def rotated(items: Sequence[Any], rnd: int) -> list[Any]:
+    """``items`` in round ``rnd``'s order: rotated by one more place each round, so that no
+    configuration always follows the same one."""
+    shift = rnd % max(len(items), 1)
+    return [*items[shift:], *items[:shift]]
+
+
+def runnable(
+    checks: dict[str, tuple[bool, str]], labels: dict[str, str] | None = None
+) -> tuple[list[str], dict[str, str]]:
+    """Which configurations can run here, from what each one's check said (``key: (ok,
+    why)``): their keys, in order, and why each other cannot (``not_run``), said in a line
+    ``skipped KEY (LABEL): WHY`` as it is found."""
+    keys, not_run = [], {}
+    for key, (ok, why) in checks.items():
+        if ok:
+            keys.append(key)
+        else:
+            not_run[key] = why
+            label = f" ({labels[key]})" if labels and key in labels else ""
+            print(f"skipped {key}{label}: {why}", flush=True)
+    return keys, not_run
+
+
+def write_markdown(out_dir: Path, name: str, md: str) -> Path:
+    """Write the tables ``md`` to ``out_dir/{name}.md`` and print them; return the path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{name}.md"
+    path.write_text(md + "\n")
+    print()
+    print(md)
+    return path
 
 
 def fmt(stat: dict[str, float], scale: float = 1.0, digits: int = 0) -> str:

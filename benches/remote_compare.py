@@ -180,7 +180,7 @@ def child_main(spec: dict[str, Any]) -> dict[str, Any]:
         from ferrofeed import _core
     else:
         import webdataset  # noqa: F401
-        from compare import webdataset_loader
+        from _compare_loaders import webdataset_loader
     gc.collect()
     n, me = spec["n"], os.getpid()
     pss_before = tree_pss(me)

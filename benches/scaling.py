@@ -30,9 +30,9 @@ what those small shares of a batch cost each thread; the proxy table gives their
 as a ratio to batches of 32 on as many threads. ``--proxy-only`` runs only those.
 ``--compare`` adds, at every (T, B, job) of the image folder, PyTorch's DataLoader with the
 Pillow transform (``_common.PillowTrain`` / ``PillowExact``) and with torchvision's
-``decode_jpeg`` + ``transforms.v2`` (``compare.TorchvisionJob``), both with T worker
-processes and batches of B (``compare.torch_loader``); they are left out, with the reason,
-where torch or torchvision cannot run.
+``decode_jpeg`` + ``transforms.v2`` (``_compare_loaders.TorchvisionJob``), both with T
+worker processes and batches of B (``_compare_loaders.torch_loader``); they are left out,
+with the reason, where torch or torchvision cannot run.
 
 Each configuration runs in a fresh interpreter (``_common.run_fresh``), the configurations
 taking turns for ``--rounds`` rounds (default 2; the order rotated each round) so that all
@@ -106,8 +106,8 @@ from _common import (
     stat_fields,
     tree_pids,
 )
-from bench_machine import cpu_model
-from compare import BY_KEY, available, version_of
+from _compare_loaders import BY_KEY, available
+from bench_machine import cpu_model, version_of
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO_ROOT / "benches" / "results"
@@ -282,7 +282,7 @@ def build_loader(cfg: Config, spec: dict[str, Any]) -> Any:
     files = [(p, int(label)) for p, label in spec["files"]]
     seed = spec["seed"]
     if cfg.loader in PEERS:
-        from compare import TorchvisionJob, torch_loader
+        from _compare_loaders import TorchvisionJob, torch_loader
 
         if cfg.loader == "pytorch":
             dataset: Any = PillowExact(files) if cfg.job == "exact" else PillowTrain(files)

@@ -5,6 +5,7 @@
 * ``coco`` / ``coco_annotation``: deterministic COCO-like annotation dicts (~300-600 bytes
   pickled each).
 * ``run_python``: runs a snippet in a fresh ``sys.executable`` subprocess with a timeout.
+* ``import_bench``: a module of benches/ (a script, or a module the scripts share).
 * an autouse guard that fails a test which leaves a ``/dev/shm/ferrofeed-<our pid>-*`` file
   behind (an owner that was never closed and was not garbage collected either).
 """
@@ -12,6 +13,7 @@
 from __future__ import annotations
 
 import gc
+import importlib
 import json
 import multiprocessing
 import os
@@ -24,6 +26,7 @@ import textwrap
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -31,12 +34,22 @@ import pytest
 TESTS_DIR = Path(__file__).resolve().parent
 REPO_ROOT = TESTS_DIR.parent
 SHM = Path("/dev/shm")
+BENCHES = REPO_ROOT / "benches"
 
 # Worker functions defined in the test modules are pickled by reference for spawn and
 # forkserver children; those children inherit sys.path, so make the test modules importable
 # by name whatever import mode pytest runs in.
 if str(TESTS_DIR) not in sys.path:
     sys.path.insert(0, str(TESTS_DIR))
+
+
+def import_bench(name: str) -> ModuleType:
+    """A module of benches/ (the scripts import each other as siblings, from their folder)."""
+    sys.path.insert(0, str(BENCHES))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(BENCHES))
 
 
 def pytest_configure(config: pytest.Config) -> None:
