@@ -10,6 +10,7 @@ that a child interpreter measuring one loader holds only what that loader needs.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import gc
 import io
@@ -678,6 +679,28 @@ def runnable(
             label = f" ({labels[key]})" if labels and key in labels else ""
             print(f"skipped {key}{label}: {why}", flush=True)
     return keys, not_run
+
+
+def subset(
+    text: str, allowed: Iterable[str], what: str, parser: argparse.ArgumentParser
+) -> list[str]:
+    """The names of a comma-separated option (``all``: every one of ``allowed``), in the
+    order given; a name not in ``allowed`` is a usage error naming ``what`` it is."""
+    allowed = list(allowed)
+    if text.strip() == "all":
+        return allowed
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    if unknown := set(names) - set(allowed):
+        parser.error(f"unknown {what}: {sorted(unknown)} (of {','.join(allowed)})")
+    return names
+
+
+def fill_defaults(args: argparse.Namespace, **defaults: tuple[Any, Any]) -> None:
+    """Give each option left unset (None) its default, ``name=(full, quick)``: the second
+    with ``--quick`` (a smoke run). What the command line gives stays."""
+    for name, (full, quick) in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
 
 
 def write_markdown(out_dir: Path, name: str, md: str) -> Path:
