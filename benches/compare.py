@@ -84,6 +84,7 @@ from _common import (
     LoaderCosts,
     add_tree_figures,
     child_entry,
+    fill_defaults,
     make_jpegs,
     pack_parquet_shards,
     pack_tar_shards,
@@ -92,6 +93,7 @@ from _common import (
     run_fresh,
     runnable,
     scratch_dir,
+    subset,
 )
 from _compare_loaders import (
     BATCH,
@@ -317,26 +319,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "their memory then lacks torch's, which a training process has)",
     )
     args = p.parse_args(argv)
-    # --quick: small sizes and one round; what is given explicitly stays.
-    defaults = (96, 1, 20_000, 2, 16) if args.quick else (2000, 3, 1_000_000, 4, 200)
-    names = ("n", "rounds", "ram_n", "ram_workers", "shard_size")
-    for name, value in zip(names, defaults, strict=True):
-        if getattr(args, name) is None:
-            setattr(args, name, value)
-    if args.out_dir is None:  # a quick run leaves the committed results alone
-        args.out_dir = QUICK_OUT if args.quick else DEFAULT_OUT
-    args.ram_methods = tuple(m.strip() for m in args.ram_methods.split(",") if m.strip())
-    if unknown := set(args.ram_methods) - {"fork", "forkserver"}:
-        p.error(f"unknown start methods: {sorted(unknown)}")
-    args.jobs = [j.strip() for j in args.jobs.split(",") if j.strip()]
-    if unknown := set(args.jobs) - {*JOBS, "ram"}:
-        p.error(f"unknown jobs: {sorted(unknown)}")
-    if args.loaders == "all":
-        args.loaders = list(BY_KEY)
-    else:
-        args.loaders = [k.strip() for k in args.loaders.split(",") if k.strip()]
-        if unknown := set(args.loaders) - set(BY_KEY):
-            p.error(f"unknown loaders: {sorted(unknown)}")
+    # --quick: small sizes and one round, the committed results left alone.
+    fill_defaults(
+        args,
+        n=(2000, 96),
+        rounds=(3, 1),
+        ram_n=(1_000_000, 20_000),
+        ram_workers=(4, 2),
+        shard_size=(200, 16),
+        out_dir=(DEFAULT_OUT, QUICK_OUT),
+    )
+    args.ram_methods = tuple(subset(args.ram_methods, ("fork", "forkserver"), "start methods", p))
+    args.jobs = subset(args.jobs, (*JOBS, "ram"), "jobs", p)
+    args.loaders = subset(args.loaders, BY_KEY, "loaders", p)
     if args.n < BATCH or args.epochs < 2 or args.rounds < 1:
         p.error(f"--n must be >= {BATCH}, --epochs >= 2, --rounds >= 1")
     if args.shard_size < 1 or args.shuffle_window < 1:
