@@ -78,22 +78,22 @@ BENCH_DIR = Path(__file__).resolve().parent
 if str(BENCH_DIR) not in sys.path:  # imported from another directory (benches/compare.py)
     sys.path.insert(0, str(BENCH_DIR))
 
-from ram_study import (  # noqa: E402  (after the sys.path line above)
-    REPO_ROOT,
+from _ram_common import (  # noqa: E402  (after the sys.path line above)
     Json,
     Mem,
-    _raise_system_exit,
     cmdline,
     coco_annotations,
     machine_info,
     meminfo,
     mib,
     process_tree,
+    raise_system_exit,
     render,
     smaps_rollup,
     stop_process,
 )
 
+REPO_ROOT = BENCH_DIR.parent
 DEFAULT_OUT = REPO_ROOT / "bench-results" / "ram_loaders.json"
 LOADERS = ("ferrofeed", "torch")
 LOADER_NAMES = {
@@ -976,7 +976,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     # SIGTERM ends the run as Ctrl-C does: the ranks' process groups are killed, the arenas
     # removed.
-    signal.signal(signal.SIGTERM, _raise_system_exit)
+    signal.signal(signal.SIGTERM, raise_system_exit)
     partial = args.out.with_suffix(".partial.json")
     res = run_loader_ram(
         args.n,
