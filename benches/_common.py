@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from bench_machine import loadavg
 from PIL import Image, ImageEnhance
 
 CHILD_FLAG = "--_child"
@@ -252,6 +253,42 @@ def pack_parquet_shards(
         pq.write_table(table, path, row_group_size=row_group)
         paths.append(path)
     return paths
+
+
+def make_images(
+    workdir: str, n: int, seed: int, *, folders: bool = False, per_shard: int | None = None
+) -> tuple[list[tuple[str, int]], list[str], dict[str, Any]]:
+    """A run's images: ``n`` JPEGs of the varied set (`make_jpegs`) in ``workdir/images`` (an
+    image folder with ``folders``) and, with ``per_shard``, the same packed as tar shards in
+    ``workdir/tar``; a line says what was made.
+
+    Returns the files (path, label), the shards, and what the results say of them: the
+    figures of `make_jpegs`, ``n``, the shards' ``per_shard``, number (``shards``) and mean
+    size (``mean_tar_bytes``), and the seconds it all took (``made_s``).
+    """
+    t = time.perf_counter()
+    image_dir = os.path.join(workdir, "images")
+    os.makedirs(image_dir, exist_ok=True)
+    files, info = make_jpegs(image_dir, n, seed, varied=True, folders=folders)
+    data: dict[str, Any] = {**info, "n": n}
+    shards = pack_tar_shards(files, os.path.join(workdir, "tar"), per_shard) if per_shard else []
+    if shards:
+        mean = round(sum(os.path.getsize(p) for p in shards) / len(shards))
+        data.update(per_shard=per_shard, shards=len(shards), mean_tar_bytes=mean)
+    data["made_s"] = round(time.perf_counter() - t, 1)
+    packed = (
+        f", in {len(shards)} tar shards of {per_shard} ({data['mean_tar_bytes'] / 1e6:.1f} MB "
+        "each) too"
+        if shards
+        else ""
+    )
+    print(
+        f"{n} JPEGs from scikit-image's photos, {info['mean_file_bytes'] / 1024:.0f} KiB on "
+        f"average: {info['sizes']}{packed}; made in {data['made_s']} s; load average "
+        f"{loadavg()}",
+        flush=True,
+    )
+    return files, shards, data
 
 
 def scratch_dir(prefix: str) -> str:
@@ -535,6 +572,15 @@ class PssSampler:
         return self.samples
 
 
+def reap_children() -> int:
+    """Once a loader's workers were told to end and the loader dropped: collect it, reap the
+    workers that ended, and return how many child processes are still alive (their CPU time
+    would be missing from ``getrusage``'s)."""
+    gc.collect()
+    multiprocessing.active_children()  # reaps the workers that ended
+    return len(child_pids(os.getpid()))
+
+
 class LoaderCosts:
     """What a loader costs the child that runs it, from just before it is built until its
     workers are ended and reaped: the CPU seconds of this interpreter (all its threads) and
@@ -557,14 +603,13 @@ class LoaderCosts:
         """The figures, once the loader's workers are ended and the loader dropped: the
         workers that ended are reaped here; those still alive (``children_left``) would
         leave their CPU time out."""
-        gc.collect()
-        multiprocessing.active_children()  # reaps the workers that ended
+        children_left = reap_children()
         return {
             "cpu_before_loader_s": self.cpu_before,
             "cpu_loader_s": cpu_self() + cpu_children() - self.cpu_before,
             "pss_before_loader": self.pss_before,
             "pss_epoch_end": self.pss_epoch_end,
-            "children_left": len(child_pids(self.pid)),
+            "children_left": children_left,
         }
 
 
@@ -582,7 +627,7 @@ def run_fresh(
     Adds ``cpu_tree_s``: the CPU seconds of the whole process tree (the interpreter and
     every worker it reaped, from ``getrusage(RUSAGE_CHILDREN)`` here), and with
     ``pss_interval``, ``pss_series``: (seconds, total PSS of the tree) sampled from here.
-    The child's ``main`` answers ``CHILD_FLAG`` with `child_entry`.
+    The script's entry point, `run_script`, answers ``CHILD_FLAG`` with its child's part.
     """
     out_path = os.path.join(workdir, "child-result.json")
     spec_path = os.path.join(workdir, "child-spec.json")
@@ -624,13 +669,18 @@ def add_tree_figures(r: dict[str, Any]) -> dict[str, Any]:
     return r
 
 
-def child_entry(argv: list[str], run: Any) -> bool:
-    """In a child started by `run_fresh`: run ``run(spec)``, write its result; else False."""
-    if len(argv) < 4 or argv[1] != CHILD_FLAG:
-        return False
-    spec = json.loads(Path(argv[2]).read_text())
-    Path(argv[3]).write_text(json.dumps(run(spec)))
-    return True
+def run_script(
+    parent: Callable[[list[str]], int | None], child: Callable[[dict[str, Any]], dict[str, Any]]
+) -> int:
+    """A benchmark script's entry point; returns its exit status. In a child interpreter that
+    `run_fresh` started (``SCRIPT --_child SPEC OUT``): ``child(spec)``, its result written
+    to ``OUT``. Else ``parent`` on the command line's arguments."""
+    argv = sys.argv
+    if len(argv) >= 4 and argv[1] == CHILD_FLAG:
+        spec = json.loads(Path(argv[2]).read_text())
+        Path(argv[3]).write_text(json.dumps(child(spec)))
+        return 0
+    return parent(argv[1:]) or 0
 
 
 # --- summaries ---------------------------------------------------------------------------------
@@ -639,6 +689,12 @@ def child_entry(argv: list[str], run: Any) -> bool:
 def med_range(values: list[float]) -> dict[str, float]:
     """Median, min and max."""
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def medians(runs: list[dict[str, Any]], keys: Iterable[str]) -> dict[str, dict[str, float]]:
+    """The median and range of each figure of ``keys`` over ``runs`` (one configuration's
+    rounds, say)."""
+    return {key: med_range([r[key] for r in runs]) for key in keys}
 
 
 def same_rounds(

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from _common import better, fmt, fmt_ratio, med_range, same_rounds, write_markdown
+from _common import better, fmt, fmt_ratio, med_range, medians, same_rounds, write_markdown
 from _compare_loaders import BY_KEY, JOBS, LOADERS
 
 MIB = 1 << 20
@@ -90,17 +90,8 @@ def peer_ratios(runs: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, A
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """The median and range of each figure over one loader's rounds."""
-    return {
-        key: med_range([r[key] for r in runs])
-        for key in (
-            "images_per_s",
-            "ttfb_s",
-            "cpu_s_per_1000",
-            "peak_pss",
-            "peak_pss_added",
-            "pss_growth",
-        )
-    }
+    figures = ("images_per_s", "ttfb_s", "cpu_s_per_1000", "peak_pss", "peak_pss_added")
+    return medians(runs, (*figures, "pss_growth"))
 
 
 # --- report: markdown tables and plots ---------------------------------------------------------

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from _common import fmt, fmt_ratio, med_range, same_rounds, write_markdown
+from _common import fmt, fmt_ratio, med_range, medians, same_rounds, write_markdown
 from _remote_configs import BY_KEY, CONFIGS, PAIRS
 
 NAME = "remote_compare"
@@ -29,9 +29,9 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     for r in runs:
         r["loader_cores"], r["server_cores"] = cores(r)
         r["total_cpu_s_per_1000"] = r["cpu_s_per_1000"] + r["server_cpu_s_per_1000"]
-    out: dict[str, Any] = {
-        key: med_range([r[key] for r in runs])
-        for key in (
+    out: dict[str, Any] = medians(
+        runs,
+        (
             "images_per_s",
             "first_epoch_images_per_s",
             "ttfb_s",
@@ -42,17 +42,15 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "server_cores",
             "peak_pss",
             "peak_pss_added",
-        )
-    }
+        ),
+    )
     steady = [e for r in runs for e in r["remote_epochs"][1:]]
     if steady:  # ferrofeed's remote counters per steady epoch, over every run
-        out["remote_steady_epoch"] = {k: med_range([e[k] for e in steady]) for k in steady[0]}
-        out["remote_first_epoch"] = {
-            k: med_range([r["remote_epochs"][0][k] for r in runs]) for k in steady[0]
-        }
-        out["remote_source"] = {
-            k: med_range([r["remote_source"][k] for r in runs]) for k in runs[0]["remote_source"]
-        }
+        counters = steady[0].keys()
+        out["remote_steady_epoch"] = medians(steady, counters)
+        out["remote_first_epoch"] = medians([r["remote_epochs"][0] for r in runs], counters)
+        sources = [r["remote_source"] for r in runs]
+        out["remote_source"] = medians(sources, sources[0].keys())
     return out
 
 

@@ -87,7 +87,7 @@ def markdown(results: dict[str, Any]) -> str:
         f"#### Scaling of the native chain, on {cpu} ({cores} cores)",
         "",
         f"{data['n']:,} JPEGs (image folder"
-        + (f", and tar shards of {data['per_shard']}" if data["shards"] else "")
+        + (f", and tar shards of {data['per_shard']}" if data.get("shards") else "")
         + f"), {epochs} timed epoch{'s' * (epochs != 1)} after a "
         f"warm-up, {rounds} round{'s' * (rounds != 1)}: medians (min-max). Threads busy: CPU "
         "of the process tree / wall / T; pool busy: the decode pool's CPU / wall / its threads "

@@ -121,9 +121,7 @@ def summarize(runs: list[dict[str, Any]], builds: list[str], jobs: list[str]) ->
     return "\n".join(lines)
 
 
-def main() -> None:
-    if _common.child_entry(sys.argv, child):
-        return
+def main(argv: list[str]) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument(
         "--build",
@@ -149,7 +147,7 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=600.0, help="per run, seconds")
     p.add_argument("--out", default="bench-results/build_ab")
     p.add_argument("--name", default="build_ab")
-    args = p.parse_args()
+    args = p.parse_args(argv)
 
     builds: dict[str, str] = {}
     for b in args.build:
@@ -227,4 +225,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(_common.run_script(main, child))

@@ -83,14 +83,14 @@ from typing import Any
 from _common import (
     LoaderCosts,
     add_tree_figures,
-    child_entry,
     fill_defaults,
-    make_jpegs,
+    make_images,
     pack_parquet_shards,
     pack_tar_shards,
     read_epoch,
     rotated,
     run_fresh,
+    run_script,
     runnable,
     scratch_dir,
     subset,
@@ -375,11 +375,8 @@ def ferrofeed_and_peers(py313: str | None) -> dict[str, str | None]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv if argv is None else argv
-    if child_entry(argv, child_main):
-        return 0
-    args = parse_args(argv[1:])
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
     if args.torchvision_requirement:
         try:
             print(torchvision_requirement(importlib.metadata.version("torch")))
@@ -399,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     loaders = [BY_KEY[k] for k in keys]
     results: dict[str, Any] = {
-        **stamp("compare.py", argv[1:]),
+        **stamp("compare.py", argv),
         "versions": ferrofeed_and_peers(args.py313),
         "args": {k: str(v) for k, v in vars(args).items()},
         "not_run": not_run,
@@ -418,20 +415,10 @@ def main(argv: list[str] | None = None) -> int:
     workdir = scratch_dir("ferrofeed-compare-")
     try:
         if image_jobs:
-            t = time.perf_counter()
-            image_dir = os.path.join(workdir, "images")
-            os.makedirs(image_dir)
-            files, info = make_jpegs(image_dir, args.n, args.seed, varied=True)
-            results["data"] = {**info, "n": args.n, "made_s": round(time.perf_counter() - t, 1)}
-            kib = info["mean_file_bytes"] / 1024
-            print(
-                f"{args.n} JPEGs from scikit-image's photos, {kib:.0f} KiB on average: "
-                f"{info['sizes']}; load average {results['loadavg_start']}",
-                flush=True,
-            )
+            files, _, results["data"] = make_images(workdir, args.n, args.seed)
             base = {
                 "files": files,
-                "root": image_dir,
+                "root": os.path.join(workdir, "images"),
                 "seed": args.seed,
                 "epochs": args.epochs,
                 "import_torch": not args.no_torch_import,
@@ -538,4 +525,4 @@ def pack_shards(
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main, child_main))

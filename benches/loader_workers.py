@@ -61,7 +61,6 @@ from typing import Any
 import numpy as np
 from _common import (
     FileDataset,
-    child_entry,
     cpu_children,
     cpu_self,
     fmt,
@@ -70,6 +69,7 @@ from _common import (
     native_train_decode,
     rrc_params,
     run_fresh,
+    run_script,
 )
 from bench_machine import cpu_model
 from PIL import Image
@@ -330,9 +330,7 @@ def best(summary: dict[str, Any], names: list[str]) -> str:
     return max(names, key=lambda c: summary[c]["images_per_s"]["median"])
 
 
-def main() -> int:
-    if child_entry(sys.argv, child_main):
-        return 0
+def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=int, default=640, help="JPEGs (default 640)")
     parser.add_argument("--n-small", type=int, default=2048, help="job (b) samples")
@@ -344,7 +342,7 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=600.0, help="per child, seconds")
     parser.add_argument("--quick", action="store_true", help="a smoke run: small sizes, 1 round")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.quick:
         args.n, args.n_small, args.epochs, args.repeats = 96, 256, 1, 1
     jobs = {j.strip() for j in args.jobs.split(",")}
@@ -472,4 +470,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main, child_main))

@@ -75,14 +75,13 @@ from typing import Any
 from _common import (
     LoaderCosts,
     add_tree_figures,
-    child_entry,
     fill_defaults,
-    make_jpegs,
+    make_images,
     native_op,
-    pack_tar_shards,
     read_epoch,
     rotated,
     run_fresh,
+    run_script,
     runnable,
     scratch_dir,
     shutdown_workers,
@@ -324,11 +323,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv if argv is None else argv
-    if child_entry(argv, child_main):
-        return 0
-    args = parse_args(argv[1:])
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
     if args.replot:
         report(analyse(json.loads(args.replot.read_text())), args.out_dir)
         return 0
@@ -337,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     keys, not_run = runnable({key: available(BY_KEY[key]) for key in args.configs})
     configs = [BY_KEY[k] for k in keys]
     results: dict[str, Any] = {
-        **stamp("remote_compare.py", argv[1:]),
+        **stamp("remote_compare.py", argv),
         "build": build_info(),
         "versions": versions_and_curl(),
         "args": {k: str(v) for k, v in vars(args).items()},
@@ -348,22 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     saved_env = dict(os.environ)
     servers: dict[str, Any] = {}
     try:
-        t = time.perf_counter()
-        files, info = make_jpegs(os.path.join(workdir, "images"), args.n, args.seed, varied=True)
-        paths = pack_tar_shards(files, os.path.join(workdir, "shards"), args.shard_size)
-        results["data"] = {
-            **info,
-            "n": args.n,
-            "shards": len(paths),
-            "per_shard": args.shard_size,
-            "mean_tar_bytes": round(sum(os.path.getsize(p) for p in paths) / len(paths)),
-            "made_s": round(time.perf_counter() - t, 1),
-        }
-        print(
-            f"{args.n} JPEGs in {len(paths)} tar shards of {args.shard_size} "
-            f"({results['data']['mean_tar_bytes'] / 1e6:.1f} MB each) in "
-            f"{results['data']['made_s']} s; load average {results['loadavg_start']}",
-            flush=True,
+        _, paths, results["data"] = make_images(
+            workdir, args.n, args.seed, per_shard=args.shard_size
         )
         s3_endpoint = None
         if any(c.where == "s3" for c in configs):
@@ -412,4 +394,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main, child_main))

@@ -72,7 +72,6 @@ import argparse
 import gc
 import json
 import math
-import multiprocessing
 import os
 import platform
 import shutil
@@ -88,17 +87,16 @@ from _common import (
     PillowExact,
     PillowTrain,
     better,
-    child_entry,
-    child_pids,
     cpu_self,
     fill_defaults,
-    make_jpegs,
+    make_images,
     med_range,
     native_op,
-    pack_tar_shards,
     read_epoch,
+    reap_children,
     rotated,
     run_fresh,
+    run_script,
     runnable,
     same_rounds,
     scratch_dir,
@@ -233,9 +231,7 @@ def child_main(spec: dict[str, Any]) -> dict[str, Any]:
             raise AssertionError(f"{cfg.key}: epoch {i} gave {c} images, not {n}")
     shutdown_workers(loader)
     del loader
-    gc.collect()
-    multiprocessing.active_children()  # reaps the workers that ended
-    left = child_pids(me)
+    children_left = reap_children()
     images = n * len(epoch_s)
     out: dict[str, Any] = {
         "config": asdict(cfg),
@@ -257,7 +253,7 @@ def child_main(spec: dict[str, Any]) -> dict[str, Any]:
         "decode_pool": decode_pool,
         # From building the loader until its workers were ended and reaped.
         "cpu_loader_s": tree_cpu_s() - cpu_start,
-        "children_left": len(left),
+        "children_left": children_left,
     }
     figures: dict[str, Any] = {
         "pool_busy": None,
@@ -432,12 +428,9 @@ def ferrofeed_build() -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str]) -> int:
     """Run the rows in fresh interpreters, round by round; write the JSON and the tables."""
-    argv = sys.argv if argv is None else argv
-    if child_entry(argv, child_main):
-        return 0
-    args = parse_args(argv[1:])
+    args = parse_args(argv)
     if args.replot:
         saved = json.loads(args.replot.read_text())
         saved["targets"] = targets(saved)  # as this version of the script reads them
@@ -455,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--n {args.n} is less than a batch of {largest}", file=sys.stderr)
         return 2
     results: dict[str, Any] = {
-        **stamp("scaling.py", argv[1:]),
+        **stamp("scaling.py", argv),
         "cores": os.cpu_count() or 1,
         **ferrofeed_build(),
         "args": {k: v if isinstance(v, int | list) else str(v) for k, v in vars(args).items()},
@@ -471,31 +464,18 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list[dict[str, Any]]] = {c.key: [] for c in configs}
     workdir = scratch_dir("ferrofeed-scaling-")
     try:
-        t = time.perf_counter()
-        image_dir = os.path.join(workdir, "images")
-        files, info = make_jpegs(image_dir, args.n, args.seed, varied=True, folders=True)
-        tar = (
-            pack_tar_shards(files, os.path.join(workdir, "tar"), args.shard_size)
-            if any(c.source == "tar" for c in configs)
-            else []
+        tar_rows = any(c.source == "tar" for c in configs)
+        files, tar, data = make_images(
+            workdir,
+            args.n,
+            args.seed,
+            folders=True,
+            per_shard=args.shard_size if tar_rows else None,
         )
-        results["data"] = {
-            **info,
-            "n": args.n,
-            "per_shard": args.shard_size,
-            "shards": len(tar),
-            "shuffle_window": args.shuffle_window,
-            "made_s": round(time.perf_counter() - t, 1),
-        }
-        print(
-            f"{args.n} JPEGs from scikit-image's photos, {info['mean_file_bytes'] / 1024:.0f} "
-            f"KiB on average{f', in {len(tar)} tar shards too' if tar else ''}; load average "
-            f"{results['loadavg_start']}",
-            flush=True,
-        )
+        results["data"] = {**data, "shuffle_window": args.shuffle_window}
         base = {
             "files": files,
-            "root": image_dir,
+            "root": os.path.join(workdir, "images"),
             "tar": tar,
             "seed": args.seed,
             "epochs": args.epochs,
@@ -523,4 +503,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main, child_main))
