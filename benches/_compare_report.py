@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from _common import better, fmt, fmt_ratio, med_range, medians, same_rounds, write_markdown
 from _compare_loaders import BY_KEY, JOBS, LOADERS
+from _rounds import better, fmt, fmt_ratio, med_range, medians, same_rounds, write_markdown
 
 MIB = 1 << 20
 JOB_TITLES = {

@@ -20,7 +20,7 @@ from typing import Any
 
 import ferrofeed
 import numpy as np
-from _common import parent_pids
+from _runs import parent_pids
 from bench_machine import cpu_model, loadavg
 from ferrofeed.memory import process_memory
 

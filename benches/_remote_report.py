@@ -9,8 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from _common import fmt, fmt_ratio, med_range, medians, same_rounds, write_markdown
 from _remote_configs import BY_KEY, CONFIGS, PAIRS
+from _rounds import fmt, fmt_ratio, med_range, medians, same_rounds, write_markdown
 
 NAME = "remote_compare"
 MIB = 1 << 20

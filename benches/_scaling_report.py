@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from _common import fmt, fmt_ratio, write_markdown
+from _rounds import fmt, fmt_ratio, write_markdown
 from _scaling_rows import JOB_NAMES, LABELS, PROXY_BASE, SOURCES, Config, note
 
 

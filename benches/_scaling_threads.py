@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from _common import cpu_children, cpu_self, stat_fields, tree_pids
+from _runs import cpu_children, cpu_self, stat_fields, tree_pids
 
 POOL_PREFIX = "ferrofeed-cpu"  # the decode pool's threads, "ferrofeed-cpu-<i>" (comm: 15 chars)
 CLK_TCK = os.sysconf("SC_CLK_TCK")

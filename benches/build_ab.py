@@ -17,7 +17,7 @@ script runs and in the builds' interpreters, which import ``_common``).
 ``--source tar`` packs the same JPEGs as WebDataset tar shards of 256 (``jpg``, ``cls``) and
 reads them with ``TarShards`` and the native chain (``image="jpg", label="cls"``) instead.
 
-Each run is a fresh interpreter of one build (``_common.run_fresh``): ``DataLoader(folder,
+Each run is a fresh interpreter of one build (``_runs.run_fresh``): ``DataLoader(folder,
 batch_size, transform=_common.native_op(job), num_threads)``, one warm-up epoch, then
 ``--epochs`` timed epochs: images/s and the process's CPU ms per image (user + system,
 ``getrusage``). The builds take turns within a round (the order rotated each round), so
@@ -47,6 +47,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common
+import _rounds
+import _runs
 from bench_machine import cpu_model
 
 
@@ -69,12 +71,12 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     n = 0
     for _ in loader:  # warm-up: page cache, the pools
         pass
-    cpu0, t0 = _common.cpu_self(), time.perf_counter()
+    cpu0, t0 = _runs.cpu_self(), time.perf_counter()
     for epoch in range(spec["epochs"]):
         loader.set_epoch(epoch + 1)
         for batch in loader:
             n += len(batch[0])
-    wall, cpu = time.perf_counter() - t0, _common.cpu_self() - cpu0
+    wall, cpu = time.perf_counter() - t0, _runs.cpu_self() - cpu0
     return {
         "images": n,
         "images_per_s": n / wall,
@@ -106,16 +108,16 @@ def summarize(runs: list[dict[str, Any]], builds: list[str], jobs: list[str]) ->
     for job in jobs:
         for b in builds:
             rs = [r for r in runs if r["job"] == job and r["build"] == b]
-            ips = _common.med_range([r["images_per_s"] for r in rs])
-            cpu = _common.med_range([r["cpu_ms_per_image"] for r in rs])
+            ips = _rounds.med_range([r["images_per_s"] for r in rs])
+            cpu = _rounds.med_range([r["cpu_ms_per_image"] for r in rs])
             ratios = [
                 "1"
                 if b == ref
-                else _common.fmt_ratio(_common.med_range(round_ratios(runs, job, b, ref, key)))
+                else _rounds.fmt_ratio(_rounds.med_range(round_ratios(runs, job, b, ref, key)))
                 for key in ("images_per_s", "cpu_ms_per_image")
             ]
             lines.append(
-                f"| {job} | {b} | {_common.fmt(ips)} | {_common.fmt(cpu, digits=3)} | "
+                f"| {job} | {b} | {_rounds.fmt(ips)} | {_rounds.fmt(cpu, digits=3)} | "
                 f"{ratios[0]} | {ratios[1]} |"
             )
     return "\n".join(lines)
@@ -184,7 +186,7 @@ def main(argv: list[str]) -> None:
                         "batch_size": args.batch_size,
                         "epochs": args.epochs,
                     }
-                    res = _common.run_fresh(__file__, spec, work, args.timeout, python=builds[b])
+                    res = _runs.run_fresh(__file__, spec, work, args.timeout, python=builds[b])
                     res.update(build=b, job=job, round=r)
                     runs.append(res)
                     print(
@@ -225,4 +227,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(_common.run_script(main, child))
+    sys.exit(_runs.run_script(main, child))

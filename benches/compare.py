@@ -80,21 +80,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import (
-    LoaderCosts,
-    add_tree_figures,
-    fill_defaults,
-    make_images,
-    pack_parquet_shards,
-    pack_tar_shards,
-    read_epoch,
-    rotated,
-    run_fresh,
-    run_script,
-    runnable,
-    scratch_dir,
-    subset,
-)
+from _common import make_images, pack_parquet_shards, pack_tar_shards, scratch_dir
 from _compare_loaders import (
     BATCH,
     BY_KEY,
@@ -107,6 +93,8 @@ from _compare_loaders import (
     torchvision_requirement,
 )
 from _compare_report import best_peer_ratios, peer_ratios, ratios, report, summarize
+from _rounds import fill_defaults, rotated, runnable, subset
+from _runs import LoaderCosts, add_tree_figures, read_epoch, run_fresh, run_script
 from bench_machine import loadavg, stamp, version_of, versions
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

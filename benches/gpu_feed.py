@@ -59,24 +59,9 @@ from typing import Any
 
 import torch
 import torch.utils.dlpack
-from _common import (
-    CROP,
-    PillowExact,
-    PillowTrain,
-    better,
-    cpu_children,
-    cpu_self,
-    fmt,
-    fmt_ratio,
-    make_jpegs,
-    med_range,
-    medians,
-    native_op,
-    reap_children,
-    run_fresh,
-    run_script,
-    shutdown_workers,
-)
+from _common import CROP, PillowExact, PillowTrain, make_jpegs, native_op, shutdown_workers
+from _rounds import better, fmt, fmt_ratio, med_range, medians
+from _runs import cpu_children, cpu_self, reap_children, run_fresh, run_script
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEVICE = "cuda"

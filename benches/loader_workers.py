@@ -59,18 +59,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _common import (
-    FileDataset,
-    cpu_children,
-    cpu_self,
-    fmt,
-    make_jpegs,
-    med_range,
-    native_train_decode,
-    rrc_params,
-    run_fresh,
-    run_script,
-)
+from _common import FileDataset, make_jpegs, native_train_decode, rrc_params
+from _rounds import fmt, med_range
+from _runs import cpu_children, cpu_self, run_fresh, run_script
 from bench_machine import cpu_model
 from PIL import Image
 

@@ -49,7 +49,6 @@ from pathlib import Path
 from typing import Any
 
 import ferrofeed
-from _common import child_pids
 from _ram_common import (
     Json,
     Mem,
@@ -62,6 +61,7 @@ from _ram_common import (
     stop_process,
 )
 from _ram_containers import GETITEM_RATIO_TARGET, RAW_TARGET_NS, build_container, run_latency
+from _runs import child_pids
 from bench_machine import loadavg
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -72,24 +72,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import (
-    LoaderCosts,
-    add_tree_figures,
-    fill_defaults,
-    make_images,
-    native_op,
-    read_epoch,
-    rotated,
-    run_fresh,
-    run_script,
-    runnable,
-    scratch_dir,
-    shutdown_workers,
-    subset,
-)
+from _common import make_images, native_op, scratch_dir, shutdown_workers
 from _remote_configs import BY_KEY, Config
 from _remote_report import analyse, report
 from _remote_servers import ServerProcess, proc_cpu
+from _rounds import fill_defaults, rotated, runnable, subset
+from _runs import LoaderCosts, add_tree_figures, read_epoch, run_fresh, run_script
 from bench_machine import loadavg, stamp, versions
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -34,7 +34,7 @@ Pillow transform (``_common.PillowTrain`` / ``PillowExact``) and with torchvisio
 worker processes and batches of B (``_compare_loaders.torch_loader``); they are left out,
 with the reason, where torch or torchvision cannot run.
 
-Each configuration runs in a fresh interpreter (``_common.run_fresh``), the configurations
+Each configuration runs in a fresh interpreter (``_runs.run_fresh``), the configurations
 taking turns for ``--rounds`` rounds (default 2; the order rotated each round) so that all
 see the same machine state. In each run: the loader is built, one warm-up epoch is read
 (page cache, thread pools, PyTorch's workers), then ``--epochs`` timed epochs (default 2);
@@ -83,27 +83,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from _common import (
-    PillowExact,
-    PillowTrain,
-    better,
-    cpu_self,
-    fill_defaults,
-    make_images,
-    med_range,
-    native_op,
-    read_epoch,
-    reap_children,
-    rotated,
-    run_fresh,
-    run_script,
-    runnable,
-    same_rounds,
-    scratch_dir,
-    shutdown_workers,
-    subset,
-)
+from _common import PillowExact, PillowTrain, make_images, native_op, scratch_dir, shutdown_workers
 from _compare_loaders import BY_KEY, available
+from _rounds import better, fill_defaults, med_range, rotated, runnable, same_rounds, subset
+from _runs import cpu_self, read_epoch, reap_children, run_fresh, run_script
 from _scaling_report import progress_line, report, targets
 from _scaling_rows import (
     BATCH_SIZES,
