@@ -59,7 +59,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _common import FileDataset, make_jpegs, native_train_decode, rrc_params
+from _common import FileDataset, make_jpegs, native_train_decode, rrc_params, shutdown_workers
+from _compare_loaders import torch_loader
 from _rounds import fmt, med_range
 from _runs import cpu_children, cpu_self, run_fresh, run_script
 from bench_machine import cpu_model
@@ -219,34 +220,21 @@ def child_main(spec: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     loader: Any
     if kind == "pytorch":
-        loader = torch.utils.data.DataLoader(
-            dataset,
-            batch_size=BATCH,
-            shuffle=True,
-            num_workers=workers,
-            persistent_workers=True,
-            generator=torch.Generator().manual_seed(spec["seed"]),
-            multiprocessing_context="fork",
-        )
-    elif kind == "ferrofeed":
-        loader = ferrofeed.DataLoader(
-            dataset,
-            BATCH,
-            shuffle=True,
-            seed=spec["seed"],
-            num_workers=workers,
-            worker_start_method="fork",
-            persistent_workers=True,
-            output="torch" if uses_torch else "numpy",
-        )
+        loader = torch_loader(dataset, workers, spec["seed"])
     else:
+        # Worker processes (forked, kept from epoch to epoch, as PyTorch's), or threads.
+        parallel: dict[str, Any] = (
+            {"num_workers": workers, "worker_start_method": "fork", "persistent_workers": True}
+            if kind == "ferrofeed"
+            else {"num_threads": workers}
+        )
         loader = ferrofeed.DataLoader(
             dataset,
             BATCH,
             shuffle=True,
             seed=spec["seed"],
-            num_threads=workers,
             output="torch" if uses_torch else "numpy",
+            **parallel,
         )
     it = iter(loader)
     first = next(it)
@@ -265,12 +253,7 @@ def child_main(spec: dict[str, Any]) -> dict[str, Any]:
             count += len(x)
         epochs.append(time.perf_counter() - t)
     del x, it
-    if kind == "ferrofeed":
-        loader.shutdown_workers()
-    elif kind == "pytorch":
-        iterator = getattr(loader, "_iterator", None)
-        if iterator is not None:
-            iterator._shutdown_workers()
+    shutdown_workers(loader)
     del loader
     gc.collect()
     left = multiprocessing.active_children()  # joins (reaps) the workers that ended
