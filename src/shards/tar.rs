@@ -169,12 +169,8 @@ fn walk_seekable<R: Read + Seek>(
     len: u64,
     job: &mut Job<'_>,
 ) -> Result<u64, ShardError> {
-    let state = Rc::new(StreamState::default());
-    let mut archive = tar::Archive::new(Tracked {
-        inner: reader,
-        state: Rc::clone(&state),
-    });
-    let walker = Walker::new(shard, Codec::Plain, Some(len), state);
+    let walker = Walker::new(shard, Codec::Plain, Some(len));
+    let mut archive = walker.archive(reader);
     let entries = archive
         .entries_with_seek()
         .map_err(|e| walker.corrupt_header(&e))?;
@@ -188,12 +184,8 @@ fn walk_stream<R: Read>(
     reader: R,
     job: &mut Job<'_>,
 ) -> Result<u64, ShardError> {
-    let state = Rc::new(StreamState::default());
-    let mut archive = tar::Archive::new(Tracked {
-        inner: reader,
-        state: Rc::clone(&state),
-    });
-    let walker = Walker::new(shard, codec, None, state);
+    let walker = Walker::new(shard, codec, None);
+    let mut archive = walker.archive(reader);
     let entries = archive.entries().map_err(|e| walker.corrupt_header(&e))?;
     walker.run(entries, job)
 }
@@ -273,14 +265,23 @@ struct Walker<'p> {
 }
 
 impl<'p> Walker<'p> {
-    fn new(shard: &'p Path, codec: Codec, len: Option<u64>, state: Rc<StreamState>) -> Self {
+    fn new(shard: &'p Path, codec: Codec, len: Option<u64>) -> Self {
         Self {
             shard,
             codec,
             len,
-            state,
+            state: Rc::default(),
             last: None,
         }
+    }
+
+    /// A tar archive over `reader`, whose reads and seeks this walker follows
+    /// (to say where in the stream an error is).
+    fn archive<R: Read>(&self, reader: R) -> tar::Archive<Tracked<R>> {
+        tar::Archive::new(Tracked {
+            inner: reader,
+            state: Rc::clone(&self.state),
+        })
     }
 
     /// Walks the members of `entries` for `job`; see [`walk`].
