@@ -598,6 +598,40 @@ fn caught_panic(name: &str, error: &ShardError) -> Result<(), String> {
 /// What counting `shard` with `format` and reading `lo..hi` of it give,
 /// errors as text (which names the shard): the readers' tests compare it
 /// for the same bytes from a file and from memory.
+/// Every sample a read delivers, numbered.
+#[cfg(test)]
+pub(crate) type Delivered = Vec<(u64, Result<Sample, ShardError>)>;
+
+/// What `format` delivers reading samples `lo..hi` of `shard`, and how the
+/// read ended.
+#[cfg(test)]
+pub(crate) fn read_range(
+    format: &dyn ShardFormat,
+    shard: &Shard,
+    lo: u64,
+    hi: u64,
+) -> (Delivered, Result<(), ShardError>) {
+    let mut got = Vec::new();
+    let end = format.read(shard, lo, hi, &mut |n, s| got.push((n, s)));
+    (got, end)
+}
+
+/// Asserts that `result` is the I/O error of shard `name` for bytes a shard
+/// in memory does not hold (a tail, a head: "not fetched").
+#[cfg(test)]
+#[track_caller]
+pub(crate) fn assert_not_fetched<T: std::fmt::Debug>(result: Result<T, ShardError>, name: &Path) {
+    match result {
+        Err(ShardError::Io { shard, source }) => {
+            assert_eq!(shard, name);
+            assert!(source.to_string().contains("not fetched"), "{source}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// The outcome of counting `shard` and reading samples `lo..hi` of it, as
+/// text (errors as their messages).
 #[cfg(test)]
 pub(crate) fn outcome(format: &dyn ShardFormat, shard: &Shard, lo: u64, hi: u64) -> String {
     let count = format.count(shard).map_err(|e| e.to_string());

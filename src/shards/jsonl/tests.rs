@@ -1,6 +1,7 @@
 use std::io::Write;
 
 use super::*;
+use crate::shards::{assert_not_fetched, read_range, Delivered};
 
 fn shard(bytes: &[u8]) -> tempfile::NamedTempFile {
     let mut file = tempfile::NamedTempFile::new().unwrap();
@@ -28,17 +29,15 @@ fn zstd_checked(bytes: &[u8]) -> Vec<u8> {
     enc.finish().unwrap()
 }
 
-type Got = Vec<(u64, Result<Sample, ShardError>)>;
+type Got = Delivered;
 
-/// Everything `read(lo, hi)` delivers, and how it ended.
+/// Everything `read(lo, hi)` of the file delivers, and how it ended.
 fn read(path: &Path, lo: u64, hi: u64) -> (Got, Result<(), ShardError>) {
-    read_shard(&Shard::file(path), lo, hi)
+    read_range(&JsonLinesFormat, &Shard::file(path), lo, hi)
 }
 
 fn read_shard(shard: &Shard, lo: u64, hi: u64) -> (Got, Result<(), ShardError>) {
-    let mut got = Vec::new();
-    let end = JsonLinesFormat.read(shard, lo, hi, &mut |n, s| got.push((n, s)));
-    (got, end)
+    read_range(&JsonLinesFormat, shard, lo, hi)
 }
 
 /// [`crate::shards::outcome`] of this format.
@@ -433,13 +432,7 @@ fn a_shard_in_memory_without_its_start_is_an_io_error() {
     let name = Path::new("gs://bucket/shard.jsonl.gz");
     let gz = gzip(&text);
     let tail = Shard::tail(name, gz[100..].to_vec(), gz.len() as u64);
-    match JsonLinesFormat.count(&tail) {
-        Err(ShardError::Io { shard, source }) => {
-            assert_eq!(shard, name);
-            assert!(source.to_string().contains("not fetched"), "{source}");
-        }
-        other => panic!("{other:?}"),
-    }
+    assert_not_fetched(JsonLinesFormat.count(&tail), name);
     // Its start only: the lines past it are not fetched, not cut.
     let head = Shard {
         name: name.to_path_buf(),
@@ -451,13 +444,7 @@ fn a_shard_in_memory_without_its_start_is_an_io_error() {
     };
     let (got, end) = read_shard(&head, 0, 20_000);
     assert!(!got.is_empty() && got.len() < 20_000, "{}", got.len());
-    match end {
-        Err(ShardError::Io { shard, source }) => {
-            assert_eq!(shard, name);
-            assert!(source.to_string().contains("not fetched"), "{source}");
-        }
-        other => panic!("{other:?}"),
-    }
+    assert_not_fetched(end, name);
 }
 
 #[test]

@@ -12,6 +12,7 @@ use ::parquet::file::writer::{SerializedColumnWriter, SerializedFileWriter};
 use ::parquet::schema::parser::parse_message_type;
 
 use super::*;
+use crate::shards::assert_not_fetched;
 
 /// One leaf column's values and levels for one row group.
 enum Col {
@@ -500,23 +501,11 @@ fn a_tail_in_memory_counts_from_the_footer_and_reads_no_row() {
     for (lo, hi) in [(0, ROWS), (15, 16)] {
         let (rows, result) = read_shard(&format, &tail, lo, hi);
         assert!(rows.is_empty());
-        match result {
-            Err(ShardError::Io { shard, source }) => {
-                assert_eq!(shard, name);
-                assert!(source.to_string().contains("not fetched"), "{source}");
-            }
-            other => panic!("{other:?}"),
-        }
+        assert_not_fetched(result, name);
     }
     // A tail one byte short of the footer cannot be counted.
     let short = Shard::tail(name, footer(&bytes)[1..].to_vec(), len);
-    match format.count(&short) {
-        Err(ShardError::Io { shard, source }) => {
-            assert_eq!(shard, name);
-            assert!(source.to_string().contains("not fetched"), "{source}");
-        }
-        other => panic!("{other:?}"),
-    }
+    assert_not_fetched(format.count(&short), name);
 }
 
 #[test]

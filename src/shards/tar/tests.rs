@@ -4,6 +4,7 @@ use proptest::prelude::*;
 
 use super::super::ShardData;
 use super::*;
+use crate::shards::{assert_not_fetched, read_range, Delivered};
 
 /// A member to write: its name and content (`None`: a directory).
 type Entry = (String, Option<Vec<u8>>);
@@ -48,16 +49,15 @@ fn shard(bytes: &[u8]) -> tempfile::NamedTempFile {
     file
 }
 
-type Got = Vec<(u64, Result<Sample, ShardError>)>;
+type Got = Delivered;
 
+/// Everything `read(lo, hi)` of the file delivers, and how it ended.
 fn read(path: &Path, lo: u64, hi: u64) -> (Got, Result<(), ShardError>) {
-    read_shard(&Shard::file(path), lo, hi)
+    read_range(&TarFormat, &Shard::file(path), lo, hi)
 }
 
 fn read_shard(shard: &Shard, lo: u64, hi: u64) -> (Got, Result<(), ShardError>) {
-    let mut got = Vec::new();
-    let end = TarFormat.read(shard, lo, hi, &mut |n, s| got.push((n, s)));
-    (got, end)
+    read_range(&TarFormat, shard, lo, hi)
 }
 
 /// [`crate::shards::outcome`] of this format.
@@ -640,14 +640,7 @@ fn a_tar_in_memory_without_its_start_is_an_io_error() {
     let len = bytes.len() as u64;
     let name = Path::new("s3://bucket/shard.tar");
     let tail = Shard::tail(name, bytes[1024..].to_vec(), len);
-    let error = TarFormat.count(&tail).unwrap_err();
-    match &error {
-        ShardError::Io { shard, source } => {
-            assert_eq!(shard, name);
-            assert!(source.to_string().contains("not fetched"), "{source}");
-        }
-        other => panic!("{other:?}"),
-    }
+    assert_not_fetched(TarFormat.count(&tail), name);
     let (got, end) = read_shard(&tail, 0, 3);
     assert!(got.is_empty());
     assert!(matches!(end, Err(ShardError::Io { .. })), "{end:?}");
