@@ -180,6 +180,16 @@ pub struct Segment {
     pub batches_done: u64,
 }
 
+impl Segment {
+    /// `batches_done` batches on every rank of a world of `world_size`.
+    pub const fn new(world_size: u64, batches_done: u64) -> Self {
+        Self {
+            world_size,
+            batches_done,
+        }
+    }
+}
+
 /// Samples `lo..hi` of shard `shard` (its index in stored order).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Piece {

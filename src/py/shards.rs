@@ -638,10 +638,7 @@ impl PyShardPlan {
         };
         let history: Vec<Segment> = history
             .into_iter()
-            .map(|(world_size, batches_done)| Segment {
-                world_size,
-                batches_done,
-            })
+            .map(|(world_size, batches_done)| Segment::new(world_size, batches_done))
             .collect();
         Ok(Self {
             inner: ShardPlan::new(&config, epoch, &history, start)?,

@@ -122,20 +122,11 @@ fn elastic_resume_reads_every_remaining_sample_once() {
                 let first = world(&c, w1, &[], 0);
                 let n1 = first[0].len() as u64;
                 for done1 in [0, 1, n1 / 2, n1] {
-                    let h1 = [Segment {
-                        world_size: w1,
-                        batches_done: done1,
-                    }];
+                    let h1 = [Segment::new(w1, done1)];
                     let second = world(&c, w2, &h1, 0);
                     let n2 = second[0].len() as u64;
                     let done2 = n2 / 3;
-                    let h2 = [
-                        h1[0],
-                        Segment {
-                            world_size: w2,
-                            batches_done: done2,
-                        },
-                    ];
+                    let h2 = [h1[0], Segment::new(w2, done2)];
                     let third = world(&c, w3, &h2, 0);
                     let mut seen: Vec<u64> = Vec::new();
                     for r in &first {
@@ -165,16 +156,7 @@ fn same_world_resume_through_history_is_not_exact_but_complete() {
     // The loader resumes a same-world run at its batch (exact); the
     // history is only for a change of world. Check the batch count.
     let c = config(&[10, 10], 2, 4, 1, 0);
-    let p = ShardPlan::new(
-        &c,
-        0,
-        &[Segment {
-            world_size: 1,
-            batches_done: 4,
-        }],
-        0,
-    )
-    .unwrap();
+    let p = ShardPlan::new(&c, 0, &[Segment::new(1, 4)], 0).unwrap();
     assert_eq!(p.batches(), 6);
     assert_eq!(p.remaining_samples(), 12);
 }
@@ -182,16 +164,7 @@ fn same_world_resume_through_history_is_not_exact_but_complete() {
 #[test]
 fn a_history_past_its_end_is_refused() {
     let c = config(&[10, 10], 2, 4, 1, 0);
-    let e = ShardPlan::new(
-        &c,
-        0,
-        &[Segment {
-            world_size: 2,
-            batches_done: 6,
-        }],
-        0,
-    )
-    .unwrap_err();
+    let e = ShardPlan::new(&c, 0, &[Segment::new(2, 6)], 0).unwrap_err();
     assert!(
         matches!(e, ShardPlanError::BadHistory { len: 5, .. }),
         "{e}"
