@@ -332,24 +332,20 @@ fn a_named_pipe_in_a_batch_is_skipped_and_reported() {
     ];
     let t = transform();
     let mut out = vec![0u8; 3 * 360];
-    let report = decode_batch(
-        &batch,
-        &t,
-        &options(2, Layout::default(), OnError::Skip),
-        &mut out,
-    )
-    .unwrap();
+    let mut decode = |on_error| {
+        decode_batch(
+            &batch,
+            &t,
+            &options(2, Layout::default(), on_error),
+            &mut out,
+        )
+    };
+    let report = decode(OnError::Skip).unwrap();
     assert_eq!(report.kept, 2);
     assert_eq!(report.failures.len(), 1);
     assert_eq!(report.failures[0].0, 1);
     assert!(matches!(&report.failures[0].1, ImageError::Io { name, .. } if name == "pipe"));
-    let err = decode_batch(
-        &batch,
-        &t,
-        &options(2, Layout::default(), OnError::Stop),
-        &mut out,
-    )
-    .unwrap_err();
+    let err = decode(OnError::Stop).unwrap_err();
     assert!(err.to_string().starts_with("pipe: "), "{err}");
 }
 
