@@ -23,17 +23,19 @@ fn all_batches(c: &ShardPlanConfig, epoch: u64, history: &[Segment], start: u64)
         .collect()
 }
 
+/// `c` for each rank of a world of `world` ranks.
+fn ranks(c: &ShardPlanConfig, world: u64) -> impl Iterator<Item = ShardPlanConfig> + '_ {
+    (0..world).map(move |rank| ShardPlanConfig {
+        rank,
+        world_size: world,
+        ..c.clone()
+    })
+}
+
 /// Every rank's batches of one world, from `start`.
 fn world(c: &ShardPlanConfig, world: u64, history: &[Segment], start: u64) -> Vec<Vec<Vec<u64>>> {
-    (0..world)
-        .map(|r| {
-            let c = ShardPlanConfig {
-                rank: r,
-                world_size: world,
-                ..c.clone()
-            };
-            all_batches(&c, 3, history, start)
-        })
+    ranks(c, world)
+        .map(|c| all_batches(&c, 3, history, start))
         .collect()
 }
 
@@ -71,18 +73,11 @@ fn every_sample_once_and_ranks_in_lockstep() {
 }
 
 fn world_ids(c: &ShardPlanConfig, world: u64) -> Option<Vec<Vec<Vec<u64>>>> {
-    (0..world)
-        .map(|r| {
-            let c = ShardPlanConfig {
-                rank: r,
-                world_size: world,
-                ..c.clone()
-            };
-            match ShardPlan::new(&c, 0, &[], 0) {
-                Ok(p) => Some(p.groups().map(|g| g.ids).collect()),
-                Err(ShardPlanError::Uneven { .. }) => None,
-                Err(e) => panic!("{e}"),
-            }
+    ranks(c, world)
+        .map(|c| match ShardPlan::new(&c, 0, &[], 0) {
+            Ok(p) => Some(p.groups().map(|g| g.ids).collect()),
+            Err(ShardPlanError::Uneven { .. }) => None,
+            Err(e) => panic!("{e}"),
         })
         .collect()
 }
