@@ -616,6 +616,37 @@ pub(crate) fn read_range(
     (got, end)
 }
 
+/// The read helpers of a format's tests, for the format `$format`: `read`
+/// (samples `lo..hi` of a file) and `read_shard` (of any shard), each giving
+/// what the read delivered ([`Delivered`]) and how it ended, and `outcome`
+/// (counting and reading, as text).
+#[cfg(test)]
+macro_rules! format_test_reads {
+    ($format:expr) => {
+        fn read(
+            path: &std::path::Path,
+            lo: u64,
+            hi: u64,
+        ) -> ($crate::shards::Delivered, Result<(), ShardError>) {
+            $crate::shards::read_range(&$format, &Shard::file(path), lo, hi)
+        }
+
+        fn read_shard(
+            shard: &Shard,
+            lo: u64,
+            hi: u64,
+        ) -> ($crate::shards::Delivered, Result<(), ShardError>) {
+            $crate::shards::read_range(&$format, shard, lo, hi)
+        }
+
+        fn outcome(shard: &Shard, lo: u64, hi: u64) -> String {
+            $crate::shards::outcome(&$format, shard, lo, hi)
+        }
+    };
+}
+#[cfg(test)]
+pub(crate) use format_test_reads;
+
 /// Asserts that `result` is the I/O error of shard `name` for bytes a shard
 /// in memory does not hold (a tail, a head: "not fetched").
 #[cfg(test)]

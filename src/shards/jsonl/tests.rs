@@ -1,7 +1,7 @@
 use std::io::Write;
 
 use super::*;
-use crate::shards::{assert_not_fetched, read_range, Delivered};
+use crate::shards::{assert_not_fetched, format_test_reads, Delivered};
 
 fn shard(bytes: &[u8]) -> tempfile::NamedTempFile {
     let mut file = tempfile::NamedTempFile::new().unwrap();
@@ -31,19 +31,7 @@ fn zstd_checked(bytes: &[u8]) -> Vec<u8> {
 
 type Got = Delivered;
 
-/// Everything `read(lo, hi)` of the file delivers, and how it ended.
-fn read(path: &Path, lo: u64, hi: u64) -> (Got, Result<(), ShardError>) {
-    read_range(&JsonLinesFormat, &Shard::file(path), lo, hi)
-}
-
-fn read_shard(shard: &Shard, lo: u64, hi: u64) -> (Got, Result<(), ShardError>) {
-    read_range(&JsonLinesFormat, shard, lo, hi)
-}
-
-/// [`crate::shards::outcome`] of this format.
-fn outcome(shard: &Shard, lo: u64, hi: u64) -> String {
-    crate::shards::outcome(&JsonLinesFormat, shard, lo, hi)
-}
+format_test_reads!(JsonLinesFormat);
 
 fn ok_samples(got: Got) -> Vec<(u64, Sample)> {
     got.into_iter().map(|(n, s)| (n, s.unwrap())).collect()

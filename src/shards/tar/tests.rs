@@ -4,7 +4,7 @@ use proptest::prelude::*;
 
 use super::super::ShardData;
 use super::*;
-use crate::shards::{assert_not_fetched, read_range, Delivered};
+use crate::shards::{assert_not_fetched, format_test_reads};
 
 /// A member to write: its name and content (`None`: a directory).
 type Entry = (String, Option<Vec<u8>>);
@@ -49,21 +49,7 @@ fn shard(bytes: &[u8]) -> tempfile::NamedTempFile {
     file
 }
 
-type Got = Delivered;
-
-/// Everything `read(lo, hi)` of the file delivers, and how it ended.
-fn read(path: &Path, lo: u64, hi: u64) -> (Got, Result<(), ShardError>) {
-    read_range(&TarFormat, &Shard::file(path), lo, hi)
-}
-
-fn read_shard(shard: &Shard, lo: u64, hi: u64) -> (Got, Result<(), ShardError>) {
-    read_range(&TarFormat, shard, lo, hi)
-}
-
-/// [`crate::shards::outcome`] of this format.
-fn outcome(shard: &Shard, lo: u64, hi: u64) -> String {
-    crate::shards::outcome(&TarFormat, shard, lo, hi)
-}
+format_test_reads!(TarFormat);
 
 /// All samples of a good shard, numbered.
 fn read_all(path: &Path) -> Vec<(u64, Sample)> {
