@@ -85,6 +85,7 @@ from _ram_common import (  # noqa: E402  (after the sys.path line above)
 )
 from _ram_loaders_report import format_report, results  # noqa: E402
 from _ram_rank import EVENT_PREFIX, RANK_BOOT, RankConfig  # noqa: E402
+from _rounds import subset  # noqa: E402
 
 REPO_ROOT = BENCH_DIR.parent
 DEFAULT_OUT = REPO_ROOT / "bench-results" / "ram_loaders.json"
@@ -521,21 +522,13 @@ def main(argv: list[str] | None = None) -> int:
     # removed.
     signal.signal(signal.SIGTERM, raise_system_exit)
     partial = args.out.with_suffix(".partial.json")
+    # The options run_loader_ram takes as they are given.
+    given = ("n", "ranks", "workers", "quick", "repeats", "epochs", "batch_size", "seed")
     res = run_loader_ram(
-        args.n,
-        args.ranks,
-        args.workers,
-        [m.strip() for m in args.methods.split(",") if m.strip()],
-        args.quick,
-        loaders=[x.strip() for x in args.loaders.split(",") if x.strip()],
-        repeats=args.repeats,
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        seed=args.seed,
-        interval=args.interval,
-        timeout=args.timeout,
-        mem_floor_gib=args.mem_floor_gib,
+        methods=subset(args.methods, METHODS, "start methods", p),
+        loaders=subset(args.loaders, LOADERS, "loaders", p),
         partial_out=partial,
+        **{k: getattr(args, k) for k in (*given, "interval", "timeout", "mem_floor_gib")},
     )
     print()
     print(format_report(res))

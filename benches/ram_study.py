@@ -573,18 +573,15 @@ def main(argv: list[str] | None = None) -> int:
     latency: Json | None = None
     try:
         if not args.skip_ram:
+            # What every configuration takes from the command line as it is given.
+            given = ("n", "seed", "workers", "passes", "interval", "timeout")
             configs = [
                 RunConfig(
                     container=c,
                     method=m,
-                    n=args.n,
-                    seed=args.seed,
-                    workers=args.workers,
-                    passes=args.passes,
-                    interval=args.interval,
-                    timeout=args.timeout,
                     arena_dir=tmpdir,
                     result_path=os.path.join(tmpdir, f"result-{m}-{c}.json"),
+                    **{k: getattr(args, k) for k in given},
                 )
                 for m in methods
                 for c in CONTAINERS
