@@ -6,6 +6,8 @@
   pickled each).
 * ``run_python``: runs a snippet in a fresh ``sys.executable`` subprocess with a timeout.
 * ``import_bench``: a module of benches/ (a script, or a module the scripts share).
+* ``Indexed``: a dataset whose sample ``i`` is ``i``, for datasets with a special sample.
+* ``assert_slots_reused``: a worker loader's shared slots were reused, not one per batch.
 * an autouse guard that fails a test which leaves a ``/dev/shm/ferrofeed-<our pid>-*`` file
   behind (an owner that was never closed and was not garbage collected either).
 """
@@ -50,6 +52,29 @@ def import_bench(name: str) -> ModuleType:
         return importlib.import_module(name)
     finally:
         sys.path.remove(str(BENCHES))
+
+
+class Indexed:
+    """A map-style dataset of ``n`` samples whose sample ``i`` is ``i``. Subclasses say
+    what is special about some samples (one that fails, stalls, is slow).
+    """
+
+    n = 32
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+def assert_slots_reused(loader: Any, batches: int, *, workers: int = 2, prefetch: int = 2) -> None:
+    """After an epoch of a loader's worker batches: its shared slots are those in flight
+    (``prefetch`` a worker) plus the one the consumer holds, each reused, not one slot a
+    batch; ``batches`` leases were taken."""
+    slots = loader.stats()["workers"]["slots"]
+    assert slots["slots"] <= workers * prefetch + 2, slots
+    assert slots["leases"] == batches
 
 
 def pytest_configure(config: pytest.Config) -> None:

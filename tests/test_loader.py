@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import Indexed
 from ferrofeed import DataLoader, PipelineError, TooManyFailuresError, default_collate
 from thread_counts import settle_threads, thread_counts
 
@@ -775,9 +776,8 @@ def test_on_error_raise_gives_the_original_exception() -> None:
 def test_thread_timeout_turns_a_stuck_sample_into_timeout_error() -> None:
     release = threading.Event()
 
-    class Stuck:
-        def __len__(self) -> int:
-            return 8
+    class Stuck(Indexed):
+        n = 8
 
         def __getitem__(self, i: int) -> int:
             if i == 5:
