@@ -1,7 +1,8 @@
 """The rounds of a benchmark: their order (`rotated`), which configurations run here
 (`runnable`), the runs of two configurations compared round by round (`same_rounds`,
 `better`), medians and ranges (`med_range`, `medians`, `fmt`, `fmt_ratio`), the command
-line's quick defaults and lists (`fill_defaults`, `subset`) and the tables (`write_markdown`).
+line's shared options, quick defaults and lists (`add_run_options`, `fill_defaults`,
+`subset`) and the tables (`write_markdown`).
 """
 
 from __future__ import annotations
@@ -76,6 +77,20 @@ def subset(
     if unknown := set(names) - set(allowed):
         parser.error(f"unknown {what}: {sorted(unknown)} (of {','.join(allowed)})")
     return names
+
+
+def add_run_options(
+    parser: argparse.ArgumentParser, *, timeout: float, quick: str | None = None
+) -> None:
+    """The options every benchmark script takes alike: ``--seed`` (of the data and the
+    shuffles), ``--timeout`` (seconds one run may take before it fails) and, where the
+    script has a smoke run, ``--quick`` (``quick`` is its help: what it makes smaller)."""
+    parser.add_argument("--seed", type=int, default=0, help="of the data and the shuffles")
+    parser.add_argument(
+        "--timeout", type=float, default=timeout, help=f"seconds one run may take ({timeout:g})"
+    )
+    if quick is not None:
+        parser.add_argument("--quick", action="store_true", help=quick)
 
 
 def fill_defaults(args: argparse.Namespace, **defaults: tuple[Any, Any]) -> None:

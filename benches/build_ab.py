@@ -139,14 +139,13 @@ def main(argv: list[str]) -> None:
     p.add_argument("--n", type=int, default=1000, help="JPEGs (default 1000)")
     p.add_argument("--epochs", type=int, default=2, help="timed epochs per run")
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
-    p.add_argument("--seed", type=int, default=0)
+    _rounds.add_run_options(p, timeout=600.0)
     p.add_argument(
         "--source",
         choices=("folder", "tar"),
         default="folder",
         help="read the JPEGs from an image folder (default) or packed as tar shards of 256",
     )
-    p.add_argument("--timeout", type=float, default=600.0, help="per run, seconds")
     p.add_argument("--out", default="bench-results/build_ab")
     p.add_argument("--name", default="build_ab")
     args = p.parse_args(argv)

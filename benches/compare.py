@@ -93,7 +93,7 @@ from _compare_loaders import (
     torchvision_requirement,
 )
 from _compare_report import best_peer_ratios, peer_ratios, ratios, report, summarize
-from _rounds import fill_defaults, rotated, runnable, subset
+from _rounds import add_run_options, fill_defaults, rotated, runnable, subset
 from _runs import LoaderCosts, add_tree_figures, read_epoch, run_fresh, run_script
 from bench_machine import loadavg, stamp, version_of, versions
 
@@ -278,9 +278,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument("--py313", default=None, help="a Python >= 3.13 with dataloader-rs")
     p.add_argument("--pss-interval", type=float, default=1.0, help="PSS sampling, seconds")
-    p.add_argument("--timeout", type=float, default=1200.0, help="per run, seconds")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quick", action="store_true", help="a short run: small sizes, 1 round")
+    add_run_options(p, timeout=1200.0, quick="a short run: small sizes, 1 round")
     p.add_argument(
         "--out-dir",
         type=Path,

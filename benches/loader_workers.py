@@ -61,7 +61,7 @@ from typing import Any
 import numpy as np
 from _common import FileDataset, make_jpegs, native_train_decode, rrc_params, shutdown_workers
 from _compare_loaders import torch_loader
-from _rounds import fmt, med_range
+from _rounds import add_run_options, fmt, med_range
 from _runs import cpu_children, cpu_self, run_fresh, run_script
 from bench_machine import cpu_model
 from PIL import Image
@@ -312,9 +312,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--epochs", type=int, default=2, help="timed epochs after the warm-up")
     parser.add_argument("--repeats", type=int, default=3, help="rounds (configurations alternate)")
     parser.add_argument("--jobs", default="a,b,c", help="subset of a,b,c")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--timeout", type=float, default=600.0, help="per child, seconds")
-    parser.add_argument("--quick", action="store_true", help="a smoke run: small sizes, 1 round")
+    add_run_options(parser, timeout=600.0, quick="a smoke run: small sizes, 1 round")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     if args.quick:

@@ -85,7 +85,7 @@ from _ram_common import (  # noqa: E402  (after the sys.path line above)
 )
 from _ram_loaders_report import format_report, results  # noqa: E402
 from _ram_rank import EVENT_PREFIX, RANK_BOOT, RankConfig  # noqa: E402
-from _rounds import subset  # noqa: E402
+from _rounds import add_run_options, subset  # noqa: E402
 
 REPO_ROOT = BENCH_DIR.parent
 DEFAULT_OUT = REPO_ROOT / "bench-results" / "ram_loaders.json"
@@ -498,16 +498,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--methods", default="fork,forkserver", help="comma-separated start methods")
     p.add_argument("--loaders", default=",".join(LOADERS), help="comma-separated: ferrofeed,torch")
     p.add_argument("--repeats", type=int, default=1, help="rounds, the order rotated each")
-    p.add_argument("--quick", action="store_true", help="a smoke run (< 1 min)")
+    add_run_options(p, timeout=1800.0, quick="a smoke run (< 1 min)")
     p.add_argument("--interval", type=float, default=0.5, help="sampling interval, s")
-    p.add_argument("--timeout", type=float, default=1800.0, help="per configuration, s")
     p.add_argument(
         "--mem-floor-gib",
         type=float,
         default=3.0,
         help="stop a configuration when the machine's available memory falls below this",
     )
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON results file")
     p.add_argument(
         "--report", type=Path, default=None, help="only render a results file (even a partial one)"

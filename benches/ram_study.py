@@ -61,6 +61,7 @@ from _ram_common import (
     stop_process,
 )
 from _ram_containers import GETITEM_RATIO_TARGET, RAW_TARGET_NS, build_container, run_latency
+from _rounds import add_run_options
 from _runs import child_pids
 from bench_machine import loadavg
 
@@ -518,7 +519,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--n", type=int, default=None, help="items (default 300000; --quick: 20000)")
     p.add_argument("--passes", type=int, default=None, help="passes per worker (default 2)")
     p.add_argument("--workers", type=int, default=4, help="worker processes (default 4)")
-    p.add_argument("--quick", action="store_true", help="small smoke run (< 30 s)")
+    add_run_options(p, timeout=1800.0, quick="small smoke run (< 30 s)")
     p.add_argument("--all-methods", action="store_true", help="also run forkserver")
     p.add_argument(
         "--containers",
@@ -526,7 +527,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help=f"comma-separated subset of {','.join(CONTAINERS)}",
     )
     p.add_argument("--interval", type=float, default=0.5, help="sampling interval, s")
-    p.add_argument("--timeout", type=float, default=1800.0, help="per configuration, s")
     p.add_argument(
         "--latency-iters",
         type=int,
@@ -534,7 +534,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="random accesses per repeat (default 200000; --quick: 20000)",
     )
     p.add_argument("--repeats", type=int, default=5, help="latency repeats (median reported)")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-ram", action="store_true", help="only the latency part")
     p.add_argument("--skip-latency", action="store_true", help="only the memory part")
     p.add_argument(

@@ -76,7 +76,7 @@ from _common import make_images, native_op, scratch_dir, shutdown_workers
 from _remote_configs import BY_KEY, Config
 from _remote_report import analyse, report
 from _remote_servers import ServerProcess, proc_cpu
-from _rounds import fill_defaults, rotated, runnable, subset
+from _rounds import add_run_options, fill_defaults, rotated, runnable, subset
 from _runs import LoaderCosts, add_tree_figures, read_epoch, run_fresh, run_script
 from bench_machine import loadavg, stamp, versions
 
@@ -291,10 +291,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=5, help="epochs per run, the first timed alone")
     p.add_argument("--latency", type=float, default=0.020, help="seconds added per request")
     p.add_argument("--configs", default="all", help=f"subset of {','.join(BY_KEY)}")
-    p.add_argument("--seed", type=int, default=0)
+    add_run_options(p, timeout=900.0, quick="a short run: small sizes, 1 round")
     p.add_argument("--pss-interval", type=float, default=1.0, help="PSS sampling, seconds")
-    p.add_argument("--timeout", type=float, default=900.0, help="per run, seconds")
-    p.add_argument("--quick", action="store_true", help="a short run: small sizes, 1 round")
     p.add_argument("--out-dir", type=Path, default=None, help="where results go")
     p.add_argument(
         "--replot", type=Path, default=None, help="only redo the summaries and report of a JSON"

@@ -85,7 +85,16 @@ from typing import Any
 
 from _common import PillowExact, PillowTrain, make_images, native_op, scratch_dir, shutdown_workers
 from _compare_loaders import BY_KEY, available
-from _rounds import better, fill_defaults, med_range, rotated, runnable, same_rounds, subset
+from _rounds import (
+    add_run_options,
+    better,
+    fill_defaults,
+    med_range,
+    rotated,
+    runnable,
+    same_rounds,
+    subset,
+)
 from _runs import cpu_self, read_epoch, reap_children, run_fresh, run_script
 from _scaling_report import progress_line, report, targets
 from _scaling_rows import (
@@ -357,12 +366,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=1024,
         help="tar shards' shuffle window, rounded up to a multiple of the batch (default 1024)",
     )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--timeout", type=float, default=1200.0, help="per run, seconds")
-    p.add_argument(
-        "--quick",
-        action="store_true",
-        help="a smoke run: 512 images, shards of 64, 1 round, 1 timed epoch (what is given "
+    add_run_options(
+        p,
+        timeout=1200.0,
+        quick="a smoke run: 512 images, shards of 64, 1 round, 1 timed epoch (what is given "
         "explicitly stays)",
     )
     p.add_argument(
