@@ -13,6 +13,12 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+REPO_ROOT = Path(__file__).resolve().parent.parent
+# Where results go: those BENCHMARKS.md quotes (committed), and those of quick and local
+# runs (git ignores them).
+RESULTS = REPO_ROOT / "benches" / "results"
+LOCAL_RESULTS = REPO_ROOT / "bench-results"
+
 
 def med_range(values: list[float]) -> dict[str, float]:
     """Median, min and max."""

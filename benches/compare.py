@@ -93,13 +93,18 @@ from _compare_loaders import (
     torchvision_requirement,
 )
 from _compare_report import best_peer_ratios, peer_ratios, ratios, report, summarize
-from _rounds import add_run_options, fill_defaults, rotated, runnable, subset
+from _rounds import (
+    LOCAL_RESULTS,
+    RESULTS,
+    add_run_options,
+    fill_defaults,
+    rotated,
+    runnable,
+    subset,
+)
 from _runs import LoaderCosts, add_tree_figures, read_epoch, run_fresh, run_script
 from bench_machine import loadavg, stamp, version_of, versions
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_OUT = REPO_ROOT / "benches" / "results"
-QUICK_OUT = REPO_ROOT / "bench-results" / "compare-quick"
 MIB = 1 << 20
 
 
@@ -313,7 +318,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         ram_n=(1_000_000, 20_000),
         ram_workers=(4, 2),
         shard_size=(200, 16),
-        out_dir=(DEFAULT_OUT, QUICK_OUT),
+        out_dir=(RESULTS, LOCAL_RESULTS / "compare-quick"),
     )
     args.ram_methods = tuple(subset(args.ram_methods, ("fork", "forkserver"), "start methods", p))
     args.jobs = subset(args.jobs, (*JOBS, "ram"), "jobs", p)

@@ -60,10 +60,9 @@ from typing import Any
 import torch
 import torch.utils.dlpack
 from _common import CROP, PillowExact, PillowTrain, make_jpegs, native_op, shutdown_workers
-from _rounds import add_run_options, better, fmt, fmt_ratio, med_range, medians
+from _rounds import LOCAL_RESULTS, add_run_options, better, fmt, fmt_ratio, med_range, medians
 from _runs import cpu_children, cpu_self, reap_children, run_fresh, run_script
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 DEVICE = "cuda"
 BATCH = 32
 JOBS = ("train", "exact")
@@ -315,7 +314,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--threads", default=None, help="N: workers and threads (default 4,8)")
     p.add_argument("--jobs", default="train,exact", help="subset of train,exact")
     add_run_options(p, timeout=1200.0, quick="n=64, 1 round, 2 epochs, threads 2")
-    p.add_argument("--out-dir", type=Path, default=REPO_ROOT / "bench-results" / "gpu-feed")
+    p.add_argument("--out-dir", type=Path, default=LOCAL_RESULTS / "gpu-feed")
     args = p.parse_args(argv)
     defaults = (64, 1, 2, "2") if args.quick else (2000, 2, 3, "4,8")
     for name, value in zip(("n", "rounds", "epochs", "threads"), defaults, strict=True):

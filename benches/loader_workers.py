@@ -61,13 +61,12 @@ from typing import Any
 import numpy as np
 from _common import FileDataset, make_jpegs, native_train_decode, rrc_params, shutdown_workers
 from _compare_loaders import torch_loader
-from _rounds import add_run_options, fmt, med_range
+from _rounds import LOCAL_RESULTS, add_run_options, fmt, med_range
 from _runs import cpu_children, cpu_self, run_fresh, run_script
 from bench_machine import cpu_model
 from PIL import Image
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_OUT = REPO_ROOT / "bench-results" / "loader_workers.json"
+DEFAULT_OUT = LOCAL_RESULTS / "loader_workers.json"
 BATCH = 32
 CROP = 224
 

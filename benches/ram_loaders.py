@@ -85,10 +85,9 @@ from _ram_common import (  # noqa: E402  (after the sys.path line above)
 )
 from _ram_loaders_report import format_report, results  # noqa: E402
 from _ram_rank import EVENT_PREFIX, RANK_BOOT, RankConfig  # noqa: E402
-from _rounds import add_run_options, subset  # noqa: E402
+from _rounds import LOCAL_RESULTS, add_run_options, subset  # noqa: E402
 
-REPO_ROOT = BENCH_DIR.parent
-DEFAULT_OUT = REPO_ROOT / "bench-results" / "ram_loaders.json"
+DEFAULT_OUT = LOCAL_RESULTS / "ram_loaders.json"
 LOADERS = ("ferrofeed", "torch")
 METHODS = ("fork", "forkserver", "spawn")
 SPLIT_FIELDS = ("uss", "pss_anon", "pss_file", "pss_shmem")

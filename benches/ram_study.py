@@ -61,12 +61,11 @@ from _ram_common import (
     stop_process,
 )
 from _ram_containers import GETITEM_RATIO_TARGET, RAW_TARGET_NS, build_container, run_latency
-from _rounds import add_run_options
+from _rounds import LOCAL_RESULTS, add_run_options
 from _runs import child_pids
 from bench_machine import loadavg
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_OUT = REPO_ROOT / "bench-results" / "ram_study.json"
+DEFAULT_OUT = LOCAL_RESULTS / "ram_study.json"
 DRIVER_FLAG = "--_driver"
 
 CONTAINERS = ("baseline", "naive", "numpy", "shared")

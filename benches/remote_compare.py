@@ -76,15 +76,21 @@ from _common import make_images, native_op, scratch_dir, shutdown_workers
 from _remote_configs import BY_KEY, Config
 from _remote_report import analyse, report
 from _remote_servers import ServerProcess, proc_cpu
-from _rounds import add_run_options, fill_defaults, rotated, runnable, subset
+from _rounds import (
+    LOCAL_RESULTS,
+    REPO_ROOT,
+    RESULTS,
+    add_run_options,
+    fill_defaults,
+    rotated,
+    runnable,
+    subset,
+)
 from _runs import LoaderCosts, add_tree_figures, read_epoch, run_fresh, run_script
 from bench_machine import loadavg, stamp, versions
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT / "tests"))  # objstore: the servers the tests use
 
-DEFAULT_OUT = REPO_ROOT / "benches" / "results"
-QUICK_OUT = REPO_ROOT / "bench-results" / "remote-compare-quick"
 BATCH = 32
 MIB = 1 << 20
 BUCKET = "ferrofeed-bench"
@@ -299,7 +305,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     args = p.parse_args(argv)
     fill_defaults(
-        args, n=(1600, 256), shard_size=(200, 32), rounds=(3, 1), out_dir=(DEFAULT_OUT, QUICK_OUT)
+        args,
+        n=(1600, 256),
+        shard_size=(200, 32),
+        rounds=(3, 1),
+        out_dir=(RESULTS, LOCAL_RESULTS / "remote-compare-quick"),
     )
     args.configs = subset(args.configs, BY_KEY, "configurations", p)
     if args.epochs < 2 or args.rounds < 1 or args.shard_size < 1:

@@ -86,6 +86,8 @@ from typing import Any
 from _common import PillowExact, PillowTrain, make_images, native_op, scratch_dir, shutdown_workers
 from _compare_loaders import BY_KEY, available
 from _rounds import (
+    LOCAL_RESULTS,
+    RESULTS,
     add_run_options,
     better,
     fill_defaults,
@@ -113,9 +115,6 @@ from _scaling_rows import (
 from _scaling_threads import thread_figures, thread_samples, tree_cpu_s
 from bench_machine import loadavg, stamp, versions
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_OUT = REPO_ROOT / "benches" / "results"
-QUICK_OUT = REPO_ROOT / "bench-results" / "scaling-quick"
 # The figures summarized per configuration (medians and ranges), in the tables' order.
 METRICS = (
     "images_per_s",
@@ -390,7 +389,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         epochs=(2, 1),
         rounds=(2, 1),
         shard_size=(250, 64),
-        out=(DEFAULT_OUT, QUICK_OUT),
+        out=(RESULTS, LOCAL_RESULTS / "scaling-quick"),
     )
     args.threads = _ints(args.threads)
     args.batch_sizes = _ints(args.batch_sizes)
