@@ -33,6 +33,18 @@ type Got = Delivered;
 
 format_test_reads!(JsonLinesFormat);
 
+/// The samples `file` counts.
+fn samples_in(file: &Path) -> u64 {
+    JsonLinesFormat.count(&Shard::file(file)).unwrap().samples
+}
+
+/// Samples `lo..hi` of `file`, all of them read without an error.
+fn read_ok(file: &Path, lo: u64, hi: u64) -> Vec<(u64, Sample)> {
+    let (got, end) = read(file, lo, hi);
+    end.unwrap();
+    ok_samples(got)
+}
+
 fn ok_samples(got: Got) -> Vec<(u64, Sample)> {
     got.into_iter().map(|(n, s)| (n, s.unwrap())).collect()
 }
@@ -65,22 +77,14 @@ fn counts_non_blank_lines() {
         (b"not json\n", 1),
     ] {
         let file = shard(text);
-        assert_eq!(
-            JsonLinesFormat
-                .count(&Shard::file(file.path()))
-                .unwrap()
-                .samples,
-            n
-        );
+        assert_eq!(samples_in(file.path()), n);
     }
 }
 
 #[test]
 fn keys_are_physical_line_numbers() {
     let file = shard(TEXT);
-    let (got, end) = read(file.path(), 0, 5);
-    end.unwrap();
-    let got = ok_samples(got);
+    let got = read_ok(file.path(), 0, 5);
     let keys: Vec<_> = got.iter().map(|(n, s)| (*n, s.key.as_str())).collect();
     assert_eq!(
         keys,
@@ -105,14 +109,14 @@ fn keys_are_physical_line_numbers() {
 #[test]
 fn ranges_are_slices_of_the_whole() {
     let file = shard(TEXT);
-    let (all, end) = read(file.path(), 0, 5);
-    end.unwrap();
-    let all = ok_samples(all);
+    let all = read_ok(file.path(), 0, 5);
     for lo in 0..=5 {
         for hi in lo..=5 {
-            let (got, end) = read(file.path(), lo, hi);
-            end.unwrap();
-            assert_eq!(ok_samples(got), all[lo as usize..hi as usize], "{lo}..{hi}");
+            assert_eq!(
+                read_ok(file.path(), lo, hi),
+                all[lo as usize..hi as usize],
+                "{lo}..{hi}"
+            );
         }
     }
 }
@@ -147,9 +151,7 @@ fn values_map_onto_value() {
 42
 {"k": 1, "j": 2, "k": 3}"#,
     );
-    let (got, end) = read(file.path(), 0, 5);
-    end.unwrap();
-    let got = ok_samples(got);
+    let got = read_ok(file.path(), 0, 5);
     assert_eq!(
         got[0].1.fields,
         [
@@ -212,13 +214,7 @@ fn many_keys_keep_order_and_last_value() {
 #[test]
 fn malformed_lines_are_per_sample_errors() {
     let file = shard(b"{\"a\": 1}\n{\"a\": \n\n[1, 2] 3\n{\"a\": \"\xff\"}\n{\"a\": 5}\n");
-    assert_eq!(
-        JsonLinesFormat
-            .count(&Shard::file(file.path()))
-            .unwrap()
-            .samples,
-        5
-    );
+    assert_eq!(samples_in(file.path()), 5);
     let (got, end) = read(file.path(), 0, 5);
     end.unwrap();
     assert_eq!(got.len(), 5);
@@ -275,9 +271,7 @@ fn deep_nesting_is_a_sample_error_not_a_crash() {
 #[test]
 fn gzip_and_zstd_read_as_plain() {
     let plain = shard(TEXT);
-    let (want, end) = read(plain.path(), 0, 5);
-    end.unwrap();
-    let want = ok_samples(want);
+    let want = read_ok(plain.path(), 0, 5);
     // Two gzip members and two zstd frames, as concatenating tools write.
     let cut = TEXT.len() / 2;
     let mut gz = gzip(&TEXT[..cut]);
@@ -286,19 +280,9 @@ fn gzip_and_zstd_read_as_plain() {
     zst.extend(zstd(&TEXT[cut..]));
     for bytes in [gzip(TEXT), gz, zstd(TEXT), zst] {
         let file = shard(&bytes);
-        assert_eq!(
-            JsonLinesFormat
-                .count(&Shard::file(file.path()))
-                .unwrap()
-                .samples,
-            5
-        );
-        let (got, end) = read(file.path(), 0, 5);
-        end.unwrap();
-        assert_eq!(ok_samples(got), want);
-        let (got, end) = read(file.path(), 2, 4);
-        end.unwrap();
-        assert_eq!(ok_samples(got), want[2..4]);
+        assert_eq!(samples_in(file.path()), 5);
+        assert_eq!(read_ok(file.path(), 0, 5), want);
+        assert_eq!(read_ok(file.path(), 2, 4), want[2..4]);
     }
 }
 
