@@ -6,7 +6,8 @@
   pickled each).
 * ``run_python``: runs a snippet in a fresh ``sys.executable`` subprocess with a timeout.
 * ``import_bench``: a module of benches/ (a script, or a module the scripts share).
-* ``Indexed``: a dataset whose sample ``i`` is ``i``, for datasets with a special sample.
+* ``Indexed``: a dataset whose sample ``i`` is ``i``, for datasets with a special sample;
+  ``Stalls``, one whose sample ``at`` takes long.
 * ``assert_slots_reused``: a worker loader's shared slots were reused, not one per batch.
 * an autouse guard that fails a test which leaves a ``/dev/shm/ferrofeed-<our pid>-*`` file
   behind (an owner that was never closed and was not garbage collected either).
@@ -25,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -65,6 +67,24 @@ class Indexed:
         return self.n
 
     def __getitem__(self, i: int) -> int:
+        return i
+
+
+class Stalls(Indexed):
+    """Sample ``at`` takes ``seconds``, or less when ``release`` (a `threading.Event`, for
+    threads: not for worker processes) is set before."""
+
+    def __init__(
+        self, n: int, at: int, seconds: float, release: threading.Event | None = None
+    ) -> None:
+        self.n, self.at, self.seconds, self.release = n, at, seconds, release
+
+    def __getitem__(self, i: int) -> int:
+        if i == self.at:
+            if self.release is None:
+                time.sleep(self.seconds)
+            else:
+                self.release.wait(self.seconds)
         return i
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import ferrofeed
 import numpy as np
 import pytest
-from conftest import Indexed, assert_slots_reused, ctrl_c_with_workers, wait_gone
+from conftest import Indexed, Stalls, assert_slots_reused, ctrl_c_with_workers, wait_gone
 from ferrofeed import (
     DataLoader,
     SharedList,
@@ -104,17 +104,6 @@ class Dies(Indexed):
             faulthandler.disable()
             os.kill(os.getpid(), self.sig)
             time.sleep(10)
-        return i
-
-
-class Stalls(Indexed):
-    """Sample 9 takes a minute."""
-
-    n = 16
-
-    def __getitem__(self, i: int) -> int:
-        if i == 9:
-            time.sleep(60)
         return i
 
 
@@ -716,7 +705,7 @@ def _pids_of_loader_children() -> list[int]:
 
 def test_timeout_turns_a_stalled_batch_into_an_error() -> None:
     # 3 s: every batch but the stalled one takes ~0, even on a loaded machine.
-    loader = DataLoader(Stalls(), 4, num_workers=2, timeout=3.0)
+    loader = DataLoader(Stalls(16, at=9, seconds=60), 4, num_workers=2, timeout=3.0)
     start = time.monotonic()
     with pytest.raises(WorkerTimeoutError, match=r"timeout=3\.0") as info:
         list(loader)
