@@ -99,6 +99,28 @@ def add_run_options(
         parser.add_argument("--quick", action="store_true", help=quick)
 
 
+def add_result_options(
+    parser: argparse.ArgumentParser, *, quick_dir: str, replot: str, flag: str = "--out-dir"
+) -> None:
+    """Where a script's results go, ``flag`` (see `results_dir`), and ``--replot FILE``
+    (``replot`` says what is made again from a results JSON)."""
+    parser.add_argument(
+        flag,
+        type=Path,
+        default=None,
+        help=f"where results go (default benches/results; --quick: bench-results/{quick_dir})",
+    )
+    parser.add_argument("--replot", type=Path, default=None, help=replot)
+
+
+def results_dir(given: Path | None, quick: bool, quick_dir: str) -> Path:
+    """Where results go: ``given``, else benches/results/ (those BENCHMARKS.md quotes), or
+    for a quick run bench-results/``quick_dir``/, which leaves the committed ones alone."""
+    if given is not None:
+        return given
+    return LOCAL_RESULTS / quick_dir if quick else RESULTS
+
+
 def fill_defaults(args: argparse.Namespace, **defaults: tuple[Any, Any]) -> None:
     """Give each option left unset (None) its default, ``name=(full, quick)``: the second
     with ``--quick`` (a smoke run). What the command line gives stays."""

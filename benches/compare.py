@@ -77,7 +77,6 @@ import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from _common import make_images, pack_parquet_shards, pack_tar_shards, scratch_dir
@@ -94,10 +93,10 @@ from _compare_loaders import (
 )
 from _compare_report import best_peer_ratios, peer_ratios, ratios, report, summarize
 from _rounds import (
-    LOCAL_RESULTS,
-    RESULTS,
+    add_result_options,
     add_run_options,
     fill_defaults,
+    results_dir,
     rotated,
     runnable,
     subset,
@@ -106,6 +105,7 @@ from _runs import LoaderCosts, add_tree_figures, read_epoch, run_fresh, run_scri
 from bench_machine import loadavg, stamp, version_of, versions
 
 MIB = 1 << 20
+QUICK_DIR = "compare-quick"  # under bench-results/: a quick run's results
 
 
 def child_main(spec: dict[str, Any]) -> dict[str, Any]:
@@ -284,17 +284,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--py313", default=None, help="a Python >= 3.13 with dataloader-rs")
     p.add_argument("--pss-interval", type=float, default=1.0, help="PSS sampling, seconds")
     add_run_options(p, timeout=1200.0, quick="a short run: small sizes, 1 round")
-    p.add_argument(
-        "--out-dir",
-        type=Path,
-        default=None,
-        help="where results go (default benches/results; --quick: bench-results/compare-quick)",
-    )
-    p.add_argument(
-        "--replot",
-        type=Path,
-        default=None,
-        help="only redraw the tables and plots of a compare.json (into --out-dir)",
+    add_result_options(
+        p,
+        quick_dir=QUICK_DIR,
+        replot="only redraw the tables and plots of a compare.json (into --out-dir)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument(
@@ -310,7 +303,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "their memory then lacks torch's, which a training process has)",
     )
     args = p.parse_args(argv)
-    # --quick: small sizes and one round, the committed results left alone.
+    # --quick: small sizes and one round.
     fill_defaults(
         args,
         n=(2000, 96),
@@ -318,8 +311,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         ram_n=(1_000_000, 20_000),
         ram_workers=(4, 2),
         shard_size=(200, 16),
-        out_dir=(RESULTS, LOCAL_RESULTS / "compare-quick"),
     )
+    args.out_dir = results_dir(args.out_dir, args.quick, QUICK_DIR)
     args.ram_methods = tuple(subset(args.ram_methods, ("fork", "forkserver"), "start methods", p))
     args.jobs = subset(args.jobs, (*JOBS, "ram"), "jobs", p)
     args.loaders = subset(args.loaders, BY_KEY, "loaders", p)

@@ -77,11 +77,11 @@ from _remote_configs import BY_KEY, Config
 from _remote_report import analyse, report
 from _remote_servers import ServerProcess, proc_cpu
 from _rounds import (
-    LOCAL_RESULTS,
     REPO_ROOT,
-    RESULTS,
+    add_result_options,
     add_run_options,
     fill_defaults,
+    results_dir,
     rotated,
     runnable,
     subset,
@@ -95,6 +95,7 @@ BATCH = 32
 MIB = 1 << 20
 BUCKET = "ferrofeed-bench"
 MIN_SHARDS = 8
+QUICK_DIR = "remote-compare-quick"  # under bench-results/: a quick run's results
 
 
 # --- the child: one configuration in a fresh interpreter ---------------------------------------
@@ -299,18 +300,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--configs", default="all", help=f"subset of {','.join(BY_KEY)}")
     add_run_options(p, timeout=900.0, quick="a short run: small sizes, 1 round")
     p.add_argument("--pss-interval", type=float, default=1.0, help="PSS sampling, seconds")
-    p.add_argument("--out-dir", type=Path, default=None, help="where results go")
-    p.add_argument(
-        "--replot", type=Path, default=None, help="only redo the summaries and report of a JSON"
+    add_result_options(
+        p, quick_dir=QUICK_DIR, replot="only redo the summaries and report of a JSON"
     )
     args = p.parse_args(argv)
-    fill_defaults(
-        args,
-        n=(1600, 256),
-        shard_size=(200, 32),
-        rounds=(3, 1),
-        out_dir=(RESULTS, LOCAL_RESULTS / "remote-compare-quick"),
-    )
+    fill_defaults(args, n=(1600, 256), shard_size=(200, 32), rounds=(3, 1))
+    args.out_dir = results_dir(args.out_dir, args.quick, QUICK_DIR)
     args.configs = subset(args.configs, BY_KEY, "configurations", p)
     if args.epochs < 2 or args.rounds < 1 or args.shard_size < 1:
         p.error("--epochs must be >= 2, --rounds and --shard-size >= 1")

@@ -80,18 +80,17 @@ import sys
 import time
 import warnings
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 from _common import PillowExact, PillowTrain, make_images, native_op, scratch_dir, shutdown_workers
 from _compare_loaders import BY_KEY, available
 from _rounds import (
-    LOCAL_RESULTS,
-    RESULTS,
+    add_result_options,
     add_run_options,
     better,
     fill_defaults,
     med_range,
+    results_dir,
     rotated,
     runnable,
     same_rounds,
@@ -115,6 +114,7 @@ from _scaling_rows import (
 from _scaling_threads import thread_figures, thread_samples, tree_cpu_s
 from bench_machine import loadavg, stamp, versions
 
+QUICK_DIR = "scaling-quick"  # under bench-results/: a quick run's results
 # The figures summarized per configuration (medians and ranges), in the tables' order.
 METRICS = (
     "images_per_s",
@@ -371,26 +371,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         quick="a smoke run: 512 images, shards of 64, 1 round, 1 timed epoch (what is given "
         "explicitly stays)",
     )
-    p.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        help="where results go (default benches/results; --quick: bench-results/scaling-quick)",
+    add_result_options(
+        p, quick_dir=QUICK_DIR, replot="only write the tables of a JSON again", flag="--out"
     )
     p.add_argument("--name", default="scaling", help="stem of the result files")
-    p.add_argument(
-        "--replot", type=Path, default=None, help="only write the tables of a JSON again"
-    )
     args = p.parse_args(argv)
-    # A quick run leaves the committed results alone.
-    fill_defaults(
-        args,
-        n=(2000, 512),
-        epochs=(2, 1),
-        rounds=(2, 1),
-        shard_size=(250, 64),
-        out=(RESULTS, LOCAL_RESULTS / "scaling-quick"),
-    )
+    fill_defaults(args, n=(2000, 512), epochs=(2, 1), rounds=(2, 1), shard_size=(250, 64))
+    args.out = results_dir(args.out, args.quick, QUICK_DIR)
     args.threads = _ints(args.threads)
     args.batch_sizes = _ints(args.batch_sizes)
     args.proxy_threads = _ints(args.proxy_threads)
