@@ -366,6 +366,10 @@ SCALING_ARGS ?=
 bench-scaling: install-test ## The native chain at 1-32 threads, batches of 32 and 256, folders and tar shards: images/s, threads busy, CPU per image (benches/scaling.py)
 	$(PY) benches/scaling.py $(SCALING_ARGS)
 
+.PHONY: bench-mix
+bench-mix: install-test ## A Mix of two sources against the same images as one source, side by side (folder and tar), and a mixture's resume cost at 10^6 and 10^8 samples (benches/mix_cost.py)
+	$(PY) benches/mix_cost.py $(MIX_ARGS)
+
 .PHONY: bench-gpu
 bench-gpu: install-test ## On a CUDA machine: copies to the GPU and loaders ending there, against PyTorch's pin_memory=True (benches/gpu_feed.py)
 	$(PY) benches/gpu_feed.py $(GPU_FEED_ARGS)

@@ -16,7 +16,9 @@
 //!   and per-sample seed.
 //! - `panic` and [`fs`]: a caught panic's message; files opened without
 //!   blocking, and whether a temporary file's writer is gone.
-//! - [`cpu`]: the process's CPU pools (re-created in a forked child).
+//! - [`runtime`]: what a process keeps for native work, one of each, made
+//!   again in a forked child: the tokio runtime that pipelines and remote
+//!   fetches share, and the CPU pools ([`runtime::cpu`]).
 //! - [`sampler`]: seekable shuffled index orders, O(1) to start or resume.
 //! - [`plan`]: the plans of an epoch behind one trait, [`plan::Plan`]:
 //!   numbered batches of sample ids per rank, from any resume point, for
@@ -36,15 +38,14 @@
 //!   exported by `DLPack`.
 //! - [`image`]: decode, resize, crop and flip into a slot of a batch, and the
 //!   batch engine ([`image::batch`]), which decodes into [`staging`] buffers.
-//! - [`pipeline`]: the engine: a source, stages on a tokio runtime linked by
-//!   bounded channels, stats, clean failure and shutdown.
+//! - [`pipeline`]: the engine: a source, stages on the process's runtime
+//!   linked by bounded channels, stats, clean failure and shutdown.
 //!
 //! The Python bindings (`py`) are built on all of these.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod arena;
-pub mod cpu;
 pub mod dlpack;
 pub mod fs;
 pub mod image;
@@ -53,6 +54,7 @@ pub mod pipeline;
 pub mod plan;
 pub mod recycle;
 pub mod remote;
+pub mod runtime;
 pub mod sampler;
 pub mod seed;
 pub mod shards;

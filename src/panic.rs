@@ -1,6 +1,6 @@
 //! The message of a caught panic: the one helper that every `catch_unwind`
 //! of the crate (pipeline stages and sources, decoders, shard readers, the
-//! CPU pools' jobs) reports panics with.
+//! CPU pools' jobs, remote fetches) reports panics with.
 
 use std::any::Any;
 

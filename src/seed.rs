@@ -111,12 +111,20 @@ pub enum Stream {
     /// The draws of an iterable dataset's shuffle buffer, index = the
     /// worker reading the stream ([`crate::sampler::ShuffleBuffer`]).
     Buffer,
+    /// The phases of a mixture's interleave in one world of an epoch
+    /// (index = the segment of its elastic history, then the source;
+    /// [`crate::plan::mix`]).
+    Mix,
+    /// The seed of one pass over one source of a mixture (epoch = the pass,
+    /// index = the source; [`crate::plan::mix`]): the seed its own plan is
+    /// shuffled with.
+    Source,
 }
 
 impl Stream {
     /// Every stream's name, as [`Stream::from_name`] reads them.
-    pub const NAMES: [&'static str; 7] = [
-        "sample", "crop", "flip", "shards", "window", "bucket", "buffer",
+    pub const NAMES: [&'static str; 9] = [
+        "sample", "crop", "flip", "shards", "window", "bucket", "buffer", "mix", "source",
     ];
 
     /// The stream's tag, mixed into the key.
@@ -129,6 +137,8 @@ impl Stream {
             Stream::Window => 0x3140_D0E5_EED0_0004,
             Stream::Bucket => 0xB0C4_E75E_ED00_0005,
             Stream::Buffer => 0xB0FF_E25E_ED00_0006,
+            Stream::Mix => 0x3170_5EED_0000_0007,
+            Stream::Source => 0x5025_CE5E_ED00_0008,
         }
     }
 
@@ -143,6 +153,8 @@ impl Stream {
             "window" => Some(Stream::Window),
             "bucket" => Some(Stream::Bucket),
             "buffer" => Some(Stream::Buffer),
+            "mix" => Some(Stream::Mix),
+            "source" => Some(Stream::Source),
             _ => None,
         }
     }

@@ -13,6 +13,8 @@ of either: no mock of the client. What is checked:
    temporary file is left; the size cap holds.
 6. Worker processes under fork, spawn and forkserver; a forked child reads on its own.
 7. A prefetch budget of 0, or smaller than a shard, still reads whole epochs.
+8. No fetch outlives its source: dropping a source's remote shards ends the fetches it started
+   on the runtime that pipelines share, and a remote epoch leaves no task there.
 
 Every test gets its own ``FERROFEED_CACHE_DIR`` (the node's index), so tests do not share
 listings and nothing is written under ``~/.cache``. No speed is asserted; bounds on time are
@@ -22,6 +24,7 @@ hang guards and the "fails within seconds" promise, with a wide margin.
 from __future__ import annotations
 
 import contextlib
+import gc
 import gzip
 import io
 import json
@@ -31,7 +34,9 @@ import queue
 import random
 import select
 import signal
+import socket
 import tarfile
+import threading
 import time
 import traceback
 import zlib
@@ -44,7 +49,7 @@ from typing import Any
 import ferrofeed as ff
 import pytest
 from conftest import run_spawned
-from ferrofeed import _remote
+from ferrofeed import _core, _remote
 from objstore import (
     FaultProxy,
     HttpFileServer,
@@ -53,6 +58,7 @@ from objstore import (
     ranged_get,
     whole_get,
 )
+from thread_counts import os_threads, python_threads
 
 pytest.importorskip("boto3")
 pytest.importorskip("moto.server")
@@ -1208,3 +1214,145 @@ def test_any_prefetch_budget_reads_whole_epochs(
         want = [epoch(reference), epoch(reference)]
         got = in_child(_epochs, url("tar"), {"prefetch_bytes": budget}, [dict(kw, rank=rank)], 2)
         assert [[list(map(tuple, b)) for b in batches] for batches, _ in got] == want
+
+
+# -- 8. no fetch outlives its source ---------------------------------------------------------------
+
+
+def runtime_tasks() -> int:
+    """Tasks ferrofeed started on the process's runtime that have not ended (stage tasks,
+    stats reporters, remote fetches)."""
+    return _core._native_threads()[1]
+
+
+@contextlib.contextmanager
+def silent_server() -> Iterator[tuple[str, Callable[[], int]]]:
+    """An HTTP server on localhost that reads requests and never answers: a fetch from it
+    stays on its way. Yields its URL and a count of the requests it has read."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def serve() -> None:
+        listener.settimeout(0.05)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            conn.settimeout(5)
+            with contextlib.suppress(OSError):
+                if conn.recv(4096):
+                    held.append(conn)
+                    continue
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}", lambda: len(held)
+    finally:
+        stop.set()
+        thread.join(10)
+        listener.close()
+        for conn in held:
+            conn.close()
+
+
+def test_dropping_remote_shards_ends_the_fetches_on_their_way() -> None:
+    gc.collect()
+    base = runtime_tasks()
+    with silent_server() as (server, asked):
+        objects = [(f"{server}/train-{i}.tar", 1 << 20, None) for i in range(3)]
+        shards = _core._RemoteShards(objects, [], 64 << 20, 8 << 20, 8)
+        shards.prefetch([0, 1, 2])
+        deadline = time.monotonic() + 30  # a hang guard
+        while asked() < 3 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert asked() == 3, "the fetches did not reach the server"
+        # One task per shard, each waiting for an answer that never comes.
+        assert runtime_tasks() == base + 3
+        del shards
+        # Dropped: every fetch was aborted, and its task ended before the drop returned.
+        assert runtime_tasks() == base
+
+
+def test_a_remote_epoch_leaves_no_task_on_the_runtime(s3: S3Server, proxy: FaultProxy) -> None:
+    # The source's fetches share the runtime with every pipeline; a loader stopped mid-epoch
+    # with the next shards on their way (a slow server), then dropped with its source, leaves
+    # none of its tasks there, so the thread and task counts of the pipeline tests still hold.
+    gc.collect()
+    base = runtime_tasks()
+    proxy.latency = 0.2
+    # A budget of 1 byte: counting keeps no shard, and the reader fetches each next one ahead.
+    src = ff.TarShards(url("tar"), storage_options=via(proxy), prefetch_bytes=1)
+    dl = loader(src, shuffle=True, seed=4, shuffle_window=32)
+    it = iter(dl)
+    assert len(next(it)) == 8
+    del it, dl, src
+    gc.collect()
+    deadline = time.monotonic() + 30  # a hang guard: the reader thread ends with its read
+    while runtime_tasks() != base and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert runtime_tasks() == base
+
+
+def runtime_threads_named() -> int:
+    """Threads of this process named as the process's runtime names its threads."""
+    n = 0
+    for tid in os.listdir("/proc/self/task"):
+        with (
+            contextlib.suppress(FileNotFoundError),  # ended meanwhile
+            open(f"/proc/self/task/{tid}/comm", encoding="ascii") as f,
+        ):
+            n += f.read().strip() == "ferrofeed-rt"
+    return n
+
+
+def _one_runtime_in_child(pattern: str) -> dict[str, Any]:  # in a forked child
+    # The parent's runtime (and its fetches' tasks) is not the child's: it has no threads here.
+    at_fork = _core._native_threads()[:2]
+    dl = loader(ff.TarShards(pattern), shuffle=True, seed=5, shuffle_window=32)
+    samples = sorted(flat(epoch(dl)))
+    del dl
+    gc.collect()
+    # The epoch's end read the next epoch's first window ahead: its fetches end with the read
+    # (the reader's thread holds the source until then). A hang guard, not a speed target.
+    deadline = time.monotonic() + 30
+    while runtime_tasks() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    # Every runtime thread of the child is counted by the one runtime that the listing, the
+    # counting, the fetches and the loader's pipeline all ran on (read again if a
+    # blocking-pool thread ended between the two looks), and every other thread is Python's.
+    for _ in range(100):
+        counted, named = _core._native_threads()[0], runtime_threads_named()
+        if counted == named == _core._native_threads()[0]:
+            break
+    return {
+        "at_fork": list(at_fork),
+        "samples": len(samples) == len(set(samples)) == sum(TAR_SIZES),
+        "counted": counted,
+        "named": named,
+        "others": os_threads() - python_threads(),
+        "tasks": runtime_tasks(),
+    }
+
+
+@pytest.mark.timeout(120)
+def test_a_forked_child_makes_one_runtime_for_its_fetches_and_pipelines(
+    s3: S3Server, proxy: FaultProxy
+) -> None:
+    # The parent reads with fetches on their way when it forks (a slow server).
+    proxy.latency = 0.2
+    src = ff.TarShards(url("tar"), storage_options=via(proxy), prefetch_bytes=1)
+    it = iter(loader(src))
+    next(it)
+    got = in_child(_one_runtime_in_child, url("tar", "brace"), timeout=90)
+    assert got["at_fork"] == [0, 0]
+    assert got["samples"]
+    assert got["counted"] == got["named"] > 0
+    assert got["others"] == 0, "threads of neither Python nor the one runtime (nor the CPU pool)"
+    assert got["tasks"] == 0
+    assert len(list(it)) > 0  # the parent goes on

@@ -273,6 +273,22 @@ def test_a_batch_mixes_several_shards(tmp_path: Path) -> None:
     assert max(mixed) >= 3, mixed
 
 
+def test_a_windows_shards_are_read_side_by_side_each_keeping_its_samples_and_errors(
+    tmp_path: Path,
+) -> None:
+    # One window of 12 shards (read on threads of their own): the samples come back in
+    # the plan's order, and a shard gone since counting fails its own samples alone.
+    paths = tar_dataset(tmp_path, [5] * 12)
+    source = ff.TarShards(paths)
+    paths[7].unlink()
+    dl = ff.DataLoader(
+        source, 6, shuffle_window=60, on_error="skip", transform=to_ids, max_failures=None
+    )
+    expected = [[i for i in range(k, k + 6) if not 35 <= i < 40] for k in range(0, 60, 6)]
+    assert epoch_ids(dl) == expected
+    assert sorted(i for i, _ in dl.stats()["skipped"]) == list(range(35, 40))
+
+
 @pytest.mark.parametrize(
     "kw",
     [

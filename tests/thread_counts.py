@@ -1,11 +1,13 @@
 """Thread counts of this process, for tests that check a pipeline leaves none behind.
 
-The process keeps two sets of native threads that outlive every pipeline: the async
-runtime every pipeline's stage tasks run on (its workers, and blocking-pool threads that
-end after 10 s idle) and the CPU pool of batch decodes. They are made on first use, once
-per process, and are the library's, not a pipeline's: ``os_threads`` leaves them out, and
-``thread_counts`` also requires that no stage task is still alive on the runtime, so a
-"back to the baseline" check still catches a pipeline that left a thread or a task behind.
+The process keeps two sets of native threads that outlive every pipeline: the one async
+runtime that every pipeline's stage tasks and every remote source's fetches run on (its
+workers, and blocking-pool threads that end after 10 s idle) and the CPU pools of batch
+decodes. They are made on first use, once per process, and are the library's, not a
+pipeline's: ``os_threads`` leaves them out, and ``thread_counts`` also requires that no
+task ferrofeed started (stage task, stats reporter, fetch) is still alive on the runtime,
+so a "back to the baseline" check still catches a pipeline that left a thread or a task
+behind.
 """
 
 from __future__ import annotations

@@ -65,6 +65,7 @@ from ._errors import (
 )
 from ._images import IMAGE_EXTENSIONS, ImageFiles, ImageFolder
 from ._loader import DataLoader
+from ._mix import Mix
 from ._pipeline import Aggregator, Pipeline, PipelineBuilder, TaskHook
 from ._sample import sample_rng
 from ._shards import JsonLines, MDSShards, ParquetShards, ShardedSource, TarShards
@@ -106,6 +107,7 @@ __all__ = [
     "ImageReadError",
     "JsonLines",
     "MDSShards",
+    "Mix",
     "ParquetShards",
     "PinnedMemoryError",
     "Pipeline",

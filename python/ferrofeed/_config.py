@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal, TypedDict
 
 from . import _core
-from ._output import Output, check_device, default_rank_and_world
+from ._output import Handoff, Output, Sharding, check_device, default_rank_and_world
 
 __all__ = ["DEFAULT_SHUFFLE_WINDOW", "Arguments", "Config", "StartMethod"]
 
@@ -42,6 +42,8 @@ class Arguments(TypedDict):
     batches_per_epoch: int | None
     output: Output
     device: str | None
+    sharding: Sharding | None
+    device_prefetch: int
     on_error: Literal["raise", "skip"]
     max_failures: int | None
     progress: bool
@@ -80,6 +82,8 @@ class Config:
     batches_per_epoch: int | None
     output: Output
     device: str | None
+    sharding: Sharding | None
+    device_prefetch: int
     on_error: Literal["raise", "skip"]
     max_failures: int | None
     progress: bool
@@ -119,6 +123,10 @@ class Config:
             "drop_last": self.drop_last,
         }
 
+    def handoff(self) -> Handoff:
+        """How the loader hands its batches over (converted, placed on devices)."""
+        return Handoff(self.output, self.device, self.sharding, self.device_prefetch)
+
     @property
     def pinned(self) -> bool:
         """Whether batches go to a CUDA device (their host memory is then page-locked)."""
@@ -142,6 +150,7 @@ class Config:
             ("prefetch", args["prefetch"], 1),
             ("num_workers", args["num_workers"], 0),
             ("prefetch_factor", args["prefetch_factor"], 1),
+            ("device_prefetch", args["device_prefetch"], 0),
         ):
             if not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} must be an int >= {low}, not {value!r}")
@@ -180,6 +189,8 @@ class Config:
             raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
         if args["device"] is not None:
             check_device(output, args["device"])
+        if args["sharding"] is not None:
+            _check_sharding(args, rank, world_size)
         return cls(
             batch_size=batch_size,
             shuffle=args["shuffle"],
@@ -194,6 +205,8 @@ class Config:
             batches_per_epoch=batches_per_epoch,
             output=output,
             device=args["device"],
+            sharding=args["sharding"],
+            device_prefetch=args["device_prefetch"],
             on_error=on_error,
             max_failures=max_failures,
             progress=args["progress"],
@@ -209,3 +222,24 @@ class Config:
             bucket_by=args["bucket_by"],
             batch_sampler=args["batch_sampler"],
         )
+
+
+def _check_sharding(args: Arguments, rank: int, world_size: int) -> None:
+    """Refuse a ``sharding`` that the other arguments, or the sharding itself, rule out."""
+    if args["output"] != "jax":
+        raise ValueError(f"sharding= needs output='jax', not output={args['output']!r}")
+    if args["device"] is not None:
+        raise ValueError("give sharding= or device=, not both: the sharding names the devices")
+    if args["batch_size"] is None:
+        raise ValueError(
+            "sharding= needs a batch_size: with batch_size=None each sample comes alone, "
+            "with no batch axis to lay out over the devices"
+        )
+    if args["on_error"] == "skip":
+        raise ValueError(
+            "sharding= cannot take on_error='skip': a skipped sample shortens its batch, so "
+            "the processes' parts of one global batch could differ in size"
+        )
+    from .jax import _check_sharding as check
+
+    check(args["sharding"], args["batch_size"], rank, world_size)

@@ -280,7 +280,10 @@ def _after_fork_in_child() -> None:
     """Mark pipelines built before a fork as the parent's (internal)."""
 
 def _native_threads() -> tuple[int, int, int]:
-    """(runtime threads, runtime tasks not finished, CPU pool threads) (internal)."""
+    """(runtime threads, runtime tasks not finished, CPU pool threads) (internal).
+
+    The runtime is the process's one: pipelines' stage tasks and remote fetches share it.
+    """
 
 def _cpu_pool_size() -> int:
     """The threads of the process's CPU pool, made if need be (internal)."""
@@ -461,6 +464,15 @@ class _PlanGroup:
     """
 
     def __new__(cls, batch_no: int, indices: Sequence[int], items: Iterable[Any]) -> Self: ...
+    @staticmethod
+    def merge(
+        batch_no: int, ids: Sequence[int], parts: Sequence[tuple[_PlanGroup, int]]
+    ) -> _PlanGroup:
+        """Return one group of the parts' items, in the order of ``ids``.
+
+        Each part's indices plus its offset are some of ``ids``; an id no part holds is
+        left out; each part is used up.
+        """
 
 @final
 class EpochPlanIterator:
@@ -528,6 +540,73 @@ class ShardPlan:
         """Return ``(shard, lo, hi)`` of each piece of shards window ``window`` holds."""
     def batch(self, batch_no: int) -> list[int]:
         """Return the global ids of batch ``batch_no``'s samples."""
+
+@final
+class MixPlan:
+    """One epoch's batches of a `ferrofeed.Mix` on one rank (see ``src/plan/mix.rs``).
+
+    ``parts``: each source as its length (map-style) or ``(shard counts, window)``
+    (sharded); ``stop``: ``"shortest"``, ``"longest"`` or a number of samples across
+    ranks. Each position of the epoch draws from one part by a low-discrepancy
+    interleave of the weights keyed by ``(seed, epoch, segment)``; each part is read in
+    its own order, pass after pass (``pass_seed``, ``pass_history``). Iterating yields
+    ``(batch_no, ids, parts)`` from ``start``; an id is ``pass * total + the part's
+    offset + the sample's index in its part``.
+
+    Example:
+        >>> from ferrofeed import _core
+        >>> plan = _core.MixPlan([4, 2], [2.0, 1.0], "shortest", 3)
+        >>> [(ids, parts) for _, ids, parts in plan]
+        [([0, 1, 4], [0, 0, 1]), ([2, 3, 5], [0, 0, 1])]
+    """
+
+    def __new__(
+        cls,
+        parts: Sequence[int | tuple[Sequence[int], int]],
+        weights: Sequence[float],
+        stop: str | int,
+        batch_size: int,
+        *,
+        shuffle: bool = False,
+        seed: int = 0,
+        epoch: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        drop_last: bool = False,
+        history: Sequence[tuple[int, int]] = ...,
+        start: int = 0,
+    ) -> MixPlan: ...
+    def __len__(self) -> int:
+        """Return the batches of the current world (those before ``start`` included)."""
+    def __iter__(self) -> MixPlanIterator: ...
+    @property
+    def start(self) -> int:
+        """The first batch the plan yields (the resume point)."""
+    @property
+    def samples(self) -> int:
+        """Samples a rank draws in the current world."""
+    @property
+    def total(self) -> int:
+        """The samples of all parts (pass ``q``'s ids start at ``q * total``)."""
+    def batch(self, batch_no: int) -> list[int]:
+        """Return the ids of batch ``batch_no``."""
+    def counts_at(self, p: int) -> list[int]:
+        """Return how many samples each part gave before position ``p`` of this world."""
+    def drawn(self, p: int) -> list[int]:
+        """Return each part's samples before position ``p``, earlier worlds included."""
+    def locate(self, part: int, n: int) -> tuple[int, int]:
+        """Return ``(pass, position in the pass)`` of part ``part``'s ``n``-th sample."""
+    def pass_seed(self, part: int, pass_no: int) -> int:
+        """Return the seed of pass ``pass_no`` over part ``part``."""
+    def pass_history(self, part: int, pass_no: int) -> list[tuple[int, int]]:
+        """Return the ``(world_size, samples per rank)`` worlds of that pass before this."""
+
+@final
+class MixPlanIterator:
+    """The iterator of a `MixPlan`."""
+
+    def __iter__(self) -> Self: ...
+    def __next__(self) -> tuple[int, list[int], list[int]]: ...
 
 @final
 class ShardPlanIterator:

@@ -1,32 +1,29 @@
 """`DataLoader`: batches from a dataset, shuffled, sharded and resumable.
 
 The loader keeps what every kind of data shares: the argument checks (`Config`), the
-position (epoch, batches done), iteration, the failure budget and the handoff to the
-framework (`ferrofeed._output`). Its source (`ferrofeed._sources`: one class per kind,
+position (epoch, batches done), iteration, the failure budget (`ferrofeed._failures`) and
+the handoff to the framework (`ferrofeed._output.Handoff`: conversion, device placement and
+prefetch). Its source (`ferrofeed._sources`: one class per kind,
 chosen once) gives each epoch's groups and the executor (`ferrofeed._executors`) that turns
 them into batches. The loader never asks which kind of source it holds.
 """
 
 from __future__ import annotations
 
-import logging
 import os
-import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 from . import _core
 from ._config import Arguments, Config, StartMethod
-from ._errors import TooManyFailuresError
-from ._output import Output, Progress, convert
+from ._failures import Failures
+from ._mix import Mix
+from ._output import Output, Progress, Sharding
 from ._shards import ShardedSource
 from ._source import History
 from ._sources import MapDataset, choose_source
 
 __all__ = ["DataLoader"]
-
-_log = logging.getLogger("ferrofeed.loader")
-
 
 # Stands for a batch whose every sample was skipped.
 _EMPTY = object()
@@ -108,6 +105,11 @@ class DataLoader:
             as often as needed.
         output: ``"numpy"``, ``"torch"`` or ``"jax"``.
         device: move each batch there (e.g. ``"cuda:0"`` with torch, ``"gpu"`` with JAX).
+        sharding: with ``output="jax"``, a `jax.sharding.Sharding`: each array of a batch
+            is one global `jax.Array` laid out by it, ``batch_size x jax.process_count()``
+            rows, each process's own on its devices (see `ferrofeed.jax.shard_batch`).
+        device_prefetch: with ``sharding``, batches laid out ahead of the one the step
+            holds (not done for `state_dict` until handed out).
         on_error: ``"raise"`` (a failing sample stops the epoch: after the batches before
             it, its own exception is raised, with a note naming the sample and the stage)
             or ``"skip"`` (the sample is left out of its batch, logged and listed in
@@ -186,7 +188,7 @@ class DataLoader:
 
     def __init__(
         self,
-        source: MapDataset | Iterable[Any] | ShardedSource | str | os.PathLike[str],
+        source: MapDataset | Iterable[Any] | ShardedSource | Mix | str | os.PathLike[str],
         batch_size: int | None = 1,
         *,
         shuffle: bool = False,
@@ -201,6 +203,8 @@ class DataLoader:
         batches_per_epoch: int | None = None,
         output: Output = "numpy",
         device: str | None = None,
+        sharding: Sharding | None = None,
+        device_prefetch: int = 2,
         on_error: Literal["raise", "skip"] = "raise",
         max_failures: int | None = 10,
         progress: bool = False,
@@ -230,6 +234,8 @@ class DataLoader:
             batches_per_epoch=batches_per_epoch,
             output=output,
             device=device,
+            sharding=sharding,
+            device_prefetch=device_prefetch,
             on_error=on_error,
             max_failures=max_failures,
             progress=progress,
@@ -253,6 +259,8 @@ class DataLoader:
         self.num_threads, self.num_workers, self.prefetch = c.num_threads, c.num_workers, c.prefetch
         self.timeout, self.max_failures, self.progress = c.timeout, c.max_failures, c.progress
         self.output, self.device, self.on_error = c.output, c.device, c.on_error
+        self.sharding, self.device_prefetch = c.sharding, c.device_prefetch
+        self._handoff = c.handoff()
         self.worker_start_method, self.worker_init_fn = c.worker_start_method, c.worker_init_fn
         self.persistent_workers, self.prefetch_factor = c.persistent_workers, c.prefetch_factor
         self.batches_per_epoch, self.batch_sampler = c.batches_per_epoch, c.batch_sampler
@@ -261,9 +269,7 @@ class DataLoader:
         # The current epoch's elastic history, (world_size, batches_done) of each world it
         # ran on before (a sharded source's state loaded on another world size).
         self._history: History = []
-        self._skipped: list[tuple[int, str]] = []
-        self._skipped_lock = threading.Lock()
-        self._failures = 0  # samples skipped in the current iteration
+        self._failures = Failures(c.max_failures)
         src = self._source = build(c)
         self.dataset: Any = src.dataset
         # A sharded source, an iterable dataset; the native image chain reads image files.
@@ -379,31 +385,30 @@ class DataLoader:
         ``pipeline``: the current (or last) pass's per-stage figures; ``skipped``: the
         samples left out under ``on_error="skip"``, as (index, reason), and
         ``skipped_shards`` the damaged shards read only up to the damage, as (shard, reason)
-        (see `ShardedSource.damaged`); ``buffers``: the
-        batch buffer pool's counters with the native image chain (see
-        `BufferPool.stats`), else empty. ``pools``: with the native image chain,
+        (see `ShardedSource.damaged`); ``sources``: with a `Mix`, each source's ``weight``,
+        ``samples`` given this rank in the current epoch so far and samples ``skipped``,
+        else empty; ``buffers``: the batch buffer pool's counters with the native image
+        chain (see `BufferPool.stats`), else empty. ``pools``: with the native image chain,
         ``pools["decode"]``, the threads that decode its batches over the current (or last)
         pass: ``threads``, ``wall_s`` (the pass so far), ``busy_s`` and ``idle_s`` (thread
         seconds spent decoding and not: ``threads x wall_s`` in all), ``busy`` (the busy
-        share, 0 to 1: below 1, the threads waited, for the source, a batch hand-over or
-        the consumer), ``batches`` decoded, ``in_flight`` now and ``max_in_flight`` so far,
-        and the bound, ``batches_in_flight`` (``images_in_flight`` images), which the
-        thread count sets; else empty. With shards in object storage, ``remote``: since
-        the loader was made, in this process, ``requests`` sent, ``retries`` (requests that
-        failed and were retried, or resumed), ``bytes`` received, shards ``fetched`` from
-        the store and found in the cache (``cache_hits``), and ``wait_s``, the time the
-        reader waited for a shard's bytes.
+        share, 0 to 1: below 1, the threads waited, for the source, a batch hand-over or the
+        consumer), ``batches`` decoded, ``in_flight`` now and ``max_in_flight`` so far, and
+        the bound, ``batches_in_flight`` (``images_in_flight`` images), which the thread
+        count sets; else empty. With shards in object storage, ``remote``: since the loader
+        was made, in this process, ``requests`` sent, ``retries`` (requests that failed and
+        were retried, or resumed), ``bytes`` received, shards ``fetched`` from the store and
+        found in the cache (``cache_hits``), and ``wait_s``, the time the reader waited for
+        a shard's bytes.
         """
-        with self._skipped_lock:
-            skipped = list(self._skipped)
+        skipped = self._failures.skipped()
         pipeline = self._executor.pipeline
-        source = self._source.stats()
+        source = self._source.stats(self._epoch, self._history, self._batches_done, skipped)
         return {
             "pipeline": pipeline.stats() if pipeline is not None else {},
-            "remote": source["remote"],
+            **source,
             "skipped": skipped,
             "skipped_count": len(skipped),
-            "skipped_shards": source["skipped_shards"],
             "buffers": {},
             "pools": {},
             "workers": {},
@@ -416,20 +421,6 @@ class DataLoader:
         return pipeline.stats_table() if pipeline is not None else ""
 
     # -- iteration ----------------------------------------------------------------------
-
-    def _record_skip(self, index: int, reason: str) -> None:
-        """Note a sample skipped under ``on_error="skip"``; raise past ``max_failures``."""
-        _log.warning("skipped sample %d: %s", index, reason)
-        with self._skipped_lock:
-            self._skipped.append((index, reason))
-            self._failures += 1
-            failures = self._failures
-        if self.max_failures is not None and failures > self.max_failures:
-            raise TooManyFailuresError(
-                f"{failures} samples failed in this epoch, more than max_failures="
-                f"{self.max_failures} (the last: sample {index}: {reason}); see "
-                "loader.stats()['skipped'], or raise max_failures (None: no limit)"
-            )
 
     def _batches(self, epoch: int, start: int) -> Iterator[Any]:
         """Yield the batches of ``epoch`` from its batch ``start``, ready for the consumer.
@@ -448,8 +439,8 @@ class DataLoader:
                 )
             expected += 1
             for index, reason in done.skipped:
-                self._record_skip(index, reason)
-            yield _EMPTY if done.batch is None else convert(done.batch, self.output, self.device)
+                self._failures.record(index, reason)
+            yield _EMPTY if done.batch is None else self._handoff.convert(done.batch)
 
     def shutdown_workers(self) -> None:
         """End the worker processes now, persistent ones included.
@@ -466,21 +457,17 @@ class DataLoader:
         todo = len(self) - self._resume_batches if self._source.sized() else None
         bar = Progress(todo, f"epoch {epoch}") if self.progress else None
         finished = False
-        self._failures = 0
+        self._failures.new_epoch()
         yielded = 0
         try:
-            for batch in self._batches(epoch, self._resume_batches):
+            for batch in self._handoff.ahead(self._batches(epoch, self._resume_batches)):
                 self._batches_done += 1
                 if bar is not None:
                     bar.update()
                 if batch is not _EMPTY:
                     yielded += 1
                     yield batch
-            if (todo is None or todo > 0) and yielded == 0 and self._failures > 0:
-                raise TooManyFailuresError(
-                    f"every sample of epoch {epoch} failed ({self._failures} skipped); see "
-                    "loader.stats()['skipped']"
-                )
+            self._failures.check_epoch(epoch, todo, yielded)
             finished = True
         finally:
             if bar is not None:
@@ -496,5 +483,5 @@ class DataLoader:
 
     def epoch_batches(self, epoch: int) -> Iterator[Any]:
         """The batches of ``epoch`` (from its start), without changing the loader's state."""
-        self._failures = 0
-        yield from (b for b in self._batches(epoch, 0) if b is not _EMPTY)
+        self._failures.new_epoch()
+        yield from (b for b in self._handoff.ahead(self._batches(epoch, 0)) if b is not _EMPTY)

@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
-from typing import Any, Literal
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from . import _core
 
+if TYPE_CHECKING:
+    from jax.sharding import Sharding as Sharding
+else:
+    Sharding = Any  # for annotations: importing ferrofeed never imports JAX
+
 Output = Literal["numpy", "torch", "jax"]
+T = TypeVar("T")
 
 
 def default_rank_and_world() -> tuple[int, int]:
@@ -71,6 +80,75 @@ def convert(batch: Any, output: Output, device: str | None) -> Any:
 
     array = jax.dlpack.from_dlpack(batch) if batch.flags.c_contiguous else jax.numpy.asarray(batch)
     return jax.device_put(array, jax.devices(device)[0]) if device else array
+
+
+@dataclasses.dataclass(frozen=True)
+class Handoff:
+    """How a loader hands its batches over: what `convert` makes of them, and when.
+
+    Without a ``sharding``, each batch is converted for ``output`` (and moved to
+    ``device``) as it comes. With one (``output="jax"``), `convert` only makes NumPy views
+    of the batch's own buffers (the DLPack handoff, no copy), and `ahead` lays each batch
+    out over the sharding's devices (`ferrofeed.jax.shard_batch`: one transfer per device)
+    ``device_prefetch`` batches ahead of the one the training step holds.
+    """
+
+    output: Output
+    device: str | None
+    sharding: Sharding | None = None
+    device_prefetch: int = 2
+
+    def convert(self, batch: Any) -> Any:
+        """``batch`` converted as it leaves the executor."""
+        if self.sharding is None:
+            return convert(batch, self.output, self.device)
+        return convert(batch, "numpy", None)
+
+    def ahead(self, batches: Iterator[Any]) -> Iterator[Any]:
+        """``batches`` as the consumer gets them: placed on the devices, ahead of need."""
+        if self.sharding is None:
+            return batches
+        from .jax import shard_batch
+
+        sharding = self.sharding
+        return placed_ahead(batches, self.device_prefetch, lambda b: shard_batch(b, sharding))
+
+
+def placed_ahead(items: Iterator[T], depth: int, place: Callable[[T], T]) -> Iterator[T]:
+    """Yield ``place(item)`` for each item, the next ``depth`` placed before one is yielded.
+
+    flax's ``prefetch_to_device``, without a thread: `jax.device_put` only queues its
+    transfers, so those of the batches placed ahead run while the step that holds the
+    current batch runs. The consumer counts what it was given, never what was placed
+    ahead (a `DataLoader` counts ``batches_done`` on its side of this generator), so a
+    resume stays exact. An ``Exception`` from ``items`` or ``place`` while working ahead
+    is raised where its item would have been yielded, after the items before it; any
+    other exception (`KeyboardInterrupt`) at once. When the consumer stops (``break``,
+    an error, the generator dropped), the items placed ahead are dropped and ``items``
+    is closed, which stops the loader's pipeline.
+    """
+    queue: deque[T] = deque()
+    failure: Exception | None = None
+    exhausted = False
+    try:
+        while True:
+            while not exhausted and failure is None and len(queue) <= depth:
+                try:
+                    queue.append(place(next(items)))
+                except StopIteration:
+                    exhausted = True
+                except Exception as e:
+                    failure = e
+            if not queue:
+                break
+            yield queue.popleft()
+        if failure is not None:
+            raise failure
+    finally:
+        queue.clear()
+        close = getattr(items, "close", None)
+        if close is not None:
+            close()
 
 
 def _is_array(x: Any) -> bool:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from typing import Any
 
 from . import _core
@@ -23,7 +23,7 @@ from ._config import Config
 from ._errors import ShardError
 from ._group import Carried, Failed, Group, Samples, Skipped
 from ._shards import ShardedSource
-from ._source import BaseSource, History
+from ._source import ElasticSource, History
 
 __all__ = ["DEFAULT_IMAGE_FIELDS", "ShardSource"]
 
@@ -33,7 +33,7 @@ _log = logging.getLogger("ferrofeed.loader")
 DEFAULT_IMAGE_FIELDS = ("jpg", "jpeg", "png", "webp")
 
 
-class ShardSource(BaseSource):
+class ShardSource(ElasticSource):
     """A `ShardedSource` in the order of the core's sharded plan, read a window ahead."""
 
     sharded = True
@@ -68,7 +68,7 @@ class ShardSource(BaseSource):
             raise ValueError(f"image= names no field: {image!r}")
         self._resolve(native)
         # The next epoch's first window, read ahead at the end of an epoch: its pieces and
-        # the read (see `_read`).
+        # the read (see `read`).
         self._ahead: (
             tuple[list[tuple[int, int, int]], concurrent.futures.Future[_core._ShardWindow]] | None
         ) = None
@@ -76,38 +76,30 @@ class ShardSource(BaseSource):
         # (batches of 1 over an uneven split, fewer samples than ranks).
         self.plan(0)
 
-    def plan(self, epoch: int, start: int = 0, history: History = ()) -> _core.ShardPlan:
-        """Return the core's plan of ``epoch`` for this rank, from batch ``start``."""
+    def plan(
+        self, epoch: int, start: int = 0, history: History = (), seed: int | None = None
+    ) -> _core.ShardPlan:
+        """Return the core's plan of ``epoch`` for this rank, from batch ``start``.
+
+        ``seed``: another seed than the loader's (a pass over a part of a `Mix`).
+        """
         c = self.config
+        args = c.plan_args()
+        if seed is not None:
+            args["seed"] = seed
         return _core.ShardPlan(
             self.shards._counts,
             c.batch,
             epoch=epoch,
             window=c.shuffle_window,
-            **c.plan_args(),
+            **args,
             history=list(history),
             start=start,
         )
 
-    def batches(self, epoch: int, history: History) -> int:
-        """Return the batches of this world's part of the epoch."""
-        return len(self.plan(epoch, 0, history))
-
-    def sized(self) -> bool:
-        """Return True: the plan knows its length."""
-        return True
-
-    def samples_per_rank(self, epoch: int, history: History) -> int:
-        """Return the samples this rank yields in the current world."""
-        return self.plan(epoch, 0, history).samples
-
-    def batches_per_pass(self, epoch: int, history: History) -> int:
-        """Return the batches of this world's part of the epoch (an epoch is one pass)."""
-        return self.batches(epoch, history)
-
     def groups(self, epoch: int, start: int, history: History) -> Iterator[Group]:
         """Return the plan's groups, read a window ahead."""
-        return self._read(self.plan(epoch, start, history), epoch)
+        return self.read(self.plan(epoch, start, history), epoch)
 
     def state(self, history: History) -> dict[str, Any]:
         """Return the shard counts, the window and the epoch's elastic history."""
@@ -124,48 +116,42 @@ class ShardSource(BaseSource):
     def resume(self, state: Mapping[str, Any], epoch: int, done: int) -> tuple[int, History]:
         """Return the position: exact on the same world; elastic on another.
 
-        On another world size, what the saved world did becomes history, and the new
-        world's share starts at batch 0.
+        With ``bucket_by``, a position on another world is refused: which samples a
+        window's first batches held depends on their keys.
         """
-        self._check_sampler(state)
         c = self.config
-        history = [(int(w), int(d)) for w, d in state.get("history", [])]
         world = state["world_size"]
-        if world != c.world_size and done > 0:
-            if c.bucket_by is not None:
-                raise ValueError(
-                    f"the state was saved on {world} ranks, this loader has "
-                    f"world_size={c.world_size}: with bucket_by, which samples a window's "
-                    "first batches held depends on their keys, so the epoch cannot go on on "
-                    "another world; resume on the same world size, or at an epoch's start"
-                )
-            # The epoch goes on on another world: what this one did becomes history.
-            history.append((world, done))
-            done = 0
-        try:
-            # Refuses a history or a position that does not fit the shards.
-            self.plan(epoch, done, history)
-        except ValueError as e:
-            raise ValueError(f"the state does not fit this loader: {e}") from None
-        return done, history
+        if world != c.world_size and done > 0 and c.bucket_by is not None:
+            raise ValueError(
+                f"the state was saved on {world} ranks, this loader has "
+                f"world_size={c.world_size}: with bucket_by, which samples a window's "
+                "first batches held depends on their keys, so the epoch cannot go on on "
+                "another world; resume on the same world size, or at an epoch's start"
+            )
+        return super().resume(state, epoch, done)
 
-    def stats(self) -> dict[str, Any]:
+    def stats(
+        self, epoch: int, history: History, done: int, skipped: Sequence[tuple[int, str]]
+    ) -> dict[str, Any]:
         """Return the remote counters since the loader was made, and the damaged shards."""
         remote: dict[str, Any] = {}
         if self._remote_base is not None:
             now = _core._remote_stats()
             remote = {k: now[k] - self._remote_base[k] for k in now}
-        return {"remote": remote, "skipped_shards": list(self._skipped_shards)}
+        return {"remote": remote, "skipped_shards": list(self._skipped_shards), "sources": []}
 
-    def _read(self, plan: _core.ShardPlan, epoch: int) -> Iterator[Group]:
-        """The plan's groups, each with the window holding its samples.
+    def read(
+        self, plan: _core.ShardPlan, epoch: int, read_ahead: bool = True
+    ) -> Generator[Group, None, None]:
+        """Return the plan's groups, each with the window holding its samples.
 
         Windows are read on a thread of their own, the next one while the current one's
         batches are loaded; a window is freed once no group in flight holds it. With
         ``bucket_by``, each window's batches are remade from its samples sorted by that key
         (see `_buckets`). Once the last window is read, the first window of the next
-        epoch's plan is read ahead too, so that the next epoch's first batch does not wait
-        for a whole window to be read.
+        epoch's plan is read ahead too (unless ``read_ahead`` is false: a pass over a part of a
+        `Mix`, whose next pass the mixture plans), so that the next epoch's first batch
+        does not wait for a whole window to be read.
         """
         c, shards = self.config, self.shards
         remote = shards._remote
@@ -219,7 +205,7 @@ class ShardSource(BaseSource):
                 ensure(w + 1)
                 for old in [k for k in reads if k < w]:
                     del reads[old]
-                if w == windows - 1 and self._ahead is None:
+                if read_ahead and w == windows - 1 and self._ahead is None:
                     read_next_epoch()
                 window = reads[w].result()
                 if c.bucket_by is not None:

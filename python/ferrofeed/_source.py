@@ -25,7 +25,7 @@ from ._images import ImageFiles
 from ._iterable import StreamSpec
 from ._worker_process import _Setup
 
-__all__ = ["BaseSource", "History", "Source"]
+__all__ = ["BaseSource", "ElasticSource", "History", "Source", "check_image_items"]
 
 # An epoch's elastic history: (world_size, batches_done) of each world it ran on before.
 History = Sequence[tuple[int, int]]
@@ -94,8 +94,15 @@ class Source(Protocol):
         """Return the executor that turns this source's groups into batches."""
         ...
 
-    def stats(self) -> dict[str, Any]:
-        """Return ``remote`` (object storage counters) and ``skipped_shards`` for `stats`."""
+    def stats(
+        self, epoch: int, history: History, done: int, skipped: Sequence[tuple[int, str]]
+    ) -> dict[str, Any]:
+        """Return the source's entries of `DataLoader.stats` at the loader's position.
+
+        ``remote`` (object storage counters), ``skipped_shards`` and ``sources`` (a
+        mixture's figures per source); ``done``: the batches done in ``epoch``, ``skipped``
+        the samples skipped so far.
+        """
         ...
 
 
@@ -176,9 +183,11 @@ class BaseSource:
                 + ("" if has else " none")
             )
 
-    def stats(self) -> dict[str, Any]:
-        """Return no remote counters and no damaged shards."""
-        return {"remote": {}, "skipped_shards": []}
+    def stats(
+        self, epoch: int, history: History, done: int, skipped: Sequence[tuple[int, str]]
+    ) -> dict[str, Any]:
+        """Return no remote counters, no damaged shards and no per-source figures."""
+        return {"remote": {}, "skipped_shards": [], "sources": []}
 
     def executor(self) -> Executor:
         """Return the native batch op, worker processes, or threads, as the config says."""
@@ -243,6 +252,69 @@ class BaseSource:
             parent_pid=os.getpid(),
             start_method=c.worker_start_method,
             stream=stream,
+        )
+
+
+class ElasticSource(BaseSource):
+    """A source whose epoch is one plan of the core: sharded sources and mixtures.
+
+    Its length is known, and it resumes on another world size. A subclass gives `plan`:
+    the core's plan of an epoch for this rank from a batch, after a history of worlds,
+    with ``len()`` (batches) and ``samples`` (this rank's).
+    """
+
+    def plan(self, epoch: int, start: int = 0, history: History = ()) -> Any:
+        """Return the core's plan of ``epoch`` for this rank, from batch ``start``."""
+        raise NotImplementedError
+
+    def batches(self, epoch: int, history: History) -> int:
+        """Return the batches of this world's part of the epoch."""
+        return len(self.plan(epoch, 0, history))
+
+    def sized(self) -> bool:
+        """Return True: the plan knows its length."""
+        return True
+
+    def samples_per_rank(self, epoch: int, history: History) -> int:
+        """Return the samples this rank yields in the current world."""
+        return int(self.plan(epoch, 0, history).samples)
+
+    def batches_per_pass(self, epoch: int, history: History) -> int:
+        """Return the batches of this world's part of the epoch (an epoch is one pass)."""
+        return self.batches(epoch, history)
+
+    def resume(self, state: Mapping[str, Any], epoch: int, done: int) -> tuple[int, History]:
+        """Return the position: exact on the same world; elastic on another.
+
+        On another world size, what the saved world did becomes the epoch's history, and
+        the new world's share starts at batch 0. Checked by making the epoch's plan.
+        """
+        self._check_sampler(state)
+        history = [(int(w), int(d)) for w, d in state.get("history", [])]
+        world = state["world_size"]
+        if world != self.config.world_size and done > 0:
+            history.append((world, done))
+            done = 0
+        try:
+            # Refuses a history or a position that does not fit the source.
+            self.plan(epoch, done, history)
+        except ValueError as e:
+            raise ValueError(f"the state does not fit this loader: {e}") from None
+        return done, history
+
+
+def check_image_items(dataset: Any, what: str) -> None:
+    """Refuse a map-style dataset of the native chain whose items are not image paths.
+
+    ``what`` names it in the message ("the source", "source 2" of a `Mix`).
+    """
+    first = dataset[0]
+    pair = isinstance(first, tuple | list) and len(first) == 2
+    path = first[0] if pair else first
+    if not isinstance(path, str | os.PathLike):
+        raise TypeError(
+            f"with a native transform, {what}'s items are image paths or (path, label) "
+            f"pairs, not {type(first).__name__}"
         )
 
 

@@ -11,6 +11,8 @@ with the loader's checked `Config`. Each class honours the `Source` protocol
 * `ShardSource`: a `ShardedSource` (tar, Parquet, JSON lines), ordered by the core's
   `ShardPlan`, read a window ahead (`ferrofeed._shard_source`).
 * `StreamSource`: an iterable dataset, read as PyTorch reads one (`ferrofeed._iterable`).
+* `MixSource`: a `Mix` of any of the map-style and sharded kinds, ordered by the core's
+  `MixPlan` (`ferrofeed._mix_source`).
 
 A new kind of data is a new class, and the line of `choose_source` that picks it.
 """
@@ -29,9 +31,11 @@ from ._executors import Executor, StreamWorkerExecutor
 from ._group import Group, Indexed
 from ._images import ImageFolder
 from ._iterable import StreamSpec, batches_in, check_arguments, is_iterable_dataset, stream_groups
+from ._mix import Mix
+from ._mix_source import MixSource
 from ._shard_source import ShardSource
 from ._shards import ShardedSource
-from ._source import BaseSource, History, Source
+from ._source import BaseSource, History, Source, check_image_items
 
 __all__ = [
     "MapDataset",
@@ -67,6 +71,19 @@ def choose_source(source: Any, args: Arguments) -> Callable[[Config], Source]:
     batch_sampler = args["batch_sampler"]
     if isinstance(source, str | os.PathLike):
         source = ImageFolder(source)
+    if isinstance(source, Mix):
+        for name, given in (
+            ("batch_sampler", batch_sampler),
+            ("batches_per_epoch", batches_per_epoch),
+            ("bucket_by", bucket_by),
+        ):
+            if given is not None:
+                raise TypeError(
+                    f"{name}= does not apply to a Mix: its epoch is what Mix(stop=..., "
+                    "samples_per_epoch=...) says, its batches draw from every source"
+                )
+        _check_window(shuffle_window)
+        return functools.partial(MixSource, source)
     sharded = isinstance(source, ShardedSource)
     iterable = not sharded and is_iterable_dataset(source)
     if iterable and isinstance(source, Iterator):
@@ -95,12 +112,7 @@ def choose_source(source: Any, args: Arguments) -> Callable[[Config], Source]:
             "sequence of image paths, or a folder of class subfolders, not "
             f"{type(source).__name__}"
         )
-    if shuffle_window is not None and (
-        isinstance(shuffle_window, bool)
-        or not isinstance(shuffle_window, int)
-        or shuffle_window < 1
-    ):
-        raise ValueError(f"shuffle_window must be an int >= 1, not {shuffle_window!r}")
+    _check_window(shuffle_window)
     if bucket_by is not None and not callable(bucket_by):
         raise TypeError(f"bucket_by must be a function of a sample, not {bucket_by!r}")
     if batch_sampler is not None:
@@ -146,6 +158,16 @@ def choose_source(source: Any, args: Arguments) -> Callable[[Config], Source]:
     return functools.partial(kind, source)
 
 
+def _check_window(shuffle_window: Any) -> None:
+    """Refuse a ``shuffle_window`` that is not a number of samples."""
+    if shuffle_window is not None and (
+        isinstance(shuffle_window, bool)
+        or not isinstance(shuffle_window, int)
+        or shuffle_window < 1
+    ):
+        raise ValueError(f"shuffle_window must be an int >= 1, not {shuffle_window!r}")
+
+
 class MapSource(BaseSource):
     """A map-style dataset (``len(ds)`` and ``ds[i]``), in the order of the core's plan.
 
@@ -157,14 +179,7 @@ class MapSource(BaseSource):
         super().__init__(dataset, config)
         self._resolve(self._wants_native())
         if self.native and len(dataset) > 0:
-            first = dataset[0]
-            pair = isinstance(first, tuple | list) and len(first) == 2
-            path = first[0] if pair else first
-            if not isinstance(path, str | os.PathLike):
-                raise TypeError(
-                    "with a native transform, the source's items are image paths or "
-                    f"(path, label) pairs, not {type(first).__name__}"
-                )
+            check_image_items(dataset, "the source")
         self._samples = Indexed(dataset)
 
     def plan(self, epoch: int, start: int = 0) -> _core.EpochPlan | _SamplerPlan:

@@ -1,6 +1,7 @@
 //! The batch engine: read, decode, resize and crop a group of images, in
-//! parallel on the process's CPU pool ([`crate::cpu`]), straight into the
-//! slots of one batch buffer, laid out and converted as a [`Layout`] says.
+//! parallel on the process's CPU pool ([`crate::runtime::cpu`]), straight
+//! into the slots of one batch buffer, laid out and converted as a
+//! [`Layout`] says.
 //!
 //! Every native batch of ferrofeed is formed here: `ferrofeed.io.load_images`
 //! (with [`decode_batch`], whose caller waits), the `DataLoader`'s image
@@ -224,8 +225,8 @@ pub struct BatchOptions {
     /// The layout of the batch buffer.
     pub layout: Layout,
     /// Images decoded at once: `threads` jobs of the process's CPU pool
-    /// ([`crate::cpu`]; the calling thread waits), so at most the pool's
-    /// threads run at once; with 1 (or 0), on the calling thread.
+    /// ([`crate::runtime::cpu`]; the calling thread waits), so at most the
+    /// pool's threads run at once; with 1 (or 0), on the calling thread.
     pub threads: usize,
     /// Failing images.
     pub on_error: OnError,
@@ -236,7 +237,7 @@ impl Default for BatchOptions {
     fn default() -> Self {
         Self {
             layout: Layout::default(),
-            threads: crate::cpu::pool_threads(),
+            threads: crate::runtime::cpu::pool_threads(),
             on_error: OnError::Stop,
         }
     }
@@ -282,7 +283,7 @@ pub fn decode_batch(
     out: &mut [u8],
 ) -> Result<BatchReport, ImageError> {
     decode_batch_with(items, transform, options, out, |copies, work| {
-        crate::cpu::fan_out(copies, work);
+        crate::runtime::cpu::fan_out(copies, work);
     })
 }
 
@@ -458,7 +459,7 @@ pub fn spawn_batch(
     transform: &Transform,
     options: &BatchOptions,
     buffer: PooledBuffer,
-    lanes: &std::sync::Arc<crate::cpu::Lanes>,
+    lanes: &std::sync::Arc<crate::runtime::cpu::Lanes>,
     done: impl FnOnce(SpawnedOutcome) + Send + 'static,
 ) {
     let n = items.len();

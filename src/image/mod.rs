@@ -61,6 +61,8 @@
 pub mod batch;
 mod buffer;
 mod codecs;
+mod error;
+mod format;
 mod ops;
 mod plan;
 pub mod spec;
@@ -73,6 +75,8 @@ use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 pub use codecs::ImageInfo;
+pub use error::{ImageError, SpecError};
+pub use format::Format;
 
 /// The default pixel budget of one image (Pillow's decompression-bomb error
 /// limit): headers announcing more pixels are refused before any
@@ -109,31 +113,6 @@ pub fn set_max_pixels(pixels: usize) -> Result<usize, ImageError> {
         });
     }
     Ok(PIXEL_BUDGET.swap(pixels, Ordering::Relaxed))
-}
-
-/// An image file format, recognized by its first bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
-    /// JPEG (JFIF/EXIF; baseline, progressive, lossless; gray, `YCbCr`, CMYK, YCCK).
-    Jpeg,
-    /// PNG (1 to 16 bits, gray, RGB, palette, with or without alpha).
-    Png,
-    /// WebP (lossy or lossless; the first frame of an animation).
-    Webp,
-    /// BMP (1, 4 and 8 bit palette, 8 bit gray, 16, 24 and 32 bit, bit
-    /// fields, RLE; bottom-up or top-down).
-    Bmp,
-}
-
-impl std::fmt::Display for Format {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Format::Jpeg => "JPEG",
-            Format::Png => "PNG",
-            Format::Webp => "WebP",
-            Format::Bmp => "BMP",
-        })
-    }
 }
 
 /// The pixel layout of the output.
@@ -304,158 +283,6 @@ impl Default for Transform {
             flip: Flip::Never,
             dct_scaling: true,
             crop_decode: true,
-        }
-    }
-}
-
-/// Why an image could not be decoded. Every variant names its source.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ImageError {
-    /// The input has no bytes.
-    #[error("{name}: empty input, not an image")]
-    Empty {
-        /// The source: a path or `item N`.
-        name: String,
-    },
-    /// The first bytes are none of the supported formats' signatures.
-    #[error("{name}: not a JPEG, PNG, WebP or BMP image (starts with {magic})")]
-    UnknownFormat {
-        /// The source.
-        name: String,
-        /// The first bytes, in hex.
-        magic: String,
-    },
-    /// The decoder rejected the data: truncated, damaged, or invalid.
-    #[error("{name}: corrupt or truncated {format} data: {reason}")]
-    Corrupt {
-        /// The source.
-        name: String,
-        /// The format the signature announced.
-        format: Format,
-        /// The decoder's message.
-        reason: String,
-    },
-    /// A valid file using a feature that is not supported.
-    #[error("{name}: unsupported {format} image: {reason}")]
-    Unsupported {
-        /// The source.
-        name: String,
-        /// The format.
-        format: Format,
-        /// What is not supported.
-        reason: String,
-    },
-    /// The header announces more pixels than the budget ([`max_pixels`]).
-    #[error(
-        "{name}: image of {width}x{height} pixels exceeds the pixel budget of {limit} \
-         (see set_max_image_pixels)"
-    )]
-    TooLarge {
-        /// The source.
-        name: String,
-        /// Width from the header.
-        width: usize,
-        /// Height from the header.
-        height: usize,
-        /// The pixel budget at the time.
-        limit: usize,
-    },
-    /// The memory to decode the image could not be allocated (the process
-    /// is short of memory, or the header claims a size the data cannot
-    /// hold): this image fails, the process goes on.
-    #[error("{name}: cannot allocate {bytes} bytes to decode the image")]
-    OutOfMemory {
-        /// The source.
-        name: String,
-        /// The size of the failed allocation.
-        bytes: usize,
-    },
-    /// Reading the file failed.
-    #[error("{name}: cannot read the file: {source}")]
-    Io {
-        /// The path.
-        name: String,
-        /// The OS error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// Encoding an image failed (see [`synth::encode_jpeg`]).
-    #[error("cannot encode the image: {reason}")]
-    Encode {
-        /// The encoder's message.
-        reason: String,
-    },
-    /// The transform is invalid (zero sizes, a random crop without a size).
-    #[error("invalid image transform: {reason}")]
-    InvalidTransform {
-        /// What is wrong.
-        reason: String,
-    },
-    /// The output slot's length is not the planned output size.
-    #[error(
-        "{name}: output slot of {len} bytes, expected {expected} ({height}x{width}x{channels})"
-    )]
-    SlotSize {
-        /// The source.
-        name: String,
-        /// The slot's length.
-        len: usize,
-        /// The bytes needed.
-        expected: usize,
-        /// Planned height.
-        height: usize,
-        /// Planned width.
-        width: usize,
-        /// Channels.
-        channels: usize,
-    },
-    /// A decoder panicked (a bug in it); the item is reported, not the process.
-    #[error("{name}: the image decoder failed unexpectedly: {reason}")]
-    DecoderPanic {
-        /// The source.
-        name: String,
-        /// The panic message.
-        reason: String,
-    },
-}
-
-impl ImageError {
-    /// Sets the source name (the kernels build errors before they know it).
-    #[cold]
-    fn named(mut self, source: &str) -> Self {
-        match &mut self {
-            ImageError::Empty { name }
-            | ImageError::UnknownFormat { name, .. }
-            | ImageError::Corrupt { name, .. }
-            | ImageError::Unsupported { name, .. }
-            | ImageError::TooLarge { name, .. }
-            | ImageError::OutOfMemory { name, .. }
-            | ImageError::Io { name, .. }
-            | ImageError::SlotSize { name, .. }
-            | ImageError::DecoderPanic { name, .. } => {
-                if name.is_empty() {
-                    source.clone_into(name);
-                }
-            }
-            ImageError::InvalidTransform { .. } | ImageError::Encode { .. } => {}
-        }
-        self
-    }
-
-    /// The name of the source the error is about, if any.
-    pub fn source_name(&self) -> Option<&str> {
-        match self {
-            ImageError::Empty { name }
-            | ImageError::UnknownFormat { name, .. }
-            | ImageError::Corrupt { name, .. }
-            | ImageError::Unsupported { name, .. }
-            | ImageError::TooLarge { name, .. }
-            | ImageError::OutOfMemory { name, .. }
-            | ImageError::Io { name, .. }
-            | ImageError::SlotSize { name, .. }
-            | ImageError::DecoderPanic { name, .. } => Some(name),
-            ImageError::InvalidTransform { .. } | ImageError::Encode { .. } => None,
         }
     }
 }

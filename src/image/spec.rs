@@ -11,7 +11,8 @@
 //! # Example
 //!
 //! ```
-//! use ferrofeed::image::spec::{CropSpec, FlipSpec, ImageSpec, SpecError};
+//! use ferrofeed::image::spec::{CropSpec, FlipSpec, ImageSpec};
+//! use ferrofeed::image::SpecError;
 //! use ferrofeed::image::{Crop, Flip};
 //!
 //! // torchvision's RandomResizedCrop(224) + RandomHorizontalFlip().
@@ -34,6 +35,7 @@
 use std::fmt::Write as _;
 
 use super::batch::{batch_shape, Layout};
+use super::error::SpecError;
 use super::{ColorMode, Crop, Flip, Transform};
 
 /// torchvision's `RandomResizedCrop` area fraction bounds.
@@ -113,67 +115,6 @@ impl Default for ImageSpec {
             dct_scaling: true,
             crop_decode: true,
         }
-    }
-}
-
-/// An invalid [`ImageSpec`] or batch [`Layout`]: one variant, and one
-/// message, per bad option.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[non_exhaustive]
-pub enum SpecError {
-    /// A size (`size`, `resize_shorter`, `crop`) with a zero side.
-    #[error("{what} must be positive, not {value}")]
-    NotPositive {
-        /// The option.
-        what: &'static str,
-        /// Its value, as given.
-        value: String,
-    },
-    /// `crop="random"` without `size`.
-    #[error("crop=\"random\" (a random resized crop) needs an output size=")]
-    RandomCropNeedsSize,
-    /// `scale` is not `0 < min <= max <= 1`.
-    #[error("scale is (min, max) with 0 < min <= max <= 1, not {0:?}")]
-    Scale((f64, f64)),
-    /// `ratio` is not `0 < min <= max`.
-    #[error("ratio is (min, max) with 0 < min <= max, not {0:?}")]
-    Ratio((f64, f64)),
-    /// An unknown `mode`.
-    #[error("mode is \"RGB\" or \"L\" (grayscale), not {0:?}")]
-    Mode(String),
-    /// An unknown `layout`.
-    #[error("layout is \"NHWC\" or \"NCHW\", not {0:?}")]
-    LayoutName(String),
-    /// An unknown `dtype`.
-    #[error("dtype is \"uint8\" or \"float32\", not {0:?}")]
-    DType(String),
-    /// `normalize` with `uint8` output.
-    #[error("normalize= needs dtype=\"float32\"")]
-    NormalizeNeedsFloat,
-    /// A `normalize` mean or std of neither 1 nor 3 values.
-    #[error("normalize {what} has 1 or 3 values, not {len}")]
-    NormalizeLength {
-        /// `"mean"` or `"std"`.
-        what: &'static str,
-        /// The values given.
-        len: usize,
-    },
-    /// A `normalize` value that is NaN or infinite, or a std of 0.
-    #[error("normalize {what} must be {}, not {values:?}", normalize_rule(.what))]
-    NormalizeValue {
-        /// `"mean"` or `"std"`.
-        what: &'static str,
-        /// The values given.
-        values: Vec<f32>,
-    },
-}
-
-/// What a `normalize` mean (`what`) or std must be.
-fn normalize_rule(what: &str) -> &'static str {
-    if what == "std" {
-        "finite and not 0"
-    } else {
-        "finite"
     }
 }
 

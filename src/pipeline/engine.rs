@@ -39,7 +39,8 @@ pub struct PipelineConfig {
     /// Most of the pipeline's blocking calls ([`Work::Blocking`], native ops
     /// on the runtime's blocking pool) that run at once, over all its stages
     /// (at least 1). The stage tasks themselves run on the process's one
-    /// runtime ([`super::runtime`]), whose workers every pipeline shares.
+    /// runtime ([`crate::runtime`]), whose workers every pipeline (and every
+    /// remote source's fetches) shares.
     pub num_threads: usize,
     /// Finished items buffered for the consumer (at least 1).
     pub sink_buffer: usize,
@@ -48,7 +49,7 @@ pub struct PipelineConfig {
 impl Default for PipelineConfig {
     fn default() -> Self {
         Self {
-            num_threads: super::runtime::workers(),
+            num_threads: crate::runtime::workers(),
             sink_buffer: 3,
         }
     }
@@ -89,7 +90,7 @@ struct Running {
 ///
 /// Built stopped; [`Pipeline::start`] (or the first
 /// [`Pipeline::next_timeout`]) starts it. Its stage tasks run on the
-/// process's one async runtime ([`super::runtime`], shared by every
+/// process's one async runtime ([`crate::runtime`], shared by every
 /// pipeline and kept between them); its source, thread stages and stall
 /// watch on threads of its own. [`Pipeline::stop`], dropping it, a failure
 /// or the end of the items ends its tasks and joins its threads. A pipeline
@@ -303,7 +304,7 @@ impl<T: Send + 'static, E: Send + 'static> Pipeline<T, E> {
         let Some(plan) = self.plan.take() else {
             return Ok(());
         };
-        let runtime = super::runtime::runtime().map_err(PipelineError::Start)?;
+        let runtime = crate::runtime::current().map_err(PipelineError::Start)?;
         let mut threads = Vec::new();
         let mut tasks = Vec::new();
         let maps: Vec<bool> = plan

@@ -2,7 +2,7 @@
 //!
 //! A [`Pipeline`] pulls items from a [`Source`] on a thread of its own and
 //! passes them through [`Stage`]s, each a task on the process's one tokio
-//! runtime ([`runtime`], shared by every pipeline), linked by bounded
+//! runtime ([`crate::runtime`], shared by every pipeline), linked by bounded
 //! `flume` channels; the consumer takes finished
 //! items from the sink with [`Pipeline::next_timeout`].
 //!
@@ -67,7 +67,6 @@
 
 mod engine;
 mod error;
-pub mod runtime;
 mod shared;
 mod source;
 mod stage;

@@ -1357,5 +1357,5 @@ fn pipelines_run_on_one_runtime_kept_between_them() {
         !first.is_disjoint(&second),
         "the second pipeline ran on threads of its own"
     );
-    assert!(runtime::threads() >= runtime::workers());
+    assert!(crate::runtime::threads() >= crate::runtime::workers());
 }

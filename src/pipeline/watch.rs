@@ -49,7 +49,7 @@ pub struct StallWatch {
 
 /// Reports `stats` every `rep.interval` until aborted.
 pub(super) fn spawn_reporter(
-    runtime: &tokio::runtime::Runtime,
+    runtime: &crate::runtime::Runtime,
     stats: Vec<Arc<StageStats>>,
     rep: StatsReporter,
 ) -> tokio::task::JoinHandle<()> {

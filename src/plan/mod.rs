@@ -53,42 +53,16 @@
 //! assert_eq!(ids(&map.resumed(2).unwrap()), vec![4]);
 //! ```
 
+mod error;
+mod interleave;
 pub mod map;
+pub mod mix;
 pub mod sharded;
 
+pub use error::{MixError, PlanError, ShardPlanError};
 pub use map::{EpochPlan, PlanConfig};
-pub use sharded::{Piece, Segment, ShardPlan, ShardPlanConfig, ShardPlanError};
-
-/// What a plan cannot be made from, whichever the plan.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PlanError {
-    /// `batch_size` is 0.
-    #[error("batch_size must be at least 1")]
-    ZeroBatchSize,
-    /// `world_size` is 0.
-    #[error("world_size must be at least 1")]
-    ZeroWorldSize,
-    /// `rank` is not below `world_size`.
-    #[error("rank {rank} is not in [0, world_size={world_size})")]
-    RankOutOfRange {
-        /// The rank given.
-        rank: u64,
-        /// The world size given.
-        world_size: u64,
-    },
-    /// `batches_per_epoch` is 0 (the map-style plan's).
-    #[error("batches_per_epoch must be at least 1")]
-    ZeroBatchesPerEpoch,
-    /// The resume point is past the epoch's end.
-    #[error("cannot start at batch {start} of an epoch of {len} batches")]
-    StartPastEnd {
-        /// The batch to start at.
-        start: u64,
-        /// The epoch's number of batches (the sharded plan's: in the current
-        /// world).
-        len: u64,
-    },
-}
+pub use mix::{Draw, MixConfig, MixPlan, Part, Stop};
+pub use sharded::{Piece, Segment, ShardPlan, ShardPlanConfig};
 
 /// Checks the batch size and this rank's place in the world, as every plan
 /// needs them.

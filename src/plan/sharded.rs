@@ -63,55 +63,9 @@
 //! assert_eq!(batches[0], vec![0, 1]); // no shuffle: stored order
 //! ```
 
-use super::{check_start, check_world, Plan, PlanError, Split};
+use super::{check_start, check_world, Plan, PlanError, ShardPlanError, Split};
 use crate::sampler::Permutation;
 use crate::seed::{finalize, mix, Stream};
-
-/// What a sharded plan cannot be made from.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ShardPlanError {
-    /// A refusal every plan shares: a batch size or world size of 0, a rank
-    /// outside the world, a resume point past the end ([`PlanError`]).
-    #[error(transparent)]
-    Plan(#[from] PlanError),
-    /// `window` is 0.
-    #[error("shuffle_window must be at least 1")]
-    ZeroWindow,
-    /// Without `drop_last`, some rank would have fewer samples than batches.
-    #[error(
-        "{samples} samples cannot give each of {world_size} ranks the same number of \
-         batches of at most {batch_size} without repeating a sample (a rank would have \
-         {least} samples for {batches} batches); use drop_last=True, a larger batch size \
-         or fewer ranks"
-    )]
-    Uneven {
-        /// Samples to share out.
-        samples: u64,
-        /// Ranks.
-        world_size: u64,
-        /// The batch size.
-        batch_size: u64,
-        /// The fewest samples a rank gets.
-        least: u64,
-        /// The batches every rank would yield.
-        batches: u64,
-    },
-    /// A segment of the resume history does not fit the source.
-    #[error(
-        "the resume history's segment {segment} ({batches_done} batches on {world_size} \
-         ranks) does not fit: that world had {len} batches left"
-    )]
-    BadHistory {
-        /// The segment's position in the history.
-        segment: usize,
-        /// Its world size.
-        world_size: u64,
-        /// Its batches done.
-        batches_done: u64,
-        /// The batches that world had.
-        len: u64,
-    },
-}
 
 /// Everything of a sharded source's order but the epoch and the resume point.
 #[derive(Debug, Clone, PartialEq, Eq)]

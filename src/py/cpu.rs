@@ -6,7 +6,7 @@ use std::sync::Arc;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::cpu::Lanes;
+use crate::runtime::cpu::Lanes;
 
 /// The threads a loader's batch decodes run on, and their busy and idle
 /// time over the loader's current (or last) pass.

@@ -7,8 +7,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
 
 use crate::arena::ArenaError;
-use crate::image::spec::SpecError;
-use crate::image::ImageError;
+use crate::image::{ImageError, SpecError};
 use crate::plan::{PlanError, ShardPlanError};
 use crate::remote::RemoteError;
 use crate::shards::ShardError;

@@ -13,6 +13,7 @@ mod dlpack;
 mod errors;
 mod hang;
 mod image;
+mod mix;
 mod ops;
 mod pipeline;
 mod plan;
@@ -45,6 +46,7 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     ops::register(m)?;
     sampler::register(m)?;
     plan::register(m)?;
+    mix::register(m)?;
     shards::register(m)?;
     remote::register(m)?;
     dlpack::register(m)?;

@@ -15,7 +15,6 @@ use super::errors;
 use super::pipeline::{Item, OpConfig, PerEpochFn, PyNativeOp};
 use super::spec::{PyBatchLayout, PyImageSpec};
 use super::staging::PyBufferPool;
-use crate::cpu::Lanes;
 use crate::dlpack::DType;
 use crate::image::batch::{
     batch_shape, read_file, spawn_batch, write_slot, BatchItem, BatchOptions, Layout, OnError,
@@ -23,6 +22,7 @@ use crate::image::batch::{
 };
 use crate::image::{decode, ImageError, Transform};
 use crate::pipeline::{BoxFuture, CombineFn};
+use crate::runtime::cpu::Lanes;
 use crate::seed::{crop_seed, hash_bytes};
 use crate::staging::{BufferPool, Pinning, PoolConfig, PooledBuffer, Tensor};
 

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use pyo3::exceptions::PyIndexError;
 use pyo3::prelude::*;
 
-use crate::plan::{EpochPlan, Plan, PlanConfig};
+use crate::plan::{EpochPlan, Plan, PlanConfig, Segment};
 
 /// One epoch's batches on one rank: numbered groups of dataset indices.
 #[pyclass(name = "EpochPlan", module = "ferrofeed._core", frozen)]
@@ -150,6 +150,15 @@ pub(super) fn next_batch(next: &AtomicU64, plan: &impl Plan) -> Option<u64> {
         (b < end).then_some(b + 1)
     })
     .ok()
+}
+
+/// An elastic history as Python gives it, `(world_size, batches_done)`
+/// pairs, as the plans take it.
+pub(super) fn segments(history: Vec<(u64, u64)>) -> Vec<Segment> {
+    history
+        .into_iter()
+        .map(|(world_size, batches_done)| Segment::new(world_size, batches_done))
+        .collect()
 }
 
 fn py_bool(b: bool) -> &'static str {

@@ -17,7 +17,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
-use crate::remote::store::{retry_config, store_environment, Process};
+use crate::remote::store::{client, retry_config, runtime, store_environment};
 use crate::remote::{list, stats, Object, ObjectUrl, RemoteError, RemoteOptions, RemoteShards};
 
 use super::convert::fields_dict;
@@ -34,14 +34,6 @@ fn listed(o: &Object) -> Listed {
 fn sorted(mut options: Vec<(String, String)>) -> Vec<(String, String)> {
     options.sort();
     options
-}
-
-/// The runtime of this process, or the error naming `url`.
-fn process(url: &str) -> Result<Arc<Process>, RemoteError> {
-    Process::current().map_err(|e| RemoteError::Failed {
-        url: url.to_string(),
-        message: format!("cannot start the I/O runtime: {e}"),
-    })
 }
 
 /// A source's remote shards.
@@ -120,8 +112,7 @@ fn remote_objects(
         let Some(first) = patterns.first() else {
             return Ok(Vec::new());
         };
-        let p = process(first)?;
-        p.runtime().block_on(list::objects(&p, &patterns, &options))
+        runtime(first)?.block_on(list::objects(&patterns, &options))
     });
     match result {
         Ok(objects) => Ok(objects.iter().map(listed).collect()),
@@ -151,10 +142,10 @@ fn remote_get<'py>(
     let options = sorted(storage_options);
     let result = py.detach(|| -> Result<bytes::Bytes, RemoteError> {
         let parsed = ObjectUrl::parse(url)?;
-        let p = process(url)?;
-        let store = p.client(&parsed, &options)?;
+        let runtime = runtime(url)?;
+        let store = client(&parsed, &options)?;
         let retry = retry_config(url, &options)?;
-        p.runtime().block_on(async {
+        runtime.block_on(async {
             let object = Object::head(&*store, parsed).await?;
             let requests = tokio::sync::Semaphore::new(4);
             object

@@ -18,7 +18,7 @@ use pyo3::exceptions::{PyIndexError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::plan::{Plan, Segment, ShardPlan, ShardPlanConfig};
+use crate::plan::{Plan, ShardPlan, ShardPlanConfig};
 use crate::remote::{RemoteError, RemoteShards};
 use crate::shards::jsonl::JsonLinesFormat;
 use crate::shards::mds::MdsFormat;
@@ -28,7 +28,7 @@ use crate::shards::{Sample, Shard, ShardError, ShardFormat, Value};
 
 use super::errors::{shard_error, shard_exception, ShardClass};
 use super::pipeline::{Item, PyPlanGroup};
-use super::plan::{check_batch, next_batch};
+use super::plan::{check_batch, next_batch, segments};
 use super::remote::PyRemoteShards;
 use super::samples::{tar_sample, to_py};
 
@@ -189,8 +189,9 @@ impl PyShardReader {
     }
 
     /// Reads `pieces`, `(shard, lo, hi)` each, whose first samples have the
-    /// global ids `first_ids`, into a window (without the GIL). Errors are
-    /// kept per sample and raised when the sample is asked for.
+    /// global ids `first_ids`, into a window (without the GIL, the pieces on
+    /// threads of their own side by side). Errors are kept per sample and
+    /// raised when the sample is asked for.
     fn read(
         &self,
         py: Python<'_>,
@@ -211,14 +212,20 @@ impl PyShardReader {
         }
         let sources = self.sources.clone();
         let format = Arc::clone(&self.format);
+        // The pieces (shards) of local files are read side by side: on a machine of
+        // many cores, one thread parsing a window would feed fewer images a second
+        // than the decode threads take. Remote shards are taken in the plan's order
+        // (the prefetcher fetches ahead of the reader, on its own tasks).
+        let threads = if sources.remote.is_some() {
+            1
+        } else {
+            piece_threads(pieces.len())
+        };
         let spans = py.detach(move || {
-            pieces
-                .iter()
-                .zip(first_ids)
-                .map(|(&(shard, lo, hi), first)| {
-                    read_piece(&*format, &sources, shard, lo, hi, first)
-                })
-                .collect()
+            in_parallel(pieces.len(), threads, |i| {
+                let (shard, lo, hi) = pieces[i];
+                read_piece(&*format, &sources, shard, lo, hi, first_ids[i])
+            })
         });
         Ok(PyShardWindow {
             kind: self.kind,
@@ -245,10 +252,22 @@ fn count_all(
     sources: &Sources,
     threads: usize,
 ) -> Vec<Result<crate::shards::ShardInfo, ShardError>> {
+    in_parallel(sources.paths.len(), threads, |i| {
+        sources.for_count(i).and_then(|shard| format.count(&shard))
+    })
+}
+
+/// `f(0..n)` on up to `threads` scoped threads, each taking the next index;
+/// the results in index order. Hand-written over `std::thread::scope`: the
+/// shards are read by blocking calls (files, a fetch's wait) that must not
+/// hold the decode pool's threads, and a scope of a few threads per count or
+/// window is all it takes.
+fn in_parallel<R: Send>(n: usize, threads: usize, f: impl Fn(usize) -> R + Sync) -> Vec<R> {
+    if threads <= 1 || n <= 1 {
+        return (0..n).map(f).collect();
+    }
     let next = AtomicUsize::new(0);
-    let n = sources.paths.len();
-    let results: Vec<Mutex<Option<Result<crate::shards::ShardInfo, ShardError>>>> =
-        (0..n).map(|_| Mutex::new(None)).collect();
+    let results: Vec<Mutex<Option<R>>> = (0..n).map(|_| Mutex::new(None)).collect();
     std::thread::scope(|s| {
         for _ in 0..threads.min(n) {
             s.spawn(|| loop {
@@ -256,7 +275,7 @@ fn count_all(
                 if i >= n {
                     break;
                 }
-                let r = sources.for_count(i).and_then(|shard| format.count(&shard));
+                let r = f(i);
                 *results[i]
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(r);
@@ -268,9 +287,17 @@ fn count_all(
         .map(|m| {
             m.into_inner()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .expect("every shard was counted")
+                .expect("every index was run")
         })
         .collect()
+}
+
+/// The threads a window's pieces are read on: one per piece, at most the
+/// machine's cores and 8 (a piece is a file read or a fetch's wait plus
+/// parsing; more threads than that only contend).
+fn piece_threads(pieces: usize) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    pieces.min(cores).min(8)
 }
 
 /// A sample of a window, or the error that kept it from being read. Behind a
@@ -504,9 +531,20 @@ impl PyShardWindow {
         }
         let label = match label {
             None => None,
-            Some(name) => {
-                let Some(v) = sample.get(name) else {
-                    return Err(missing("label", &format!("{name:?}")));
+            Some(names) => {
+                // `names`: one field, or alternatives as "cls;label" (the first the
+                // sample has).
+                let Some((name, v)) = names
+                    .split(';')
+                    .filter(|n| !n.is_empty())
+                    .find_map(|n| sample.get(n).map(|v| (n, v)))
+                else {
+                    let names: Vec<String> = names
+                        .split(';')
+                        .filter(|n| !n.is_empty())
+                        .map(str::to_owned)
+                        .collect();
+                    return Err(missing("label", &quoted(&names)));
                 };
                 Some(int_label(v).ok_or_else(|| {
                     shard_exception(
@@ -636,12 +674,8 @@ impl PyShardPlan {
             drop_last,
             window,
         };
-        let history: Vec<Segment> = history
-            .into_iter()
-            .map(|(world_size, batches_done)| Segment::new(world_size, batches_done))
-            .collect();
         Ok(Self {
-            inner: ShardPlan::new(&config, epoch, &history, start)?,
+            inner: ShardPlan::new(&config, epoch, &segments(history), start)?,
         })
     }
 

@@ -7,7 +7,7 @@
 //! builds) turns its own into a [`Layout`]. Only the Python types are
 //! checked here; the values are checked by the core
 //! ([`ImageSpec::validated`], [`Layout::from_names`]), whose
-//! [`crate::image::spec::SpecError`] becomes a `ValueError`.
+//! [`crate::image::SpecError`] becomes a `ValueError`.
 
 use std::hash::{Hash, Hasher};
 
@@ -17,8 +17,9 @@ use pyo3::types::{PyDict, PyString, PyTuple};
 use pyo3::IntoPyObjectExt;
 
 use crate::image::batch::Layout;
-use crate::image::spec::{CropSpec, FlipSpec, ImageSpec, SpecError};
+use crate::image::spec::{CropSpec, FlipSpec, ImageSpec};
 use crate::image::ColorMode;
+use crate::image::SpecError;
 
 /// The image keywords as a Python call gave them (the names are the
 /// keywords'), before [`ImageArgs::parse`].

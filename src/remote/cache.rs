@@ -46,7 +46,7 @@ const LOCK: &str = ".lock-";
 const EVICT_LOCK: &str = ".evict.lock";
 
 /// A cache directory with a size limit.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Cache {
     dir: PathBuf,
     limit: u64,
@@ -206,10 +206,25 @@ impl Cache {
             return Ok((bytes, false));
         }
         let bytes = fetch().await?;
-        self.store(&name, &bytes)?;
-        drop(lock); // closing the file releases the lock
-        self.evict(&name);
-        Ok((bytes, true))
+        // Written on the runtime's blocking pool: a shard's write (and the
+        // eviction's walk of the directory) never holds up a runtime thread,
+        // which pipelines' stage tasks share.
+        let (cache, kept) = (self.clone(), bytes.clone());
+        let written = tokio::task::spawn_blocking(move || {
+            cache.store(&name, &kept)?;
+            drop(lock); // closing the file releases the lock
+            cache.evict(&name);
+            Ok(())
+        })
+        .await;
+        match written {
+            Ok(result) => result.map(|()| (bytes, true)),
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(e) => Err(RemoteError::Failed {
+                url: object.url.url.clone(),
+                message: format!("writing the cache: {e}"),
+            }),
+        }
     }
 
     /// Writes `bytes` as the cache file `name`: to a temporary file, then

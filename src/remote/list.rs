@@ -14,7 +14,7 @@ use std::collections::HashMap;
 
 use futures_util::StreamExt;
 
-use super::store::{Process, StorageOptions};
+use super::store::{client, StorageOptions};
 use super::url::{ObjectUrl, Scheme};
 use super::{Object, RemoteError};
 
@@ -25,7 +25,7 @@ pub const HEADS: usize = 16;
 const GLOB: [char; 3] = ['*', '?', '['];
 
 /// The objects `patterns` name, in order (see the [module docs](self)),
-/// with the clients of `process` made with `options`.
+/// with the process's clients made with `options`.
 ///
 /// # Errors
 ///
@@ -33,7 +33,6 @@ const GLOB: [char; 3] = ['*', '?', '['];
 /// or a glob over HTTP; [`RemoteError::NotFound`] for a pattern that
 /// matches nothing or a missing object; the store's error otherwise.
 pub async fn objects(
-    process: &Process,
     patterns: &[String],
     options: &StorageOptions,
 ) -> Result<Vec<Object>, RemoteError> {
@@ -45,10 +44,10 @@ pub async fn objects(
             plain.push(ObjectUrl::parse(pattern)?);
             continue;
         };
-        out.extend(heads(process, std::mem::take(&mut plain), options).await?);
+        out.extend(heads(std::mem::take(&mut plain), options).await?);
         if !listings.contains_key(&directory) {
             let prefix = ObjectUrl::parse_prefix(&directory)?;
-            let store = process.client(&prefix, options)?;
+            let store = client(&prefix, options)?;
             let listed = Object::list(&*store, &prefix).await?;
             listings.insert(directory.clone(), listed);
         }
@@ -65,7 +64,7 @@ pub async fn objects(
         }
         out.extend(matched);
     }
-    out.extend(heads(process, plain, options).await?);
+    out.extend(heads(plain, options).await?);
     Ok(out)
 }
 
@@ -115,14 +114,10 @@ fn glob_of(pattern: &str) -> Result<Option<(String, glob::Pattern)>, RemoteError
 }
 
 /// One HEAD of each of `urls`, [`HEADS`] at a time, in order.
-async fn heads(
-    process: &Process,
-    urls: Vec<ObjectUrl>,
-    options: &StorageOptions,
-) -> Result<Vec<Object>, RemoteError> {
+async fn heads(urls: Vec<ObjectUrl>, options: &StorageOptions) -> Result<Vec<Object>, RemoteError> {
     let mut requests = Vec::with_capacity(urls.len());
     for url in urls {
-        let store = process.client(&url, options)?;
+        let store = client(&url, options)?;
         requests.push(async move { Object::head(&*store, url).await });
     }
     futures_util::stream::iter(requests)

@@ -10,10 +10,12 @@
 //! warm the decode never waits for the network.
 //!
 //! - [`url`]: which store and which object a URL names.
-//! - [`store`]: the process's tokio runtime and its clients, made in the
-//!   process that uses them (never inherited across `fork`), one per store
-//!   and options, so credentials are fetched once per process, not per
-//!   shard; and the process-wide counters ([`Stats`]).
+//! - [`store`]: the process's clients, made in the process that uses them
+//!   (never inherited across `fork`, by [`crate::runtime::PerProcess`]'s
+//!   rule), one per store and options, so credentials are fetched once per
+//!   process, not per shard; their requests, and every fetch, run on the
+//!   process's one runtime ([`crate::runtime`]); and the process-wide
+//!   counters ([`Stats`]).
 //! - [`fetch`]: an object or a range of it, in parts, each part resumed from
 //!   the byte where a dropped body stopped.
 //! - [`cache`]: fetched shards on local disk, shared by every process of a

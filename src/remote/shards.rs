@@ -15,12 +15,23 @@
 //! A shard the reader moved past is dropped from memory (a cache directory
 //! keeps it on disk). Fetches share one pool of `concurrency` requests, handed
 //! out first come, first served, so the shard wanted first arrives first.
+//!
+//! # Cancellation
+//!
+//! Each fetch is a task on the process's runtime, and the [`RemoteShards`]
+//! that started it owns it: the tasks hold the shared state, never the
+//! `RemoteShards` itself, so dropping the last handle to it (the Python
+//! source that read it, gone) aborts every fetch still on its way and waits
+//! for their tasks to end (they end at their next await point: a fetch never
+//! blocks a runtime thread). No fetch outlives its `RemoteShards`, so a
+//! source's read-ahead never keeps fetching, holding memory and requests,
+//! for a source that is gone.
 
 use std::collections::{HashMap, VecDeque};
 use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::Instant;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::FutureExt;
@@ -29,11 +40,16 @@ use super::cache::Cache;
 use super::fetch::Object;
 use object_store::RetryConfig;
 
-use super::store::{retry_config, stats, Process, Stats, StorageOptions};
+use super::store::{client, retry_config, runtime, stats, Stats, StorageOptions};
 use super::RemoteError;
 
 /// Shards kept after `get` returned them (see `State::recent`).
 const RECENT: usize = 2;
+
+/// The longest that dropping a [`RemoteShards`] waits for its aborted
+/// fetches' tasks to end: a hang guard (an aborted task ends at its next
+/// await point, at once).
+const CANCEL_GRACE: Duration = Duration::from_secs(5);
 
 /// How a source reaches its remote shards.
 #[derive(Debug, Clone)]
@@ -86,10 +102,36 @@ struct State {
     recent: VecDeque<usize>,
     /// The requests semaphore of this process.
     requests: Arc<tokio::sync::Semaphore>,
+    /// The fetch tasks started in this process and not seen finished: all
+    /// aborted when the [`RemoteShards`] is dropped.
+    fetches: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl State {
+    /// The state of a process that has fetched nothing yet.
+    fn new(concurrency: usize) -> Self {
+        Self {
+            pid: std::process::id(),
+            slots: HashMap::new(),
+            queue: VecDeque::new(),
+            waiting: HashMap::new(),
+            recent: VecDeque::new(),
+            requests: Arc::new(tokio::sync::Semaphore::new(concurrency.max(1))),
+            fetches: Vec::new(),
+        }
+    }
 }
 
 /// The remote shards of a source, by index.
+///
+/// Dropping it aborts the fetches it started (see the module's
+/// "Cancellation").
 pub struct RemoteShards {
+    shared: Arc<Shared>,
+}
+
+/// What a [`RemoteShards`] shares with its fetch tasks.
+struct Shared {
     objects: Vec<Object>,
     options: RemoteOptions,
     /// The retry limits of the storage options, for resuming broken bodies.
@@ -112,46 +154,22 @@ impl RemoteShards {
             Some((dir, limit)) => Some(Cache::open(dir, *limit)?),
             None => None,
         };
-        let state = State {
-            pid: std::process::id(),
-            slots: HashMap::new(),
-            queue: VecDeque::new(),
-            waiting: HashMap::new(),
-            recent: VecDeque::new(),
-            requests: Arc::new(tokio::sync::Semaphore::new(options.concurrency.max(1))),
-        };
+        let state = State::new(options.concurrency);
         Ok(Arc::new(Self {
-            objects,
-            options,
-            retry,
-            cache,
-            state: Mutex::new(state),
-            ready: Condvar::new(),
+            shared: Arc::new(Shared {
+                objects,
+                options,
+                retry,
+                cache,
+                state: Mutex::new(state),
+                ready: Condvar::new(),
+            }),
         }))
     }
 
     /// The shards.
     pub fn objects(&self) -> &[Object] {
-        &self.objects
-    }
-
-    fn lock(&self) -> MutexGuard<'_, State> {
-        let mut state = self
-            .state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let pid = std::process::id();
-        if state.pid != pid {
-            *state = State {
-                pid,
-                slots: HashMap::new(),
-                queue: VecDeque::new(),
-                waiting: HashMap::new(),
-                recent: VecDeque::new(),
-                requests: Arc::new(tokio::sync::Semaphore::new(self.options.concurrency.max(1))),
-            };
-        }
-        state
+        &self.shared.objects
     }
 
     /// Sets the shards the reader will ask for next, in order (`append`:
@@ -161,7 +179,92 @@ impl RemoteShards {
     ///
     /// The OS error of starting this process's runtime, or a client that
     /// cannot be made (a bad storage option).
-    pub fn prefetch(self: &Arc<Self>, order: &[usize], append: bool) -> Result<(), RemoteError> {
+    pub fn prefetch(&self, order: &[usize], append: bool) -> Result<(), RemoteError> {
+        self.shared.prefetch(order, append)
+    }
+
+    /// The bytes of shard `shard`, for the reader: fetched now if they are
+    /// not already here or on their way. Blocks until they are.
+    ///
+    /// # Errors
+    ///
+    /// The fetch's error (the same for every reader that waited on it).
+    pub fn get(&self, shard: usize) -> Result<Bytes, Arc<RemoteError>> {
+        self.shared.get(shard)
+    }
+
+    /// The bytes of shard `shard` now, outside the reader's order (for
+    /// counting), through the cache. While the shards held add up to at most
+    /// `prefetch_bytes`, the bytes are also kept for the reader, so a first
+    /// epoch without a cache does not fetch again what counting fetched (the
+    /// reader's first `prefetch` drops what its order does not want).
+    ///
+    /// # Errors
+    ///
+    /// The fetch's error.
+    pub fn fetch_now(&self, shard: usize) -> Result<Bytes, RemoteError> {
+        self.shared.fetch_now(shard)
+    }
+
+    /// The last `n` bytes of shard `shard` (a Parquet footer), by one ranged
+    /// GET, with the shard's size.
+    ///
+    /// # Errors
+    ///
+    /// The fetch's error.
+    pub fn tail(&self, shard: usize, n: u64) -> Result<(Bytes, u64), RemoteError> {
+        self.shared.tail(shard, n)
+    }
+}
+
+impl Drop for RemoteShards {
+    /// Aborts the fetches still on their way and waits (at most
+    /// `CANCEL_GRACE`, 5 s) for their tasks to end. In a forked child the
+    /// tasks are the parent's, on threads that do not exist here: they are
+    /// forgotten, not touched.
+    fn drop(&mut self) {
+        let fetches = {
+            let mut state = self
+                .shared
+                .state
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let fetches = std::mem::take(&mut state.fetches);
+            if state.pid != std::process::id() {
+                std::mem::forget(fetches);
+                return;
+            }
+            fetches
+        };
+        for f in &fetches {
+            f.abort();
+        }
+        // On a thread of the runtime (never the case from Python) the wait
+        // could be for the very thread doing it: only abort.
+        if tokio::runtime::Handle::try_current().is_ok() {
+            return;
+        }
+        let deadline = Instant::now() + CANCEL_GRACE;
+        while fetches.iter().any(|f| !f.is_finished()) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if state.pid != std::process::id() {
+            // A forked child: the parent's fetches run on threads the child
+            // does not have; their handles are forgotten, not dropped.
+            let inherited = std::mem::replace(&mut *state, State::new(self.options.concurrency));
+            std::mem::forget(inherited.fetches);
+        }
+        state
+    }
+
+    /// See [`RemoteShards::prefetch`].
+    fn prefetch(self: &Arc<Self>, order: &[usize], append: bool) -> Result<(), RemoteError> {
         let mut state = self.lock();
         if !append {
             state.queue.clear();
@@ -175,13 +278,8 @@ impl RemoteShards {
         self.top_up(&mut state)
     }
 
-    /// The bytes of shard `shard`, for the reader: fetched now if they are
-    /// not already here or on their way. Blocks until they are.
-    ///
-    /// # Errors
-    ///
-    /// The fetch's error (the same for every reader that waited on it).
-    pub fn get(self: &Arc<Self>, shard: usize) -> Result<Bytes, Arc<RemoteError>> {
+    /// See [`RemoteShards::get`].
+    fn get(self: &Arc<Self>, shard: usize) -> Result<Bytes, Arc<RemoteError>> {
         let mut state = self.lock();
         advance(&mut state.queue, shard);
         *state.waiting.entry(shard).or_insert(0) += 1;
@@ -236,7 +334,7 @@ impl RemoteShards {
                     state = self
                         .ready
                         .wait(state)
-                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                        .unwrap_or_else(PoisonError::into_inner);
                 }
                 None => {
                     // Failed and removed by another reader of the same shard (two
@@ -249,21 +347,11 @@ impl RemoteShards {
         }
     }
 
-    /// The bytes of shard `shard` now, outside the reader's order (for
-    /// counting), through the cache. While the shards held add up to at most
-    /// `prefetch_bytes`, the bytes are also kept for the reader, so a first
-    /// epoch without a cache does not fetch again what counting fetched (the
-    /// reader's first `prefetch` drops what its order does not want).
-    ///
-    /// # Errors
-    ///
-    /// The fetch's error.
-    pub fn fetch_now(&self, shard: usize) -> Result<Bytes, RemoteError> {
-        let process = Process::current().map_err(|e| self.failed(shard, &e))?;
+    /// See [`RemoteShards::fetch_now`].
+    fn fetch_now(&self, shard: usize) -> Result<Bytes, RemoteError> {
+        let runtime = runtime(&self.objects[shard].url.url)?;
         let requests = Arc::clone(&self.lock().requests);
-        let bytes = process
-            .runtime()
-            .block_on(self.fetch(&process, shard, &requests))?;
+        let bytes = runtime.block_on(self.fetch(shard, &requests))?;
         let mut state = self.lock();
         let held: u64 = state
             .slots
@@ -279,15 +367,10 @@ impl RemoteShards {
         Ok(bytes)
     }
 
-    /// The last `n` bytes of shard `shard` (a Parquet footer), by one ranged
-    /// GET, with the shard's size.
-    ///
-    /// # Errors
-    ///
-    /// The fetch's error.
-    pub fn tail(&self, shard: usize, n: u64) -> Result<(Bytes, u64), RemoteError> {
+    /// See [`RemoteShards::tail`].
+    fn tail(&self, shard: usize, n: u64) -> Result<(Bytes, u64), RemoteError> {
         let object = &self.objects[shard];
-        let process = Process::current().map_err(|e| self.failed(shard, &e))?;
+        let runtime = runtime(&object.url.url)?;
         if let Some(cache) = &self.cache {
             if let Some(bytes) = cache.lookup(object)? {
                 Stats::add(&stats().cache_hits, 1);
@@ -295,10 +378,10 @@ impl RemoteShards {
                 return Ok((bytes.slice(from..), object.size));
             }
         }
-        let store = process.client(&object.url, &self.options.storage)?;
+        let store = client(&object.url, &self.options.storage)?;
         let requests = Arc::clone(&self.lock().requests);
         let from = object.size.saturating_sub(n);
-        let bytes = process.runtime().block_on(object.get(
+        let bytes = runtime.block_on(object.get(
             &*store,
             from..object.size,
             self.options.part_size,
@@ -306,13 +389,6 @@ impl RemoteShards {
             &self.retry,
         ))?;
         Ok((bytes, object.size))
-    }
-
-    fn failed(&self, shard: usize, e: &std::io::Error) -> RemoteError {
-        RemoteError::Failed {
-            url: self.objects[shard].url.url.clone(),
-            message: format!("cannot start the I/O runtime: {e}"),
-        }
     }
 
     /// Drops the bytes of shards no reader waits for, returned lately or
@@ -356,29 +432,24 @@ impl RemoteShards {
     }
 
     /// Starts fetching `shard` on the runtime; its slot is `Fetching` until
-    /// the fetch ends.
+    /// the fetch ends. The task is kept in `state.fetches` (those seen
+    /// finished are let go), for [`RemoteShards`]' drop to abort.
     fn start(self: &Arc<Self>, state: &mut State, shard: usize) -> Result<(), RemoteError> {
-        let process = Process::current().map_err(|e| self.failed(shard, &e))?;
+        let runtime = runtime(&self.objects[shard].url.url)?;
         state.slots.insert(shard, Slot::Fetching);
         let this = Arc::clone(self);
         let requests = Arc::clone(&state.requests);
         let pid = state.pid;
-        let p = Arc::clone(&process);
-        process.runtime().spawn(async move {
+        let task = runtime.spawn(async move {
             // A panic in the fetch must still end the slot, or readers would wait
             // for it forever.
-            let result = AssertUnwindSafe(this.fetch(&p, shard, &requests))
+            let result = AssertUnwindSafe(this.fetch(shard, &requests))
                 .catch_unwind()
                 .await
                 .unwrap_or_else(|panic| {
-                    let what = panic
-                        .downcast_ref::<&str>()
-                        .map(ToString::to_string)
-                        .or_else(|| panic.downcast_ref::<String>().cloned())
-                        .unwrap_or_default();
                     Err(RemoteError::Failed {
                         url: this.objects[shard].url.url.clone(),
-                        message: format!("the fetch panicked: {what}"),
+                        message: format!("the fetch panicked: {}", crate::panic::message(&*panic)),
                     })
                 });
             let mut state = this.lock();
@@ -394,6 +465,8 @@ impl RemoteShards {
             drop(state);
             this.ready.notify_all();
         });
+        state.fetches.retain(|f| !f.is_finished());
+        state.fetches.push(task);
         Ok(())
     }
 
@@ -401,12 +474,11 @@ impl RemoteShards {
     /// store (into the cache, if any).
     async fn fetch(
         &self,
-        process: &Process,
         shard: usize,
         requests: &tokio::sync::Semaphore,
     ) -> Result<Bytes, RemoteError> {
         let object = &self.objects[shard];
-        let store = process.client(&object.url, &self.options.storage)?;
+        let store = client(&object.url, &self.options.storage)?;
         let get = || async {
             let bytes = object
                 .get(
@@ -473,6 +545,76 @@ fn ahead(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::remote::ObjectUrl;
+    use std::io::Read;
+    use std::net::TcpListener;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A server on localhost that takes connections and never answers:
+    /// requests to it stay on their way. Returns its address and the count
+    /// of requests it has read the start of.
+    fn silent_server() -> (String, Arc<AtomicUsize>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let asked = Arc::new(AtomicUsize::new(0));
+        let seen = Arc::clone(&asked);
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(mut conn) = conn else { return };
+                let seen = Arc::clone(&seen);
+                // Each connection read (and held, never answered) on a
+                // thread of its own, for the life of the test process.
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 1024];
+                    if matches!(conn.read(&mut buf), Ok(n) if n > 0) {
+                        seen.fetch_add(1, Ordering::SeqCst);
+                    }
+                    let _ = conn.read(&mut buf);
+                    std::thread::park();
+                });
+            }
+        });
+        (addr, asked)
+    }
+
+    #[test]
+    fn dropping_remote_shards_ends_the_fetches_it_started() {
+        let (addr, asked) = silent_server();
+        let objects: Vec<Object> = (0..3)
+            .map(|i| Object {
+                url: ObjectUrl::parse(&format!("http://{addr}/s{i}.tar")).unwrap(),
+                size: 1000,
+                etag: None,
+            })
+            .collect();
+        let shards = RemoteShards::new(objects, RemoteOptions::default()).unwrap();
+        shards.prefetch(&[0, 1, 2], false).unwrap();
+        // The fetches are on their way: their requests reached the server.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while asked.load(Ordering::SeqCst) < 3 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(asked.load(Ordering::SeqCst), 3, "the fetches did not start");
+        let fetches: Vec<_> = {
+            let state = shards.shared.lock();
+            assert!(state.slots.values().all(|s| matches!(s, Slot::Fetching)));
+            state
+                .fetches
+                .iter()
+                .map(tokio::task::JoinHandle::abort_handle)
+                .collect()
+        };
+        assert_eq!(fetches.len(), 3);
+        assert!(fetches.iter().all(|f| !f.is_finished()));
+        let shared = Arc::downgrade(&shards.shared);
+        drop(shards);
+        // Every fetch task has ended, and none holds the shards' state.
+        assert!(fetches.iter().all(tokio::task::AbortHandle::is_finished));
+        assert!(
+            shared.upgrade().is_none(),
+            "a fetch outlived its RemoteShards"
+        );
+    }
 
     fn q(items: &[usize]) -> VecDeque<usize> {
         items.iter().copied().collect()

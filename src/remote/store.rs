@@ -1,21 +1,18 @@
-//! The process's tokio runtime and object-store clients, and its counters.
-//!
-//! A tokio runtime does not survive `fork`: the child has the runtime's
-//! memory but none of its threads, and a client's connection pool holds
-//! sockets shared with the parent. A runtime used after a fork hangs (the
-//! failure `LitData` and others met). So the runtime and the clients here
-//! belong to a process: [`Process::current`] makes them on first use and
-//! makes them again in a child, leaving the inherited ones untouched (never
-//! dropped: dropping a runtime joins threads that do not exist there).
-//! Worker processes under fork, spawn or forkserver each get their own.
+//! The process's object-store clients, and its counters of remote reads.
 //!
 //! Clients are kept per store and options for the life of the process, so a
 //! store's credentials (an instance profile, a web identity token, a GCS
-//! service account) are fetched once, not per shard.
+//! service account) are fetched once, not per shard. They are the
+//! process's by the rule of [`crate::runtime::PerProcess`]: a client's
+//! connection pool holds sockets shared with the parent across a `fork`,
+//! so a forked child makes its own on first use and leaves the inherited
+//! ones untouched. Their requests run on the process's one runtime
+//! ([`runtime`]), made again in the child by the same rule. Worker
+//! processes under fork, spawn or forkserver each get their own.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -28,6 +25,7 @@ use object_store::{ClientConfigKey, ClientOptions, ObjectStore, RetryConfig};
 
 use super::url::{ObjectUrl, Scheme};
 use super::RemoteError;
+use crate::runtime::{PerProcess, Runtime};
 
 /// The process-wide counters of remote reads.
 #[derive(Debug, Default)]
@@ -93,90 +91,57 @@ pub fn stats() -> &'static Stats {
 /// so that equal options give one client.
 pub type StorageOptions = Vec<(String, String)>;
 
-/// The runtime and clients of one process.
-pub struct Process {
-    pid: u32,
-    runtime: tokio::runtime::Runtime,
-    /// Clients by store URL and options (the storage options, then the
-    /// store's environment: see [`store_environment`]).
-    clients: Mutex<HashMap<(String, StorageOptions), Arc<dyn ObjectStore>>>,
+/// Clients by store URL and options (the storage options, then the store's
+/// environment: see [`store_environment`]).
+type Clients = Mutex<HashMap<(String, StorageOptions), Arc<dyn ObjectStore>>>;
+
+/// This process's clients.
+static CLIENTS: PerProcess<Clients> = PerProcess::new();
+
+/// This process's runtime ([`crate::runtime::current`]), or the error of
+/// starting it, naming `url` (what it was started for).
+///
+/// # Errors
+///
+/// [`RemoteError::Failed`] with the OS error of starting the runtime's
+/// threads.
+pub fn runtime(url: &str) -> Result<Arc<Runtime>, RemoteError> {
+    crate::runtime::current().map_err(|e| RemoteError::Failed {
+        url: url.to_string(),
+        message: format!("cannot start the runtime: {e}"),
+    })
 }
 
-/// The current process's [`Process`], if made.
-static CURRENT: Mutex<Option<Arc<Process>>> = Mutex::new(None);
-
-impl Process {
-    /// This process's runtime and clients, made on first use here.
-    ///
-    /// # Errors
-    ///
-    /// The OS error of starting the runtime's threads.
-    pub fn current() -> std::io::Result<Arc<Self>> {
-        let pid = std::process::id();
-        // The lock is held for a lookup (or a runtime's start) only, never
-        // across a request.
-        let mut current = CURRENT
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(p) = current.as_ref() {
-            if p.pid == pid {
-                return Ok(Arc::clone(p));
-            }
-        }
-        if let Some(inherited) = current.take() {
-            // A forked child: the parent's runtime has no threads here.
-            // Dropping it would wait for them forever; leave it be.
-            std::mem::forget(inherited);
-        }
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("ferrofeed-remote")
-            .enable_all()
-            .build()?;
-        let p = Arc::new(Self {
-            pid,
-            runtime,
-            clients: Mutex::new(HashMap::new()),
-        });
-        *current = Some(Arc::clone(&p));
-        Ok(p)
+/// The client of `url`'s store with `options`, made once per process.
+///
+/// # Errors
+///
+/// [`RemoteError::BadOption`] for an option the store does not know, the
+/// store's refusal of its configuration (as `Failed`), or the runtime's
+/// failure to start.
+pub fn client(
+    url: &ObjectUrl,
+    options: &StorageOptions,
+) -> Result<Arc<dyn ObjectStore>, RemoteError> {
+    // The store's environment is part of the key: a process that changes
+    // AWS_ENDPOINT_URL (or the like) gets a client for the new one.
+    let mut keyed = options.clone();
+    keyed.extend(store_environment(url.scheme));
+    let key = (url.store.clone(), keyed);
+    let clients = CLIENTS.get_or_init(Clients::default);
+    // The lock is held for a look-up (or a client's build) only, never
+    // across a request.
+    let mut clients = clients.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(c) = clients.get(&key) {
+        return Ok(Arc::clone(c));
     }
-
-    /// The runtime.
-    pub fn runtime(&self) -> &tokio::runtime::Runtime {
-        &self.runtime
-    }
-
-    /// The client of `url`'s store with `options`, made once per process.
-    ///
-    /// # Errors
-    ///
-    /// [`RemoteError::BadOption`] for an option the store does not know, or
-    /// the store's refusal of its configuration (as `Failed`).
-    pub fn client(
-        &self,
-        url: &ObjectUrl,
-        options: &StorageOptions,
-    ) -> Result<Arc<dyn ObjectStore>, RemoteError> {
-        // The store's environment is part of the key: a process that changes
-        // AWS_ENDPOINT_URL (or the like) gets a client for the new one.
-        let mut keyed = options.clone();
-        keyed.extend(store_environment(url.scheme));
-        let key = (url.store.clone(), keyed);
-        let mut clients = self
-            .clients
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(c) = clients.get(&key) {
-            return Ok(Arc::clone(c));
-        }
-        // Building an S3 client reads the environment only; credentials are
-        // fetched on the first request, inside the runtime.
-        let _guard = self.runtime.enter();
-        let client = build(url, options)?;
-        clients.insert(key, Arc::clone(&client));
-        Ok(client)
-    }
+    // Building an S3 client reads the environment only; credentials are
+    // fetched on the first request, inside the runtime.
+    let runtime = runtime(&url.url)?;
+    let _guard = runtime.enter();
+    let client = build(url, options)?;
+    clients.insert(key, Arc::clone(&client));
+    Ok(client)
 }
 
 /// The options `ferrofeed` reads itself (the rest go to the store).
@@ -428,9 +393,7 @@ mod tests {
             .iter()
             .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
             .collect();
-        Process::current()
-            .unwrap()
-            .client(&ObjectUrl::parse(url).unwrap(), &options)
+        super::client(&ObjectUrl::parse(url).unwrap(), &options)
     }
 
     #[test]

@@ -60,7 +60,7 @@ fn spawned(
     data: &[Vec<u8>],
     t: &Transform,
     o: &BatchOptions,
-    lanes: &std::sync::Arc<crate::cpu::Lanes>,
+    lanes: &std::sync::Arc<crate::runtime::cpu::Lanes>,
 ) -> (Result<BatchReport, ImageError>, Vec<u8>, usize) {
     let items: Vec<BatchItem<'static>> = data
         .iter()
@@ -91,7 +91,7 @@ fn a_spawned_batch_is_the_waited_for_batch_on_any_lanes() {
         let o = options(2, Layout::default(), on_error);
         let want_report = decode_batch(&items(&data), &t, &o, &mut want).unwrap();
         for threads in [1, 2, 16] {
-            let lanes = std::sync::Arc::new(crate::cpu::Lanes::new(threads));
+            let lanes = std::sync::Arc::new(crate::runtime::cpu::Lanes::new(threads));
             let o = options(threads, Layout::default(), on_error);
             let (outcome, out, items) = spawned(&data, &t, &o, &lanes);
             let report = outcome.unwrap();
@@ -105,7 +105,7 @@ fn a_spawned_batch_is_the_waited_for_batch_on_any_lanes() {
     // Failures: the lowest under Stop; left out, the rest moved up, under Skip.
     data[2] = b"junk".to_vec();
     data[6] = Vec::new();
-    let lanes = std::sync::Arc::new(crate::cpu::Lanes::new(3));
+    let lanes = std::sync::Arc::new(crate::runtime::cpu::Lanes::new(3));
     let stop = options(3, Layout::default(), OnError::Stop);
     let (outcome, _, _) = spawned(&data, &t, &stop, &lanes);
     assert!(

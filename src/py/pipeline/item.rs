@@ -270,6 +270,37 @@ impl PyPlanGroup {
             item: std::sync::Mutex::new(Some(item)),
         })
     }
+
+    /// One group of the items of `parts`, in the order of `ids`: each part
+    /// a group whose indices, plus its offset, are some of `ids` (a
+    /// mixture's batch, from its sources' groups). An id no part holds (a
+    /// sample one left out) is left out. Each part is used up.
+    #[staticmethod]
+    fn merge(batch_no: u64, ids: Vec<u64>, parts: Vec<(Bound<'_, Self>, u64)>) -> PyResult<Self> {
+        let mut found = std::collections::HashMap::with_capacity(ids.len());
+        for (part, offset) in parts {
+            let Some(Item::Group { indices, items, .. }) = part.get().take() else {
+                return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                    "batch {batch_no}: a part was merged or sent before"
+                )));
+            };
+            found.extend(indices.into_iter().map(|i| i + offset).zip(items));
+        }
+        let (mut kept, mut items) = (Vec::with_capacity(ids.len()), Vec::with_capacity(ids.len()));
+        for id in ids {
+            if let Some(item) = found.remove(&id) {
+                kept.push(id);
+                items.push(item);
+            }
+        }
+        if !found.is_empty() {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "batch {batch_no}: {} items of the parts are not among the ids",
+                found.len()
+            )));
+        }
+        Ok(Self::from_items(batch_no, kept, items))
+    }
 }
 
 impl PyPlanGroup {

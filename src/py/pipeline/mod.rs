@@ -46,17 +46,20 @@ fn _after_fork_in_child() {
 
 /// The threads the process keeps for native work, which outlive every
 /// pipeline: `(runtime threads, runtime tasks not finished, CPU pool
-/// threads)`. The runtime's threads are its workers and its blocking-pool
-/// threads (those idle for 10 s end); its tasks are the stage tasks of the
-/// pipelines now running (none once every pipeline is stopped). Each count
-/// is 0 until the runtime or pool is first used in this process. For tests
-/// that tell these threads from threads a pipeline left behind.
+/// threads)` (see [`crate::runtime`]). The runtime's threads are its
+/// workers and its blocking-pool threads (those idle for 10 s end); its
+/// tasks are the stage tasks and stats reporters of the pipelines now
+/// running and the fetches of the remote sources alive (none once every
+/// pipeline is stopped and every remote source dropped; the storage
+/// clients' connection tasks are not counted). Each count is 0 until the
+/// runtime or pool is first used in this process. For tests that tell these
+/// threads from threads a pipeline left behind.
 #[pyfunction]
 fn _native_threads() -> (usize, usize, usize) {
     (
-        crate::pipeline::runtime::threads(),
-        crate::pipeline::runtime::alive_tasks(),
-        crate::cpu::threads(),
+        crate::runtime::threads(),
+        crate::runtime::alive_tasks(),
+        crate::runtime::cpu::threads(),
     )
 }
 
@@ -64,7 +67,7 @@ fn _native_threads() -> (usize, usize, usize) {
 /// not yet): the most batch-decode jobs that run at once.
 #[pyfunction]
 fn _cpu_pool_size() -> usize {
-    crate::cpu::pool_threads()
+    crate::runtime::cpu::pool_threads()
 }
 
 pub(super) fn logger(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {

@@ -1,7 +1,7 @@
 use std::io::Write;
 
 use super::*;
-use crate::shards::{assert_not_fetched, format_test_reads, Delivered};
+use crate::shards::testing::{assert_not_fetched, format_test_reads, Delivered};
 
 fn shard(bytes: &[u8]) -> tempfile::NamedTempFile {
     let mut file = tempfile::NamedTempFile::new().unwrap();

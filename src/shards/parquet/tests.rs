@@ -12,7 +12,7 @@ use ::parquet::file::writer::{SerializedColumnWriter, SerializedFileWriter};
 use ::parquet::schema::parser::parse_message_type;
 
 use super::*;
-use crate::shards::assert_not_fetched;
+use crate::shards::testing::assert_not_fetched;
 
 /// One leaf column's values and levels for one row group.
 enum Col {

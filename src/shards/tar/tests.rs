@@ -4,7 +4,7 @@ use proptest::prelude::*;
 
 use super::super::ShardData;
 use super::*;
-use crate::shards::{assert_not_fetched, format_test_reads};
+use crate::shards::testing::{assert_not_fetched, format_test_reads};
 
 /// A member to write: its name and content (`None`: a directory).
 type Entry = (String, Option<Vec<u8>>);

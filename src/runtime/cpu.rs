@@ -13,18 +13,11 @@
 //! the copy that finishes a batch hands it on ([`Lanes::spawn`]). No call
 //! spawns threads of its own.
 //!
-//! A forked child inherits the pools' memory but none of their threads,
-//! so the pools are tagged with the pid that made them, and a child makes
-//! its own on first use (the parent's are leaked there, not dropped:
-//! dropping them would signal threads that do not exist, through locks
-//! that a parent thread may have held at the fork).
-//!
-//! The pid and the pools sit behind one mutex, held only to compare the
-//! pid and clone a handle (or, once per process and size, to start a
-//! pool): a fork at that very moment, from another thread, would leave the
-//! child's copy locked (the same holds for any lock of the process, the
-//! allocator's included; Python warns against forking a process with
-//! threads).
+//! The pools are the process's by the rule of [`super::PerProcess`]: a
+//! forked child inherits their memory but none of their threads, so it
+//! makes its own on first use (the parent's are leaked there, not dropped).
+//! The list of a process's pools sits behind a mutex, held only to find a
+//! pool and clone its handle (or, once per process and size, to start one).
 //!
 //! The pools are `rayon-core`'s: work-stealing, and its scopes let jobs
 //! borrow the caller's data (the batch buffer), which a hand-written pool
@@ -35,13 +28,13 @@
 //! ```
 //! use std::sync::atomic::{AtomicUsize, Ordering};
 //! let done = AtomicUsize::new(0);
-//! ferrofeed::cpu::fan_out(4, || {
+//! ferrofeed::runtime::cpu::fan_out(4, || {
 //!     done.fetch_add(1, Ordering::Relaxed);
 //! });
 //! assert_eq!(done.load(Ordering::Relaxed), 4);
 //!
 //! // A share of the pool of 2 threads: two copies, then a hand-over.
-//! let lanes = std::sync::Arc::new(ferrofeed::cpu::Lanes::new(2));
+//! let lanes = std::sync::Arc::new(ferrofeed::runtime::cpu::Lanes::new(2));
 //! let (tx, rx) = std::sync::mpsc::channel();
 //! lanes.spawn(2, || {}, move |panic| tx.send(panic).unwrap());
 //! assert_eq!(rx.recv().unwrap(), None);
@@ -54,16 +47,13 @@ use std::time::{Duration, Instant};
 
 use rayon_core::{ThreadPool, ThreadPoolBuilder};
 
-/// The pools of this process (one per thread count) and the pid that made
-/// them.
-static POOLS: Mutex<Option<(u32, Vec<Arc<ThreadPool>>)>> = Mutex::new(None);
+use super::PerProcess;
+
+/// The pools of this process, one per thread count.
+static POOLS: PerProcess<Mutex<Vec<Arc<ThreadPool>>>> = PerProcess::new();
 
 /// Held while one [`fan_out`] call queues its copies.
 static SPAWNING: Mutex<()> = Mutex::new(());
-
-fn pid() -> u32 {
-    std::process::id()
-}
 
 /// The machine's parallelism: the size of [`pool`].
 pub fn machine_threads() -> usize {
@@ -78,13 +68,8 @@ pub fn machine_threads() -> usize {
 /// When the operating system refuses to start the pool's threads.
 pub fn pool_of(threads: usize) -> Arc<ThreadPool> {
     let threads = threads.max(1);
-    let mut slot = POOLS.lock().unwrap_or_else(PoisonError::into_inner);
-    let me = pid();
-    if slot.as_ref().is_some_and(|(owner, _)| *owner != me) {
-        // A parent's pools, in a forked child: their threads are gone.
-        std::mem::forget(slot.take());
-    }
-    let (_, pools) = slot.get_or_insert_with(|| (me, Vec::new()));
+    let pools = POOLS.get_or_init(Mutex::default);
+    let mut pools = pools.lock().unwrap_or_else(PoisonError::into_inner);
     if let Some(pool) = pools.iter().find(|p| p.current_num_threads() == threads) {
         return Arc::clone(pool);
     }
@@ -116,12 +101,10 @@ pub fn pool_threads() -> usize {
 /// The threads of all this process's pools, or 0 when no pool has been
 /// made in this process yet (unlike [`pool_threads`], it makes none).
 pub fn threads() -> usize {
-    let slot = POOLS.lock().unwrap_or_else(PoisonError::into_inner);
-    slot.as_ref()
-        .filter(|(owner, _)| *owner == pid())
-        .map_or(0, |(_, pools)| {
-            pools.iter().map(|p| p.current_num_threads()).sum()
-        })
+    POOLS.get().map_or(0, |pools| {
+        let pools = pools.lock().unwrap_or_else(PoisonError::into_inner);
+        pools.iter().map(|p| p.current_num_threads()).sum()
+    })
 }
 
 /// Runs `work` `copies` times at once (at most): as jobs of the shared
