@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from _common import CROP
+from _common import CROP, native_op
 
 CHILD_FLAG = "--_child"
 
@@ -59,6 +59,35 @@ def read_epoch(
         count += len(images)
         del batch, images
     return count, first
+
+
+def native_epochs(source: Any, spec: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    """ferrofeed's native chain for ``spec["job"]`` over ``source``: batches of
+    ``spec["batch_size"]`` on ``spec["threads"]`` threads, shuffled with seed 0 (``fields``:
+    a sharded source's image and label fields). One warm-up epoch (page cache, pools), then
+    ``spec["epochs"]`` timed ones; returns their images, images/s and this process's CPU ms
+    per image (the runs of benches/build_ab.py and benches/mix_cost.py)."""
+    import ferrofeed
+
+    loader = ferrofeed.DataLoader(
+        source,
+        spec["batch_size"],
+        shuffle=True,
+        seed=0,
+        transform=native_op(spec["job"]),
+        num_threads=spec["threads"],
+        **fields,
+    )
+    n = 0
+    for _ in loader:  # warm-up: page cache, the pools
+        pass
+    cpu0, t0 = cpu_self(), time.perf_counter()
+    for epoch in range(spec["epochs"]):
+        loader.set_epoch(epoch + 1)
+        for batch in loader:
+            n += len(batch[0])
+    wall, cpu = time.perf_counter() - t0, cpu_self() - cpu0
+    return {"images": n, "images_per_s": n / wall, "cpu_ms_per_image": 1000 * cpu / n}
 
 
 # --- CPU time and memory of a process tree ---------------------------------------------------

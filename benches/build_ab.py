@@ -40,7 +40,6 @@ import platform
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -57,32 +56,11 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     import ferrofeed
 
     shards = spec.get("shards")
-    source: Any = ferrofeed.TarShards(shards) if shards else spec["folder"]
-    fields = {"image": "jpg", "label": "cls"} if shards else {}
-    loader = ferrofeed.DataLoader(
-        source,
-        spec["batch_size"],
-        shuffle=True,
-        seed=0,
-        transform=_common.native_op(spec["job"]),
-        num_threads=spec["threads"],
-        **fields,
-    )
-    n = 0
-    for _ in loader:  # warm-up: page cache, the pools
-        pass
-    cpu0, t0 = _runs.cpu_self(), time.perf_counter()
-    for epoch in range(spec["epochs"]):
-        loader.set_epoch(epoch + 1)
-        for batch in loader:
-            n += len(batch[0])
-    wall, cpu = time.perf_counter() - t0, _runs.cpu_self() - cpu0
-    return {
-        "images": n,
-        "images_per_s": n / wall,
-        "cpu_ms_per_image": 1000 * cpu / n,
-        "build_info": ferrofeed.build_info(),
-    }
+    if shards:
+        run = _runs.native_epochs(ferrofeed.TarShards(shards), spec, image="jpg", label="cls")
+    else:
+        run = _runs.native_epochs(spec["folder"], spec)
+    return {**run, "build_info": ferrofeed.build_info()}
 
 
 def round_ratios(

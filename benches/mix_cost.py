@@ -74,25 +74,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         ]
         fields = {}
     source = whole if spec["mode"] == "one" else ferrofeed.Mix(parts)
-    loader = ferrofeed.DataLoader(
-        source,
-        spec["batch_size"],
-        shuffle=True,
-        seed=0,
-        transform=_common.native_op(spec["job"]),
-        num_threads=spec["threads"],
-        **fields,
-    )
-    n = 0
-    for _ in loader:  # warm-up: page cache, the pools
-        pass
-    cpu0, t0 = _runs.cpu_self(), time.perf_counter()
-    for epoch in range(spec["epochs"]):
-        loader.set_epoch(epoch + 1)
-        for batch in loader:
-            n += len(batch[0])
-    wall, cpu = time.perf_counter() - t0, _runs.cpu_self() - cpu0
-    return {"images": n, "images_per_s": n / wall, "cpu_ms_per_image": 1000 * cpu / n}
+    return _runs.native_epochs(source, spec, **fields)
 
 
 def resume_cost(samples: int, repeats: int = 5) -> dict[str, Any]:
