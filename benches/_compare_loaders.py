@@ -4,8 +4,9 @@
 its workers or threads, its jobs, what must import for it to run); `build` makes one of them
 for a job in the child that measures it; `available` says whether one can run here. The
 PyTorch-based builders (`torch_loader`, `webdataset_loader`) and the torchvision job
-(`TorchvisionJob`) serve benches/scaling.py and benches/remote_compare.py too. The module
-docstring of benches/compare.py says what each loader runs and how it is measured.
+(`TorchvisionJob`) serve benches/scaling.py, benches/remote_compare.py and
+benches/loader_workers.py too. The module docstring of benches/compare.py says what each
+loader runs and how it is measured.
 """
 
 from __future__ import annotations
