@@ -1,6 +1,7 @@
 """What the Python benchmarks share: the JPEGs made from real photos (and packed as tar or
-Parquet shards), the Pillow transforms every loader runs, running one configuration in a
-fresh interpreter, and the process tree's CPU time and memory.
+Parquet shards) and the Pillow transforms every loader runs. Beside it: `_runs` (one
+configuration in a fresh interpreter, and what it costs), `_rounds` (the rounds, their
+medians and ratios, the tables) and `bench_machine` (the machine).
 
 The scripts in this folder import it as a sibling module (``python benches/NAME.py`` puts
 this folder first on ``sys.path``). Importing it imports neither torch nor ferrofeed, so
@@ -9,18 +10,13 @@ that a child interpreter measuring one loader holds only what that loader needs.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import math
 import os
 import random
-import resource
-import statistics
-import subprocess
-import sys
 import tarfile
-import threading
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -28,9 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from bench_machine import loadavg
 from PIL import Image, ImageEnhance
-
-CHILD_FLAG = "--_child"
 
 # scikit-image's bundled photos (camera is greyscale, saved as RGB).
 PHOTOS = [
@@ -248,6 +243,47 @@ def pack_parquet_shards(
     return paths
 
 
+def make_images(
+    workdir: str, n: int, seed: int, *, folders: bool = False, per_shard: int | None = None
+) -> tuple[list[tuple[str, int]], list[str], dict[str, Any]]:
+    """A run's images: ``n`` JPEGs of the varied set (`make_jpegs`) in ``workdir/images`` (an
+    image folder with ``folders``) and, with ``per_shard``, the same packed as tar shards in
+    ``workdir/tar``; a line says what was made.
+
+    Returns the files (path, label), the shards, and what the results say of them: the
+    figures of `make_jpegs`, ``n``, the shards' ``per_shard``, number (``shards``) and mean
+    size (``mean_tar_bytes``), and the seconds it all took (``made_s``).
+    """
+    t = time.perf_counter()
+    image_dir = os.path.join(workdir, "images")
+    os.makedirs(image_dir, exist_ok=True)
+    files, info = make_jpegs(image_dir, n, seed, varied=True, folders=folders)
+    data: dict[str, Any] = {**info, "n": n}
+    shards = pack_tar_shards(files, os.path.join(workdir, "tar"), per_shard) if per_shard else []
+    if shards:
+        mean = round(sum(os.path.getsize(p) for p in shards) / len(shards))
+        data.update(per_shard=per_shard, shards=len(shards), mean_tar_bytes=mean)
+    data["made_s"] = round(time.perf_counter() - t, 1)
+    packed = (
+        f", in {len(shards)} tar shards of {per_shard} ({data['mean_tar_bytes'] / 1e6:.1f} MB "
+        "each) too"
+        if shards
+        else ""
+    )
+    print(
+        f"{n} JPEGs from scikit-image's photos, {info['mean_file_bytes'] / 1024:.0f} KiB on "
+        f"average: {info['sizes']}{packed}; made in {data['made_s']} s; load average "
+        f"{loadavg()}",
+        flush=True,
+    )
+    return files, shards, data
+
+
+def scratch_dir(prefix: str) -> str:
+    """A new temporary folder for a run's data, on /dev/shm (in memory) where there is one."""
+    return tempfile.mkdtemp(prefix=prefix, dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+
+
 # --- the transforms (module level: the same code in every loader and worker) ------------------
 
 SHORT, CROP = 256, 224
@@ -374,191 +410,3 @@ def shutdown_workers(loader: Any) -> None:
     iterator = getattr(loader, "_iterator", None)  # PyTorch's persistent workers
     if iterator is not None:
         iterator._shutdown_workers()
-
-
-# --- CPU time and memory of a process tree ---------------------------------------------------
-
-
-def cpu_self() -> float:
-    """CPU seconds (user + system) of this process so far."""
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
-def cpu_children() -> float:
-    """CPU seconds of this process's children (and theirs) that have ended and been reaped."""
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
-
-
-def child_pids(ppid: int) -> list[int]:
-    """Direct children of ``ppid``.
-
-    From ``/proc/PID/task/*/children`` (each thread's children: a worker may be forked by
-    any thread), which costs far less than reading every ``/proc/*/stat`` on a busy
-    machine; that scan is the fallback where the kernel lacks those files.
-    """
-    out: set[int] = set()
-    try:
-        tasks = os.listdir(f"/proc/{ppid}/task")
-    except OSError:
-        return []
-    try:
-        for tid in tasks:
-            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
-                out.update(
-                    int(p) for p in Path(f"/proc/{ppid}/task/{tid}/children").read_text().split()
-                )
-        return sorted(out)
-    except OSError:
-        pass  # no such files (CONFIG_PROC_CHILDREN off): scan every process
-    return sorted(pid for pid, parent in parent_pids().items() if parent == ppid)
-
-
-def stat_fields(text: str) -> list[str]:
-    """The fields of a ``/proc/.../stat`` line after ``pid (comm)``: index 0 is the state,
-    1 the parent's pid, 11 and 12 utime and stime (``comm`` may hold spaces and
-    parentheses, so the fields start after its last ``)``)."""
-    return text[text.rfind(")") + 2 :].split()
-
-
-def parent_pids() -> dict[int, int]:
-    """Every live process's parent: {pid: ppid} (from /proc/*/stat)."""
-    out: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat_fields(stat)
-        if len(fields) > 1:
-            out[int(entry)] = int(fields[1])
-    return out
-
-
-def tree_pids(root: int) -> list[int]:
-    """``root`` and all its descendants alive now (worker processes, their helpers)."""
-    pids, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        pids.append(pid)
-        todo.extend(child_pids(pid))
-    return pids
-
-
-def pss(pid: int) -> int:
-    """PSS of ``pid`` in bytes (``/proc/PID/smaps_rollup``), 0 when it is gone."""
-    try:
-        with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        pass
-    return 0
-
-
-def tree_pss(root: int) -> int:
-    """Total PSS of ``root`` and its descendants, in bytes (shared pages counted once)."""
-    return sum(pss(p) for p in tree_pids(root))
-
-
-class PssSampler:
-    """Samples the total PSS of a process tree every ``interval`` seconds, on a thread.
-
-    Run from the parent, so that the sampling costs the measured processes nothing.
-    """
-
-    def __init__(self, root: int, interval: float) -> None:
-        self.root, self.interval = root, interval
-        self.samples: list[tuple[float, int]] = []
-        self._stop = threading.Event()
-        self._t0 = time.perf_counter()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            value = tree_pss(self.root)
-            if value:
-                self.samples.append((round(time.perf_counter() - self._t0, 3), value))
-            self._stop.wait(self.interval)
-
-    def stop(self) -> list[tuple[float, int]]:
-        self._stop.set()
-        self._thread.join()
-        return self.samples
-
-
-def run_fresh(
-    script: str | Path,
-    spec: dict[str, Any],
-    workdir: str,
-    timeout: float,
-    *,
-    pss_interval: float | None = None,
-    python: str = sys.executable,
-) -> dict[str, Any]:
-    """Run ``python script --_child SPEC OUT`` in a fresh interpreter; return OUT's JSON.
-
-    Adds ``cpu_tree_s``: the CPU seconds of the whole process tree (the interpreter and
-    every worker it reaped, from ``getrusage(RUSAGE_CHILDREN)`` here), and with
-    ``pss_interval``, ``pss_series``: (seconds, total PSS of the tree) sampled from here.
-    The child's ``main`` answers ``CHILD_FLAG`` with `child_entry`.
-    """
-    out_path = os.path.join(workdir, "child-result.json")
-    spec_path = os.path.join(workdir, "child-spec.json")
-    Path(spec_path).write_text(json.dumps(spec))
-    if os.path.exists(out_path):
-        os.unlink(out_path)
-    before = cpu_children()
-    proc = subprocess.Popen([python, str(Path(script).resolve()), CHILD_FLAG, spec_path, out_path])
-    sampler = PssSampler(proc.pid, pss_interval) if pss_interval else None
-    try:
-        rc = proc.wait(timeout)
-    except BaseException:
-        proc.kill()
-        proc.wait()
-        raise
-    finally:
-        series = sampler.stop() if sampler else []
-    tree = cpu_children() - before
-    if rc != 0 or not os.path.exists(out_path):
-        what = spec.get("config") or "/".join(str(spec.get(k, "?")) for k in ("job", "loader"))
-        raise RuntimeError(f"{what}: the child exited with code {rc}")
-    result: dict[str, Any] = json.loads(Path(out_path).read_text())
-    os.unlink(out_path)
-    result["cpu_tree_s"] = tree
-    if sampler:
-        result["pss_series"] = series
-    return result
-
-
-def child_entry(argv: list[str], run: Any) -> bool:
-    """In a child started by `run_fresh`: run ``run(spec)``, write its result; else False."""
-    if len(argv) < 4 or argv[1] != CHILD_FLAG:
-        return False
-    spec = json.loads(Path(argv[2]).read_text())
-    Path(argv[3]).write_text(json.dumps(run(spec)))
-    return True
-
-
-# --- summaries ---------------------------------------------------------------------------------
-
-
-def med_range(values: list[float]) -> dict[str, float]:
-    """Median, min and max."""
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
-def fmt(stat: dict[str, float], scale: float = 1.0, digits: int = 0) -> str:
-    """``median (min-max)``, scaled."""
-    m, lo, hi = (stat[k] * scale for k in ("median", "min", "max"))
-    return f"{m:,.{digits}f} ({lo:,.{digits}f}-{hi:,.{digits}f})"
-
-
-def fmt_ratio(stat: dict[str, float]) -> str:
-    """A ratio's ``medianx (min-max)``."""
-    return f"{stat['median']:.2f}x ({stat['min']:.2f}-{stat['max']:.2f})"

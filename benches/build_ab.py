@@ -17,7 +17,7 @@ script runs and in the builds' interpreters, which import ``_common``).
 ``--source tar`` packs the same JPEGs as WebDataset tar shards of 256 (``jpg``, ``cls``) and
 reads them with ``TarShards`` and the native chain (``image="jpg", label="cls"``) instead.
 
-Each run is a fresh interpreter of one build (``_common.run_fresh``): ``DataLoader(folder,
+Each run is a fresh interpreter of one build (``_runs.run_fresh``): ``DataLoader(folder,
 batch_size, transform=_common.native_op(job), num_threads)``, one warm-up epoch, then
 ``--epochs`` timed epochs: images/s and the process's CPU ms per image (user + system,
 ``getrusage``). The builds take turns within a round (the order rotated each round), so
@@ -40,13 +40,14 @@ import platform
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common
+import _rounds
+import _runs
 from bench_machine import cpu_model
 
 
@@ -55,32 +56,11 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     import ferrofeed
 
     shards = spec.get("shards")
-    source: Any = ferrofeed.TarShards(shards) if shards else spec["folder"]
-    fields = {"image": "jpg", "label": "cls"} if shards else {}
-    loader = ferrofeed.DataLoader(
-        source,
-        spec["batch_size"],
-        shuffle=True,
-        seed=0,
-        transform=_common.native_op(spec["job"]),
-        num_threads=spec["threads"],
-        **fields,
-    )
-    n = 0
-    for _ in loader:  # warm-up: page cache, the pools
-        pass
-    cpu0, t0 = _common.cpu_self(), time.perf_counter()
-    for epoch in range(spec["epochs"]):
-        loader.set_epoch(epoch + 1)
-        for batch in loader:
-            n += len(batch[0])
-    wall, cpu = time.perf_counter() - t0, _common.cpu_self() - cpu0
-    return {
-        "images": n,
-        "images_per_s": n / wall,
-        "cpu_ms_per_image": 1000 * cpu / n,
-        "build_info": ferrofeed.build_info(),
-    }
+    if shards:
+        run = _runs.native_epochs(ferrofeed.TarShards(shards), spec, image="jpg", label="cls")
+    else:
+        run = _runs.native_epochs(spec["folder"], spec)
+    return {**run, "build_info": ferrofeed.build_info()}
 
 
 def round_ratios(
@@ -106,24 +86,22 @@ def summarize(runs: list[dict[str, Any]], builds: list[str], jobs: list[str]) ->
     for job in jobs:
         for b in builds:
             rs = [r for r in runs if r["job"] == job and r["build"] == b]
-            ips = _common.med_range([r["images_per_s"] for r in rs])
-            cpu = _common.med_range([r["cpu_ms_per_image"] for r in rs])
+            ips = _rounds.med_range([r["images_per_s"] for r in rs])
+            cpu = _rounds.med_range([r["cpu_ms_per_image"] for r in rs])
             ratios = [
                 "1"
                 if b == ref
-                else _common.fmt_ratio(_common.med_range(round_ratios(runs, job, b, ref, key)))
+                else _rounds.fmt_ratio(_rounds.med_range(round_ratios(runs, job, b, ref, key)))
                 for key in ("images_per_s", "cpu_ms_per_image")
             ]
             lines.append(
-                f"| {job} | {b} | {_common.fmt(ips)} | {_common.fmt(cpu, digits=3)} | "
+                f"| {job} | {b} | {_rounds.fmt(ips)} | {_rounds.fmt(cpu, digits=3)} | "
                 f"{ratios[0]} | {ratios[1]} |"
             )
     return "\n".join(lines)
 
 
-def main() -> None:
-    if _common.child_entry(sys.argv, child):
-        return
+def main(argv: list[str]) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument(
         "--build",
@@ -139,17 +117,16 @@ def main() -> None:
     p.add_argument("--n", type=int, default=1000, help="JPEGs (default 1000)")
     p.add_argument("--epochs", type=int, default=2, help="timed epochs per run")
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
-    p.add_argument("--seed", type=int, default=0)
+    _rounds.add_run_options(p, timeout=600.0)
     p.add_argument(
         "--source",
         choices=("folder", "tar"),
         default="folder",
         help="read the JPEGs from an image folder (default) or packed as tar shards of 256",
     )
-    p.add_argument("--timeout", type=float, default=600.0, help="per run, seconds")
     p.add_argument("--out", default="bench-results/build_ab")
     p.add_argument("--name", default="build_ab")
-    args = p.parse_args()
+    args = p.parse_args(argv)
 
     builds: dict[str, str] = {}
     for b in args.build:
@@ -186,7 +163,7 @@ def main() -> None:
                         "batch_size": args.batch_size,
                         "epochs": args.epochs,
                     }
-                    res = _common.run_fresh(__file__, spec, work, args.timeout, python=builds[b])
+                    res = _runs.run_fresh(__file__, spec, work, args.timeout, python=builds[b])
                     res.update(build=b, job=job, round=r)
                     runs.append(res)
                     print(
@@ -227,4 +204,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(_runs.run_script(main, child))

@@ -35,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import cpu_children
+from _runs import cpu_children
 from bench_machine import cpu_model
 
 REPO = Path(__file__).resolve().parent.parent

@@ -47,7 +47,6 @@ import argparse
 import gc
 import importlib.metadata
 import json
-import multiprocessing
 import os
 import platform
 import shutil
@@ -60,23 +59,10 @@ from typing import Any
 
 import torch
 import torch.utils.dlpack
-from _common import (
-    CROP,
-    PillowExact,
-    PillowTrain,
-    child_entry,
-    child_pids,
-    cpu_children,
-    cpu_self,
-    fmt,
-    make_jpegs,
-    med_range,
-    native_op,
-    run_fresh,
-    shutdown_workers,
-)
+from _common import CROP, PillowExact, PillowTrain, make_jpegs, native_op, shutdown_workers
+from _rounds import LOCAL_RESULTS, add_run_options, better, fmt, fmt_ratio, med_range, medians
+from _runs import cpu_children, cpu_self, reap_children, run_fresh, run_script
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 DEVICE = "cuda"
 BATCH = 32
 JOBS = ("train", "exact")
@@ -226,9 +212,7 @@ def child_main(spec: dict[str, Any]) -> dict[str, Any]:
             raise AssertionError(f"{spec['key']}: epoch {epoch} gave {count} images, not {n}")
     shutdown_workers(loader)
     del loader
-    gc.collect()
-    multiprocessing.active_children()  # reaps the workers that ended
-    left = child_pids(os.getpid())
+    children_left = reap_children()
     cpu_loader = cpu_self() + cpu_children() - cpu_before
     steady = epoch_s[1:]
     return {
@@ -238,7 +222,7 @@ def child_main(spec: dict[str, Any]) -> dict[str, Any]:
         "images": n * len(epoch_s),
         "cpu_loader_s": cpu_loader,
         "cpu_s_per_1000": cpu_loader / (n * len(epoch_s)) * 1000,
-        "children_left": len(left),
+        "children_left": children_left,
         "acc": float(acc),
     }
 
@@ -256,10 +240,7 @@ def summarize(results: dict[str, Any], threads: list[int]) -> None:
     results["summary"], results["ratios"] = {}, {}
     for job, by_key in results["runs"].items():
         results["summary"][job] = {
-            key: {
-                m: med_range([r[m] for r in runs])
-                for m in ("images_per_s", "ttfb_s", "cpu_s_per_1000")
-            }
+            key: medians(runs, ("images_per_s", "ttfb_s", "cpu_s_per_1000"))
             for key, runs in by_key.items()
             if runs
         }
@@ -270,18 +251,10 @@ def summarize(results: dict[str, Any], threads: list[int]) -> None:
             pairs = [(ours[i], theirs[i]) for i in sorted(ours.keys() & theirs.keys())]
             if pairs:  # above 1: better for ferrofeed
                 results["ratios"][job][str(n)] = {
-                    "throughput": med_range(
-                        [a["images_per_s"] / b["images_per_s"] for a, b in pairs]
-                    ),
-                    "cpu_per_image_less": med_range(
-                        [b["cpu_s_per_1000"] / a["cpu_s_per_1000"] for a, b in pairs]
-                    ),
-                    "ttfb_sooner": med_range([b["ttfb_s"] / a["ttfb_s"] for a, b in pairs]),
+                    "throughput": better(pairs, "images_per_s"),
+                    "cpu_per_image_less": better(pairs, "cpu_s_per_1000", lower=True),
+                    "ttfb_sooner": better(pairs, "ttfb_s", lower=True),
                 }
-
-
-def _ratio(stat: dict[str, float]) -> str:
-    return f"{stat['median']:.2f}x ({stat['min']:.2f}-{stat['max']:.2f})"
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -320,9 +293,9 @@ def markdown(results: dict[str, Any]) -> str:
         for n, r in results["ratios"].get(job, {}).items():
             lines.append(
                 f"- ferrofeed-t{n} / pytorch-w{n} (per round, median (min-max); above 1 is better "
-                f"for ferrofeed): images/s {_ratio(r['throughput'])}, CPU per image "
-                f"{_ratio(r['cpu_per_image_less'])} less, first batch "
-                f"{_ratio(r['ttfb_sooner'])} sooner"
+                f"for ferrofeed): images/s {fmt_ratio(r['throughput'])}, CPU per image "
+                f"{fmt_ratio(r['cpu_per_image_less'])} less, first batch "
+                f"{fmt_ratio(r['ttfb_sooner'])} sooner"
             )
         lines.append("")
     for err in results["errors"]:
@@ -340,10 +313,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=None, help="per run, the first a warm-up (3)")
     p.add_argument("--threads", default=None, help="N: workers and threads (default 4,8)")
     p.add_argument("--jobs", default="train,exact", help="subset of train,exact")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--timeout", type=float, default=1200.0, help="per run, seconds")
-    p.add_argument("--quick", action="store_true", help="n=64, 1 round, 2 epochs, threads 2")
-    p.add_argument("--out-dir", type=Path, default=REPO_ROOT / "bench-results" / "gpu-feed")
+    add_run_options(p, timeout=1200.0, quick="n=64, 1 round, 2 epochs, threads 2")
+    p.add_argument("--out-dir", type=Path, default=LOCAL_RESULTS / "gpu-feed")
     args = p.parse_args(argv)
     defaults = (64, 1, 2, "2") if args.quick else (2000, 2, 3, "4,8")
     for name, value in zip(("n", "rounds", "epochs", "threads"), defaults, strict=True):
@@ -358,11 +329,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv if argv is None else argv
-    if child_entry(argv, child_main):
-        return 0
-    args = parse_args(argv[1:])
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
     if not torch.cuda.is_available():
         print(
             "gpu_feed.py: no CUDA device is available to PyTorch (torch.cuda.is_available() "
@@ -384,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpu_count": os.cpu_count(),
         "n": args.n,
         "args": {k: str(v) for k, v in vars(args).items()},
-        "command": "python benches/gpu_feed.py " + " ".join(argv[1:]),
+        "command": "python benches/gpu_feed.py " + " ".join(argv),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "errors": [],
     }
@@ -441,4 +409,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main, child_main))

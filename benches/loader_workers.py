@@ -59,23 +59,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _common import (
-    FileDataset,
-    child_entry,
-    cpu_children,
-    cpu_self,
-    fmt,
-    make_jpegs,
-    med_range,
-    native_train_decode,
-    rrc_params,
-    run_fresh,
-)
+from _common import FileDataset, make_jpegs, native_train_decode, rrc_params, shutdown_workers
+from _compare_loaders import torch_loader
+from _rounds import LOCAL_RESULTS, add_run_options, fmt, med_range
+from _runs import cpu_children, cpu_self, run_fresh, run_script
 from bench_machine import cpu_model
 from PIL import Image
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_OUT = REPO_ROOT / "bench-results" / "loader_workers.json"
+DEFAULT_OUT = LOCAL_RESULTS / "loader_workers.json"
 BATCH = 32
 CROP = 224
 
@@ -228,34 +219,21 @@ def child_main(spec: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     loader: Any
     if kind == "pytorch":
-        loader = torch.utils.data.DataLoader(
-            dataset,
-            batch_size=BATCH,
-            shuffle=True,
-            num_workers=workers,
-            persistent_workers=True,
-            generator=torch.Generator().manual_seed(spec["seed"]),
-            multiprocessing_context="fork",
-        )
-    elif kind == "ferrofeed":
-        loader = ferrofeed.DataLoader(
-            dataset,
-            BATCH,
-            shuffle=True,
-            seed=spec["seed"],
-            num_workers=workers,
-            worker_start_method="fork",
-            persistent_workers=True,
-            output="torch" if uses_torch else "numpy",
-        )
+        loader = torch_loader(dataset, workers, spec["seed"])
     else:
+        # Worker processes (forked, kept from epoch to epoch, as PyTorch's), or threads.
+        parallel: dict[str, Any] = (
+            {"num_workers": workers, "worker_start_method": "fork", "persistent_workers": True}
+            if kind == "ferrofeed"
+            else {"num_threads": workers}
+        )
         loader = ferrofeed.DataLoader(
             dataset,
             BATCH,
             shuffle=True,
             seed=spec["seed"],
-            num_threads=workers,
             output="torch" if uses_torch else "numpy",
+            **parallel,
         )
     it = iter(loader)
     first = next(it)
@@ -274,12 +252,7 @@ def child_main(spec: dict[str, Any]) -> dict[str, Any]:
             count += len(x)
         epochs.append(time.perf_counter() - t)
     del x, it
-    if kind == "ferrofeed":
-        loader.shutdown_workers()
-    elif kind == "pytorch":
-        iterator = getattr(loader, "_iterator", None)
-        if iterator is not None:
-            iterator._shutdown_workers()
+    shutdown_workers(loader)
     del loader
     gc.collect()
     left = multiprocessing.active_children()  # joins (reaps) the workers that ended
@@ -330,9 +303,7 @@ def best(summary: dict[str, Any], names: list[str]) -> str:
     return max(names, key=lambda c: summary[c]["images_per_s"]["median"])
 
 
-def main() -> int:
-    if child_entry(sys.argv, child_main):
-        return 0
+def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=int, default=640, help="JPEGs (default 640)")
     parser.add_argument("--n-small", type=int, default=2048, help="job (b) samples")
@@ -340,11 +311,9 @@ def main() -> int:
     parser.add_argument("--epochs", type=int, default=2, help="timed epochs after the warm-up")
     parser.add_argument("--repeats", type=int, default=3, help="rounds (configurations alternate)")
     parser.add_argument("--jobs", default="a,b,c", help="subset of a,b,c")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--timeout", type=float, default=600.0, help="per child, seconds")
-    parser.add_argument("--quick", action="store_true", help="a smoke run: small sizes, 1 round")
+    add_run_options(parser, timeout=600.0, quick="a smoke run: small sizes, 1 round")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.quick:
         args.n, args.n_small, args.epochs, args.repeats = 96, 256, 1, 1
     jobs = {j.strip() for j in args.jobs.split(",")}
@@ -472,4 +441,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main, child_main))

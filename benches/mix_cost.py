@@ -16,7 +16,7 @@ Two loaders over the same images, side by side:
   sources at weights proportional to their sizes (``stop="shortest"``, so the epoch is the
   same images less at most a batch).
 
-Each run is a fresh interpreter (``_common.run_fresh``): one warm-up epoch, then
+Each run is a fresh interpreter (``_runs.run_fresh``): one warm-up epoch, then
 ``--epochs`` timed epochs, images/s and the process's CPU ms per image. ``one`` and ``mix``
 take turns within a round (the order rotated each round); the summary gives the median and
 range of the per-round ratios ``mix / one``, which a noisy VM moves far less than the
@@ -48,6 +48,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common
+import _rounds
+import _runs
 from bench_machine import cpu_model
 
 
@@ -72,25 +74,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         ]
         fields = {}
     source = whole if spec["mode"] == "one" else ferrofeed.Mix(parts)
-    loader = ferrofeed.DataLoader(
-        source,
-        spec["batch_size"],
-        shuffle=True,
-        seed=0,
-        transform=_common.native_op(spec["job"]),
-        num_threads=spec["threads"],
-        **fields,
-    )
-    n = 0
-    for _ in loader:  # warm-up: page cache, the pools
-        pass
-    cpu0, t0 = _common.cpu_self(), time.perf_counter()
-    for epoch in range(spec["epochs"]):
-        loader.set_epoch(epoch + 1)
-        for batch in loader:
-            n += len(batch[0])
-    wall, cpu = time.perf_counter() - t0, _common.cpu_self() - cpu0
-    return {"images": n, "images_per_s": n / wall, "cpu_ms_per_image": 1000 * cpu / n}
+    return _runs.native_epochs(source, spec, **fields)
 
 
 def resume_cost(samples: int, repeats: int = 5) -> dict[str, Any]:
@@ -136,13 +120,13 @@ def summarize(runs: list[dict[str, Any]], sources: list[str], jobs: list[str]) -
             by = {m: {r["round"]: r for r in rs if r["mode"] == m} for m in ("one", "mix")}
             rounds = sorted(set(by["one"]) & set(by["mix"]))
             ratio = {
-                key: _common.fmt_ratio(
-                    _common.med_range([by["mix"][k][key] / by["one"][k][key] for k in rounds])
+                key: _rounds.fmt_ratio(
+                    _rounds.med_range([by["mix"][k][key] / by["one"][k][key] for k in rounds])
                 )
                 for key in ("images_per_s", "cpu_ms_per_image")
             }
             ips = {
-                m: _common.fmt(_common.med_range([r["images_per_s"] for r in by[m].values()]))
+                m: _rounds.fmt(_rounds.med_range([r["images_per_s"] for r in by[m].values()]))
                 for m in ("one", "mix")
             }
             lines.append(
@@ -152,9 +136,7 @@ def summarize(runs: list[dict[str, Any]], sources: list[str], jobs: list[str]) -
     return "\n".join(lines)
 
 
-def main() -> None:
-    if _common.child_entry(sys.argv, child):
-        return
+def main(argv: list[str]) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--sources", default="folder,tar", help="subset of folder,tar")
@@ -163,10 +145,9 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--n", type=int, default=1000, help="JPEGs (default 1000)")
     p.add_argument("--epochs", type=int, default=2, help="timed epochs per run")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--timeout", type=float, default=600.0, help="per run, seconds")
+    _rounds.add_run_options(p, timeout=600.0)
     p.add_argument("--out", default="bench-results/mix_cost")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     sources, jobs = args.sources.split(","), args.jobs.split(",")
 
     runs: list[dict[str, Any]] = []
@@ -190,7 +171,7 @@ def main() -> None:
                             "batch_size": args.batch_size,
                             "epochs": args.epochs,
                         }
-                        res = _common.run_fresh(__file__, spec, work, args.timeout)
+                        res = _runs.run_fresh(__file__, spec, work, args.timeout)
                         res.update(source=source, job=job, mode=mode, round=r)
                         runs.append(res)
                         print(
@@ -229,4 +210,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(_runs.run_script(main, child))

@@ -51,8 +51,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
-import itertools
 import json
 import os
 import queue
@@ -64,241 +62,37 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
-import warnings
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Sequence
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
-
-import numpy as np
-import numpy.typing as npt
 
 BENCH_DIR = Path(__file__).resolve().parent
 if str(BENCH_DIR) not in sys.path:  # imported from another directory (benches/compare.py)
     sys.path.insert(0, str(BENCH_DIR))
 
-from ram_study import (  # noqa: E402  (after the sys.path line above)
-    REPO_ROOT,
+from _ram_common import (  # noqa: E402  (after the sys.path line above)
     Json,
     Mem,
-    _raise_system_exit,
     cmdline,
-    coco_annotations,
     machine_info,
     meminfo,
     mib,
     process_tree,
-    render,
+    raise_system_exit,
     smaps_rollup,
     stop_process,
 )
+from _ram_loaders_report import format_report, results  # noqa: E402
+from _ram_rank import EVENT_PREFIX, RANK_BOOT, RankConfig  # noqa: E402
+from _rounds import LOCAL_RESULTS, add_run_options, subset  # noqa: E402
 
-DEFAULT_OUT = REPO_ROOT / "bench-results" / "ram_loaders.json"
+DEFAULT_OUT = LOCAL_RESULTS / "ram_loaders.json"
 LOADERS = ("ferrofeed", "torch")
-LOADER_NAMES = {
-    "ferrofeed": "ferrofeed DataLoader + SharedList",
-    "torch": "PyTorch DataLoader + list",
-}
 METHODS = ("fork", "forkserver", "spawn")
 SPLIT_FIELDS = ("uss", "pss_anon", "pss_file", "pss_shmem")
-EVENT_PREFIX = "@@ram-loaders "
-ONE_COPY_TARGET = 0.10  # ferrofeed within 10% of arena + baseline footprint
-TORCH_RATIO_TARGET = 0.5  # ferrofeed <= 0.5x PyTorch's
 FULL = {"n": 1_000_000, "epochs": 2, "batch_size": 256}
 QUICK = {"n": 20_000, "epochs": 1, "batch_size": 128, "workers": 2}
-
-# The rank processes are fresh interpreters that import this module by name, so that
-# `coco_collate` pickles as ``ram_loaders.coco_collate`` for forkserver/spawn workers.
-RANK_BOOT = (
-    "import sys; sys.path.insert(0, sys.argv[1]); import ram_loaders; "
-    "sys.exit(ram_loaders.rank_entry(sys.argv[2]))"
-)
-
-
-# --------------------------------------------------------------------------------------------
-# What the workers run (the same in both loaders)
-# --------------------------------------------------------------------------------------------
-
-
-def coco_collate(batch: Sequence[dict[str, Any]]) -> dict[str, npt.NDArray[Any]]:
-    """Reduce a batch of COCO-like annotation dicts to arrays, reading every field of each.
-
-    The polygons' coordinates are concatenated (``points``) with a count per annotation.
-
-    Example:
-        >>> b = coco_collate(list(coco_annotations(3)))
-        >>> b["bbox"].shape, int(b["num_points"].sum()) == len(b["points"])
-        ((3, 4), True)
-    """
-    n = len(batch)
-    counts = np.fromiter((sum(len(poly) for poly in a["segmentation"]) for a in batch), np.int64, n)
-    coords = itertools.chain.from_iterable(poly for a in batch for poly in a["segmentation"])
-    return {
-        "id": np.fromiter((a["id"] for a in batch), np.int64, n),
-        "image_id": np.fromiter((a["image_id"] for a in batch), np.int64, n),
-        "category_id": np.fromiter((a["category_id"] for a in batch), np.int64, n),
-        "iscrowd": np.fromiter((a["iscrowd"] for a in batch), np.int8, n),
-        "area": np.fromiter((a["area"] for a in batch), np.float64, n),
-        "bbox": np.fromiter(
-            itertools.chain.from_iterable(a["bbox"] for a in batch), np.float32, 4 * n
-        ).reshape(n, 4),
-        "num_points": counts,
-        "points": np.fromiter(coords, np.float32, int(counts.sum())),
-    }
-
-
-# --------------------------------------------------------------------------------------------
-# A rank process
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RankConfig:
-    loader: str  # "ferrofeed" | "torch"
-    method: str  # worker start method
-    baseline: bool
-    n: int
-    ranks: int
-    workers: int
-    epochs: int
-    batch_size: int
-    seed: int
-    import_torch: bool
-    arena_dir: str
-    name: str  # the SharedList.shared name (unique per configuration)
-    timeout: float
-    rank: int = 0
-
-    @property
-    def label(self) -> str:
-        return f"{self.method}/{self.loader}" + ("/baseline" if self.baseline else "")
-
-
-def emit(event: str, **fields: Any) -> None:
-    """One event line to the launcher (stdout)."""
-    print(EVENT_PREFIX + json.dumps({"ev": event, "t": time.time(), **fields}), flush=True)
-
-
-def _ferrofeed_loader(cfg: RankConfig) -> tuple[Any, Callable[[int], Iterable[Any]], Any]:
-    import ferrofeed
-
-    n, seed = cfg.n, cfg.seed
-    ds: ferrofeed.SharedList[dict[str, Any]] = ferrofeed.SharedList.shared(
-        lambda: coco_annotations(n, seed),
-        name=cfg.name,
-        local_rank=cfg.rank,
-        local_world_size=cfg.ranks,
-        dir=cfg.arena_dir,
-        timeout=cfg.timeout,
-    )
-    loader = ferrofeed.DataLoader(
-        ds,
-        cfg.batch_size,
-        shuffle=True,
-        seed=seed,
-        collate=coco_collate,
-        num_workers=cfg.workers,
-        worker_start_method=cfg.method,  # type: ignore[arg-type]
-        persistent_workers=True,
-        rank=cfg.rank,
-        world_size=cfg.ranks,
-    )
-
-    def epoch(_: int) -> Iterable[Any]:
-        return loader  # each complete iteration is the next epoch
-
-    def close() -> None:
-        loader.shutdown_workers()
-        ds.close()
-
-    return ds, epoch, close
-
-
-def _torch_loader(cfg: RankConfig) -> tuple[Any, Callable[[int], Iterable[Any]], Any]:
-    import torch.utils.data as tud
-
-    # A plain list is a map-style dataset to PyTorch (len and []), not a `Dataset` to mypy.
-    ds: Any = list(coco_annotations(cfg.n, cfg.seed))
-    sampler: tud.DistributedSampler[int] = tud.DistributedSampler(
-        ds, num_replicas=cfg.ranks, rank=cfg.rank, shuffle=True, seed=cfg.seed
-    )
-    loader: tud.DataLoader[Any] = tud.DataLoader(
-        ds,
-        batch_size=cfg.batch_size,
-        sampler=sampler,
-        collate_fn=coco_collate,
-        num_workers=cfg.workers,
-        multiprocessing_context=cfg.method,
-        persistent_workers=True,
-    )
-
-    def epoch(e: int) -> Iterable[Any]:
-        sampler.set_epoch(e)
-        return loader
-
-    def close() -> None:
-        nonlocal loader
-        del loader  # persistent workers end with their iterator
-
-    return ds, epoch, close
-
-
-def rank_main(cfg: RankConfig) -> None:
-    """Build the dataset and loader, iterate ``cfg.epochs`` epochs, wait for the release."""
-    emit("started", pid=os.getpid())
-    if cfg.import_torch:
-        import torch  # noqa: F401  (a training process has it imported)
-    # PyTorch warns when there are more workers than cores (this machine has 2).
-    warnings.filterwarnings("ignore", message="This DataLoader will create")
-    make = _ferrofeed_loader if cfg.loader == "ferrofeed" else _torch_loader
-    t = time.perf_counter()
-    ds, epoch_iter, close = make(cfg)
-    gc.collect()
-    emit(
-        "built", build_s=round(time.perf_counter() - t, 3), arena_bytes=getattr(ds, "nbytes", None)
-    )
-    try:
-        for e in range(cfg.epochs):
-            t = time.perf_counter()
-            items = id_sum = points = batches = 0
-            for batch in epoch_iter(e):
-                if batches == 0:
-                    emit("first_batch", epoch=e, s=round(time.perf_counter() - t, 3))
-                batches += 1
-                items += len(batch["id"])
-                id_sum += int(batch["id"].sum())
-                points += int(batch["num_points"].sum())
-                if len(batch["points"]) != batch["num_points"].sum():
-                    raise AssertionError("points and num_points disagree")
-            emit(
-                "epoch_done",
-                epoch=e,
-                s=round(time.perf_counter() - t, 3),
-                batches=batches,
-                items=items,
-                id_sum=id_sum,
-                points=points,
-            )
-        emit("done")
-        sys.stdin.readline()  # the launcher's release (or EOF): workers stay alive till then
-    finally:
-        close()
-
-
-def rank_entry(cfg_json: str) -> int:
-    cfg = RankConfig(**json.loads(cfg_json))
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides
-    # Should the machine run out of memory anyway, the kernel's OOM killer takes this job's
-    # processes (workers inherit the setting) before anything else running on it.
-    with contextlib.suppress(OSError):
-        Path("/proc/self/oom_score_adj").write_text("1000")
-    try:
-        rank_main(cfg)
-    except BaseException as exc:
-        emit("error", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
-        return 1
-    return 0
 
 
 # --------------------------------------------------------------------------------------------
@@ -693,257 +487,6 @@ def run_loader_ram(
     return results(info, params, configs, notes, time.perf_counter() - t_start)
 
 
-def results(info: Json, params: Json, configs: list[Json], notes: list[str], wall: float) -> Json:
-    """The result document from the configurations run so far."""
-    if "loadavg_end" not in info:  # (a results file being rendered again keeps its own)
-        info = {**info, "loadavg_end": [round(x, 2) for x in os.getloadavg()]}
-    summary = summarise(configs)
-    return {
-        "machine": info,
-        "params": params,
-        "wall_s": round(wall, 1),
-        "configs": configs,
-        "summary": summary,
-        "targets": compute_targets(summary),
-        "checks": checks(configs, params["n"], params["ranks"]),
-        "notes": notes,
-    }
-
-
-def _median(values: Iterable[int | None]) -> int | None:
-    vals = [v for v in values if v is not None]
-    return int(statistics.median(vals)) if vals else None
-
-
-def summarise(configs: list[Json]) -> dict[str, dict[str, Json]]:
-    """Per method and loader: medians over the rounds of peak / steady / end total PSS."""
-    out: dict[str, dict[str, Json]] = {}
-    for r in configs:
-        entry = out.setdefault(r["method"], {}).setdefault(
-            r["loader"], {"runs": 0, "baseline_runs": 0, "aborted": 0, "failed": 0}
-        )
-        if r.get("error"):
-            entry["failed"] += 1
-            continue
-        key = "baseline" if r["baseline"] else "data"
-        entry.setdefault(key, []).append(r)
-        entry["baseline_runs" if r["baseline"] else "runs"] += 1
-        entry["aborted"] += bool(r.get("aborted"))
-    for per_loader in out.values():
-        for entry in per_loader.values():
-            data, base = entry.pop("data", []), entry.pop("baseline", [])
-            for prefix, runs in (("", data), ("baseline_", base)):
-                for field in (
-                    "peak_total_pss",
-                    "steady_total_pss",
-                    "end_total_pss",
-                    "steady_total_pss_nonfile",
-                    "peak_total_pss_nonfile",
-                ):
-                    entry[prefix + field] = _median(r.get(field) for r in runs)
-                    entry[prefix + field + "_all"] = [r.get(field) for r in runs]
-            arenas = [s.get("arena_bytes") for r in data for s in r["ranks"]]
-            entry["arena_bytes"] = next((a for a in arenas if a), None)
-            entry["lower_bound"] = any(r.get("aborted") for r in data)
-    return out
-
-
-def compute_targets(summary: dict[str, dict[str, Json]]) -> list[Json]:
-    targets = []
-    for method, per_loader in summary.items():
-        ff, pt = per_loader.get("ferrofeed"), per_loader.get("torch")
-        if ff is None or ff.get("steady_total_pss") is None:
-            continue
-        t: Json = {"method": method}
-        for kind in ("steady", "peak", "steady_nonfile"):
-            field = "steady_total_pss_nonfile" if kind == "steady_nonfile" else f"{kind}_total_pss"
-            ours = ff[field]
-            base = ff[f"baseline_{field}"]
-            if base is not None and ff["arena_bytes"]:
-                expected = ff["arena_bytes"] + base
-                t[f"{kind}_expected"] = expected
-                t[f"{kind}_one_copy_ratio"] = round(ours / expected, 4)
-            theirs = pt.get(field) if pt is not None else None
-            if pt is not None and theirs is None and pt.get("lower_bound") and kind == "steady":
-                # Stopped before its last epoch: its peak so far is a lower bound of its
-                # steady state (and of everything after).
-                theirs = pt.get("peak_total_pss")
-            if theirs:
-                t[f"{kind}_torch_pss"] = theirs
-                t[f"{kind}_torch_ratio"] = round(ours / theirs, 4)
-        t["ferrofeed_pss"] = ff["steady_total_pss"]
-        t["arena_bytes"] = ff["arena_bytes"]
-        t["footprint"] = ff["baseline_steady_total_pss"]
-        # The file-backed part of the footprint (the libraries' pages) is the same job's in
-        # both runs, but its PSS drops whenever other processes on the machine map the same
-        # files (another job importing the same torch), and rises when they exit. So the
-        # target also compares like with like: the baseline's anonymous + shmem PSS plus the
-        # file-backed PSS of the data run itself.
-        data_nonfile, base_nonfile = (
-            ff["steady_total_pss_nonfile"],
-            ff["baseline_steady_total_pss_nonfile"],
-        )
-        if None not in (data_nonfile, base_nonfile) and ff["arena_bytes"]:
-            file_pss = ff["steady_total_pss"] - data_nonfile
-            expected = ff["arena_bytes"] + base_nonfile + file_pss
-            t["same_libs_expected"] = expected
-            t["same_libs_file_pss"] = file_pss
-            t["baseline_file_pss"] = ff["baseline_steady_total_pss"] - base_nonfile
-            t["same_libs_one_copy_ratio"] = round(ff["steady_total_pss"] / expected, 4)
-        raw = t.get("steady_one_copy_ratio")
-        t["one_copy_met_raw"] = None if raw is None else abs(raw - 1.0) <= ONE_COPY_TARGET
-        ratio = t.get("same_libs_one_copy_ratio", raw)
-        t["one_copy_met"] = None if ratio is None else abs(ratio - 1.0) <= ONE_COPY_TARGET
-        torch_ratio = t.get("steady_torch_ratio")
-        # PyTorch's figure from an aborted run is a lower bound: the ratio an upper bound.
-        t["torch_ratio_upper_bound"] = bool(pt and pt.get("lower_bound"))
-        t["torch_met"] = None if torch_ratio is None else torch_ratio <= TORCH_RATIO_TARGET
-        targets.append(t)
-    return targets
-
-
-def checks(configs: list[Json], n: int, ranks: int) -> list[Json]:
-    """Both loaders read every item: per epoch, the ranks' items, id sums and point counts."""
-    out: list[Json] = []
-    complete = [r for r in configs if r.get("ok") and not r["baseline"]]
-    seen: dict[tuple[int, int, int], list[str]] = {}
-    for r in complete:
-        for e in range(r["epochs"]):
-            per_rank = [s["epochs"][e] for s in r["ranks"]]
-            items, ids, points = (
-                sum(p[f] for p in per_rank) for f in ("items", "id_sum", "points")
-            )
-            key = (items, ids, points)
-            seen.setdefault(key, []).append(f"{r['label']}#{r['round']}/epoch{e}")
-    if complete:
-        even = n % ranks == 0
-        expected_ids = n * (n + 1) // 2
-        ok = len(seen) == 1 and (not even or next(iter(seen))[:2] == (n, expected_ids))
-        out.append(
-            {
-                "name": "every epoch of every loader read each item once (items, id sum, points)",
-                "ok": ok,
-                "detail": json.dumps({str(k): v for k, v in seen.items()})[:2000],
-            }
-        )
-    failed = [r["label"] for r in configs if r.get("error")]
-    out.append({"name": "no configuration failed", "ok": not failed, "detail": ", ".join(failed)})
-    return out
-
-
-# --------------------------------------------------------------------------------------------
-# Report
-# --------------------------------------------------------------------------------------------
-
-
-def format_report(res: Json) -> str:
-    p, info = res["params"], res["machine"]
-    out = [
-        f"ferrofeed RAM of real loaders: {p['ranks']} ranks x {p['workers']} workers, "
-        f"N={p['n']:,} COCO-like annotations, {p['epochs']} epoch(s), batch {p['batch_size']}, "
-        f"{p['repeats']} round(s)",
-        f"machine: {info['cpu_model']}, {info['cpu_count']} cores, "
-        f"{info['mem_total_bytes'] / 2**30:.1f} GiB, Python {info['python']}, ferrofeed "
-        f"{info['ferrofeed']}, numpy {info['numpy']}, torch {info.get('torch', '-')}; load "
-        f"average {info['loadavg_start'][0]:.2f} at start, {info['loadavg_end'][0]:.2f} at end",
-        "",
-        "Total PSS of the ranks' process trees (MiB; medians over the rounds)",
-    ]
-    header = [
-        "method",
-        "loader",
-        "peak",
-        "steady",
-        "end",
-        "baseline",
-        "arena",
-        "vs 1 copy+imports",
-        "vs PyTorch",
-    ]
-    rows = []
-    targets = {t["method"]: t for t in res["targets"]}
-    for method, per_loader in res["summary"].items():
-        for loader, e in per_loader.items():
-            t = targets.get(method, {})
-            mark = " (>=, aborted)" if e.get("lower_bound") else ""
-            one = ""
-            if loader == "ferrofeed" and "steady_one_copy_ratio" in t:
-                one = f"{t['steady_one_copy_ratio']:.3f}"
-            elif loader == "torch" and e["steady_total_pss"] and t.get("steady_expected"):
-                one = f"{e['steady_total_pss'] / t['steady_expected']:.2f}"
-            vs = (
-                ("<= " if t["torch_ratio_upper_bound"] else "") + f"{t['steady_torch_ratio']:.3f}"
-                if loader == "ferrofeed" and "steady_torch_ratio" in t
-                else ""
-            )
-            rows.append(
-                [
-                    method,
-                    LOADER_NAMES[loader] + mark,
-                    mib(e["peak_total_pss"]),
-                    mib(e["steady_total_pss"]),
-                    mib(e["end_total_pss"]),
-                    mib(e["baseline_steady_total_pss"]),
-                    mib(e["arena_bytes"]),
-                    one,
-                    vs,
-                ]
-            )
-    out.append(render(header, rows, left=2))
-    out.append(
-        "  steady: median over the last epoch (every rank iterating) to the end; baseline: "
-        f"the same job over {p['baseline_n']:,} items (its steady PSS)"
-    )
-    out.append("")
-    for t in res["targets"]:
-        if t.get("steady_one_copy_ratio") is not None:
-            verdict = "met" if t.get("one_copy_met_raw") else "MISSED"
-            out.append(
-                f"{t['method']}: ferrofeed {mib(t['ferrofeed_pss'])} MiB vs arena "
-                f"{mib(t['arena_bytes'])} + footprint {mib(t['footprint'])} = "
-                f"{mib(t['steady_expected'])} MiB -> {t['steady_one_copy_ratio']:.3f}x "
-                f"(target within 10%): {verdict} as measured; peak "
-                f"{t.get('peak_one_copy_ratio', 0):.3f}x"
-            )
-        if t.get("same_libs_one_copy_ratio") is not None:
-            verdict = "met" if t["one_copy_met"] else "MISSED"
-            out.append(
-                f"{t['method']}: the same with the libraries' file-backed PSS taken from the "
-                f"data run ({mib(t['same_libs_file_pss'])} MiB; the baseline's: "
-                f"{mib(t['baseline_file_pss'])}): {mib(t['ferrofeed_pss'])} vs "
-                f"{mib(t['same_libs_expected'])} MiB -> {t['same_libs_one_copy_ratio']:.3f}x: "
-                f"{verdict}"
-            )
-        if t.get("steady_torch_ratio") is not None:
-            verdict = "met" if t["torch_met"] else "MISSED"
-            bound = (
-                " (PyTorch's run was stopped: an upper bound)"
-                if t["torch_ratio_upper_bound"]
-                else ""
-            )
-            out.append(
-                f"{t['method']}: ferrofeed / PyTorch = {t['steady_torch_ratio']:.3f}x steady, "
-                f"{t.get('peak_torch_ratio', 0):.3f}x peak (target <= 0.5x): {verdict}{bound}"
-            )
-    for t in res["targets"]:
-        if t.get("steady_nonfile_one_copy_ratio") is not None:
-            line = (
-                f"{t['method']}, without file-backed pages (libraries): ferrofeed "
-                f"{t['steady_nonfile_one_copy_ratio']:.3f}x one copy + footprint"
-            )
-            if t.get("steady_nonfile_torch_ratio") is not None:
-                line += f", {t['steady_nonfile_torch_ratio']:.3f}x PyTorch"
-            out.append(line)
-    for c in res["checks"]:
-        out.append(
-            f"  {'ok  ' if c['ok'] else 'FAIL'}  {c['name']}"
-            + ("" if c["ok"] else f"  [{c['detail']}]")
-        )
-    for note in res["notes"]:
-        out.append(f"note: {note}")
-    return "\n".join(out)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--n", type=int, default=None, help="items (default 1,000,000; --quick 20,000)")
@@ -954,16 +497,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--methods", default="fork,forkserver", help="comma-separated start methods")
     p.add_argument("--loaders", default=",".join(LOADERS), help="comma-separated: ferrofeed,torch")
     p.add_argument("--repeats", type=int, default=1, help="rounds, the order rotated each")
-    p.add_argument("--quick", action="store_true", help="a smoke run (< 1 min)")
+    add_run_options(p, timeout=1800.0, quick="a smoke run (< 1 min)")
     p.add_argument("--interval", type=float, default=0.5, help="sampling interval, s")
-    p.add_argument("--timeout", type=float, default=1800.0, help="per configuration, s")
     p.add_argument(
         "--mem-floor-gib",
         type=float,
         default=3.0,
         help="stop a configuration when the machine's available memory falls below this",
     )
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON results file")
     p.add_argument(
         "--report", type=Path, default=None, help="only render a results file (even a partial one)"
@@ -976,23 +517,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     # SIGTERM ends the run as Ctrl-C does: the ranks' process groups are killed, the arenas
     # removed.
-    signal.signal(signal.SIGTERM, _raise_system_exit)
+    signal.signal(signal.SIGTERM, raise_system_exit)
     partial = args.out.with_suffix(".partial.json")
+    # The options run_loader_ram takes as they are given.
+    given = ("n", "ranks", "workers", "quick", "repeats", "epochs", "batch_size", "seed")
     res = run_loader_ram(
-        args.n,
-        args.ranks,
-        args.workers,
-        [m.strip() for m in args.methods.split(",") if m.strip()],
-        args.quick,
-        loaders=[x.strip() for x in args.loaders.split(",") if x.strip()],
-        repeats=args.repeats,
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        seed=args.seed,
-        interval=args.interval,
-        timeout=args.timeout,
-        mem_floor_gib=args.mem_floor_gib,
+        methods=subset(args.methods, METHODS, "start methods", p),
+        loaders=subset(args.loaders, LOADERS, "loaders", p),
         partial_out=partial,
+        **{k: getattr(args, k) for k in (*given, "interval", "timeout", "mem_floor_gib")},
     )
     print()
     print(format_report(res))

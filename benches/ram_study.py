@@ -34,12 +34,9 @@ import json
 import multiprocessing as mp
 import os
 import pickle
-import platform
 import queue
-import random
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -49,19 +46,26 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import ferrofeed
-import numpy as np
-import numpy.typing as npt
-from _common import child_pids, parent_pids
-from bench_machine import cpu_model
-from ferrofeed.memory import process_memory
+from _ram_common import (
+    Json,
+    Mem,
+    cmdline,
+    machine_info,
+    mib,
+    raise_system_exit,
+    read_mem,
+    render,
+    stop_process,
+)
+from _ram_containers import GETITEM_RATIO_TARGET, RAW_TARGET_NS, build_container, run_latency
+from _rounds import LOCAL_RESULTS, add_run_options
+from _runs import child_pids
+from bench_machine import loadavg
 
-MIB = 1 << 20
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_OUT = REPO_ROOT / "bench-results" / "ram_study.json"
+DEFAULT_OUT = LOCAL_RESULTS / "ram_study.json"
 DRIVER_FLAG = "--_driver"
 
 CONTAINERS = ("baseline", "naive", "numpy", "shared")
@@ -71,134 +75,9 @@ CONTAINER_NAMES = {
     "numpy": "NumpySerializedList",
     "shared": "SharedList",
 }
-MEM_FIELDS = ("rss", "pss", "uss", "shared", "swap")
 FORKSERVER_PRELOAD = ["numpy", "ferrofeed", "ferrofeed.memory"]
 
 PSS_TARGET = 0.10  # SharedList/spawn total PSS within 10% of arena + import footprint
-GETITEM_RATIO_TARGET = 1.2  # SharedList[i] / pickle.loads(bytes)
-RAW_TARGET_NS = 500.0  # SharedList.raw(i)
-LATENCY_CHUNK = 10_000  # latency benchmarks are interleaved in chunks of this many accesses
-
-Mem = dict[str, int]
-Json = dict[str, Any]
-
-
-# --------------------------------------------------------------------------------------------
-# Data and containers
-# --------------------------------------------------------------------------------------------
-
-
-def coco_annotations(n: int, seed: int = 0) -> Iterator[dict[str, Any]]:
-    """Yield ``n`` deterministic COCO-like instance annotations (polygon segmentation)."""
-    rng = random.Random(seed)
-    uniform, randint = rng.uniform, rng.randint
-    for k in range(n):
-        w = round(uniform(2.0, 320.0), 2)
-        h = round(uniform(2.0, 320.0), 2)
-        x = round(uniform(0.0, 640.0 - w), 2)
-        y = round(uniform(0.0, 480.0 - h), 2)
-        polygon: list[float] = []
-        for _ in range(randint(10, 30)):  # 20..60 coordinates
-            polygon.append(round(x + uniform(0.0, w), 2))
-            polygon.append(round(y + uniform(0.0, h), 2))
-        yield {
-            "id": k + 1,
-            "image_id": 1 + k // 7,
-            "category_id": randint(1, 90),
-            "bbox": [x, y, w, h],
-            "area": round(w * h * uniform(0.35, 0.95), 4),
-            "iscrowd": 1 if rng.random() < 0.01 else 0,
-            "segmentation": [polygon],
-        }
-
-
-class NumpySerializedList:
-    """The study's list: pickled items concatenated in one uint8 array plus end offsets."""
-
-    def __init__(self, items: Iterable[Any]) -> None:
-        arrays = [np.frombuffer(pickle.dumps(x, protocol=-1), dtype=np.uint8) for x in items]
-        self._addr: npt.NDArray[np.int64] = np.cumsum([len(a) for a in arrays], dtype=np.int64)
-        self._lst: npt.NDArray[np.uint8] = (
-            np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.uint8)
-        )
-
-    def __len__(self) -> int:
-        return len(self._addr)
-
-    def __getitem__(self, idx: int) -> Any:
-        start = 0 if idx == 0 else self._addr[idx - 1]
-        end = self._addr[idx]
-        return pickle.loads(self._lst[start:end].data)  # memoryview of the slice, no copy
-
-    @property
-    def nbytes(self) -> int:
-        return int(self._lst.nbytes + self._addr.nbytes)
-
-
-def build_container(kind: str, n: int, seed: int, arena_dir: str) -> tuple[Any, int | None]:
-    """Build the dataset container ``kind``; return it and its data size (None if unknown)."""
-    if kind == "baseline":
-        return [], None
-    items = coco_annotations(n, seed)
-    if kind == "naive":
-        return list(items), None
-    if kind == "numpy":
-        nsl = NumpySerializedList(items)
-        return nsl, nsl.nbytes
-    if kind == "shared":
-        sl = ferrofeed.SharedList(items, path=arena_dir)
-        return sl, int(sl.nbytes)
-    raise ValueError(f"unknown container {kind!r}")
-
-
-# --------------------------------------------------------------------------------------------
-# Memory sampling
-# --------------------------------------------------------------------------------------------
-
-
-def read_mem(pid: int) -> Mem | None:
-    """PSS/USS/... of ``pid`` in bytes, or None when the process is gone."""
-    try:
-        m = process_memory(pid)
-    except (OSError, LookupError, ValueError):
-        return None
-    return {f: int(getattr(m, f)) for f in MEM_FIELDS}
-
-
-def process_tree(roots: Iterable[int]) -> dict[int, int]:
-    """``roots`` and all their live descendants, each with its depth (0 for a root)."""
-    children: dict[int, list[int]] = {}
-    for pid, parent in parent_pids().items():
-        children.setdefault(parent, []).append(pid)
-    depth = {pid: 0 for pid in roots}
-    todo = list(depth)
-    while todo:
-        pid = todo.pop()
-        for child in children.get(pid, ()):
-            if child not in depth:
-                depth[child] = depth[pid] + 1
-                todo.append(child)
-    return depth
-
-
-def meminfo() -> dict[str, int]:
-    """/proc/meminfo in bytes (MemTotal, MemAvailable, ...); empty where unreadable."""
-    out: dict[str, int] = {}
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            key, _, rest = line.partition(":")
-            parts = rest.split()
-            if parts and parts[0].isdigit():
-                out[key] = int(parts[0]) * (1024 if parts[1:] == ["kB"] else 1)
-    return out
-
-
-def cmdline(pid: int) -> str:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return "?"
-    return raw.replace(b"\0", b" ").decode(errors="replace").strip()[:160]
 
 
 def sum_field(mems: Iterable[Mem | None], field: str) -> int:
@@ -410,12 +289,8 @@ def drive(cfg: RunConfig) -> Json:
     return result
 
 
-def _raise_system_exit(signum: int, _frame: FrameType | None) -> None:
-    raise SystemExit(128 + signum)
-
-
 def driver_entry(cfg_json: str) -> int:
-    signal.signal(signal.SIGTERM, _raise_system_exit)  # run the finally blocks on terminate
+    signal.signal(signal.SIGTERM, raise_system_exit)  # run the finally blocks on terminate
     cfg = RunConfig(**json.loads(cfg_json))
     try:
         result = drive(cfg)
@@ -430,18 +305,6 @@ def driver_entry(cfg_json: str) -> int:
         }
     Path(cfg.result_path).write_text(json.dumps(result))
     return 0 if "error" not in result else 1
-
-
-def stop_process(proc: subprocess.Popen[bytes], grace: float) -> None:
-    """Stop a driver: wait ``grace`` s (after Ctrl-C it got the SIGINT too and cleans up by
-    itself), then SIGTERM (the driver turns it into SystemExit and cleans up), then SIGKILL."""
-    for sig, wait_s in ((None, grace), (signal.SIGTERM, 15.0), (signal.SIGKILL, None)):
-        if proc.poll() is not None:
-            return
-        if sig is not None:
-            proc.send_signal(sig)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(wait_s)
 
 
 def run_config(cfg: RunConfig) -> Json:
@@ -467,251 +330,8 @@ def run_config(cfg: RunConfig) -> Json:
 
 
 # --------------------------------------------------------------------------------------------
-# Random-access latency and sanity checks
-# --------------------------------------------------------------------------------------------
-
-
-def _loop_getitem(seq: Any, idxs: list[int]) -> int:
-    t0 = time.perf_counter_ns()
-    for i in idxs:
-        x = seq[i]
-    t1 = time.perf_counter_ns()
-    del x
-    return t1 - t0
-
-
-def _loop_loads(blobs: list[bytes], _idxs: list[int]) -> int:
-    loads = pickle.loads
-    t0 = time.perf_counter_ns()
-    for b in blobs:
-        x = loads(b)
-    t1 = time.perf_counter_ns()
-    del x
-    return t1 - t0
-
-
-def _loop_raw(sl: Any, idxs: list[int]) -> int:
-    t0 = time.perf_counter_ns()
-    for i in idxs:
-        x = sl.raw(i)
-    t1 = time.perf_counter_ns()
-    del x
-    return t1 - t0
-
-
-def _loop_empty(_seq: Any, idxs: list[int]) -> int:
-    t0 = time.perf_counter_ns()
-    for i in idxs:
-        x = i
-    t1 = time.perf_counter_ns()
-    del x
-    return t1 - t0
-
-
-def smaps_rollup(pid: int) -> Mem:
-    """Parse /proc/PID/smaps_rollup in Python (cross-checks ferrofeed.memory; adds Anonymous)."""
-    kb: dict[str, int] = {}
-    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]:
-        key, _, rest = line.partition(":")
-        parts = rest.split()
-        if parts and parts[0].isdigit():
-            kb[key.strip()] = int(parts[0]) * 1024
-    return {
-        "rss": kb.get("Rss", 0),
-        "pss": kb.get("Pss", 0),
-        "uss": kb.get("Private_Clean", 0) + kb.get("Private_Dirty", 0),
-        "shared": kb.get("Shared_Clean", 0) + kb.get("Shared_Dirty", 0),
-        "swap": kb.get("Swap", 0),
-        "anonymous": kb.get("Anonymous", 0),
-        # PSS split by backing (Linux >= 5.9): private/anonymous, file pages (libraries),
-        # shmem (tmpfs files such as /dev/shm arenas, memfds)
-        "pss_anon": kb.get("Pss_Anon", 0),
-        "pss_file": kb.get("Pss_File", 0),
-        "pss_shmem": kb.get("Pss_Shmem", 0),
-    }
-
-
-def sanity_checks(sl: Any, items: list[Any], blobs: list[bytes]) -> list[Json]:
-    """Quick checks of the SharedList contract on the benchmark data."""
-    checks: list[Json] = []
-
-    def check(name: str, ok: bool, detail: str = "") -> None:
-        checks.append({"name": name, "ok": bool(ok), "detail": detail})
-
-    n = len(items)
-    probe = sorted({0, n // 2, n - 1, *random.Random(7).sample(range(n), min(n, 200))})
-    check("len(sl) == N", len(sl) == n, f"len={len(sl)} N={n}")
-    bad = [i for i in probe if sl[i] != items[i]]
-    check("sl[i] == item", not bad, f"{len(bad)} of {len(probe)} differ, e.g. {bad[:5]}")
-    bad = [i for i in probe if blobs[i] != pickle.dumps(items[i], protocol=5)]
-    check(
-        "raw(i) == pickle.dumps(item, protocol=5)",
-        not bad,
-        f"{len(bad)} of {len(probe)} differ, e.g. {bad[:5]}",
-    )
-    check("raw(i) is read-only", sl.raw(0).readonly is True)
-    check("sl[-1] == items[-1]", sl[-1] == items[-1])
-    check(
-        "nbytes == file size",
-        sl.nbytes == os.path.getsize(sl.path),
-        f"nbytes={sl.nbytes} file={os.path.getsize(sl.path)}",
-    )
-    size = len(pickle.dumps(sl))
-    check("len(pickle.dumps(sl)) < 300", size < 300, f"{size} bytes")
-    payload = sum(len(b) for b in blobs)
-    check(
-        "arena overhead vs payload",
-        sl.nbytes <= payload + 72 * n + 4096,
-        f"arena {sl.nbytes} B, payload {payload} B, "
-        f"overhead {(sl.nbytes - payload) / max(n, 1):.1f} B/item (64 B align + 8 B index)",
-    )
-    pid = os.getpid()
-    ours, ref = read_mem(pid), smaps_rollup(pid)
-    diffs = {f: abs(ours[f] - ref[f]) for f in MEM_FIELDS} if ours else {}
-    check(
-        "process_memory == smaps_rollup (+-4 MiB)",
-        ours is not None and all(d <= 4 * MIB for d in diffs.values()),
-        f"ferrofeed={ours} python={ref}",
-    )
-    ok = ours is not None and ours["uss"] <= ours["pss"] <= ours["rss"]
-    check("process_memory: uss <= pss <= rss", ok, f"{ours}")
-    return checks
-
-
-def run_latency(n: int, seed: int, iters: int, repeats: int, arena_dir: str) -> Json:
-    items = list(coco_annotations(n, seed))
-    nsl = NumpySerializedList(items)
-    sl = ferrofeed.SharedList(items, path=arena_dir)
-    try:
-        path = sl.path
-        blobs = [bytes(sl.raw(i)) for i in range(n)]
-        order = list(range(n))
-        random.Random(seed + 1).shuffle(order)
-        idxs = (order * (iters // n + 1))[:iters]
-        seq_blobs = [blobs[i] for i in idxs]
-        checks = sanity_checks(sl, items, blobs)
-        # Each repeat runs every benchmark over all ``iters`` indices, in chunks interleaved
-        # across the benchmarks (rotating their order), so that load from other processes on
-        # this small machine hits all of them alike and the ratios stay meaningful.
-        bounds = [(a, min(a + LATENCY_CHUNK, iters)) for a in range(0, iters, LATENCY_CHUNK)]
-        chunks = [idxs[a:b] for a, b in bounds]
-        benches: dict[str, tuple[Any, list[tuple[Any, list[int]]]]] = {
-            "pickle.loads(bytes)": (
-                _loop_loads,
-                [(seq_blobs[a:b], c) for (a, b), c in zip(bounds, chunks, strict=True)],
-            ),
-            "SharedList[i]": (_loop_getitem, [(sl, c) for c in chunks]),
-            "NumpySerializedList[i]": (_loop_getitem, [(nsl, c) for c in chunks]),
-            "SharedList.raw(i)": (_loop_raw, [(sl, c) for c in chunks]),
-            "empty loop": (_loop_empty, [(None, c) for c in chunks]),
-        }
-        names = list(benches)
-        runs: dict[str, list[float]] = {name: [] for name in names}
-        gc.collect()
-        gc_was_enabled = gc.isenabled()
-        gc.disable()
-        try:
-            for fn, parts in benches.values():  # warm-up
-                fn(*parts[0])
-            anon_before = smaps_rollup(os.getpid())["anonymous"]
-            for _ in range(repeats):
-                total = dict.fromkeys(names, 0)
-                for k in range(len(chunks)):
-                    for name in names[k % len(names) :] + names[: k % len(names)]:
-                        fn, parts = benches[name]
-                        total[name] += fn(*parts[k])
-                for name in names:
-                    runs[name].append(total[name] / iters)
-            anon_after = smaps_rollup(os.getpid())["anonymous"]
-        finally:
-            if gc_was_enabled:
-                gc.enable()
-        # Every SharedList[i] / raw(i) result was dropped at once: the heap must not grow.
-        # (Anonymous memory only: USS also counts arena pages that only this process maps.)
-        accesses = 2 * repeats * iters
-        growth = anon_after - anon_before
-        checks.append(
-            {
-                "name": "no per-access leak (anonymous memory growth over the latency loops)",
-                "show": True,
-                "ok": growth <= max(MIB, 4 * accesses),
-                "detail": f"{growth / MIB:+.2f} MiB over {accesses:,} SharedList[i] + raw(i) "
-                f"accesses ({growth / accesses:+.1f} B each)",
-            }
-        )
-    finally:
-        sl.close()
-    checks.append(
-        {"name": "close() removes the owner's file", "ok": not os.path.exists(path), "detail": path}
-    )
-    try:
-        _ = sl[0]
-        closed_ok, detail = False, "no error"
-    except ferrofeed.ArenaClosedError:
-        closed_ok, detail = True, ""
-    except Exception as exc:  # a wrong error type is a finding, not a crash
-        closed_ok, detail = False, f"{type(exc).__name__}: {exc}"
-    checks.append(
-        {"name": "access after close raises ArenaClosedError", "ok": closed_ok, "detail": detail}
-    )
-
-    med = {name: statistics.median(v) for name, v in runs.items()}
-    overhead = med["empty loop"]
-    ratio = med["SharedList[i]"] / med["pickle.loads(bytes)"]
-    ratio_net = (med["SharedList[i]"] - overhead) / max(med["pickle.loads(bytes)"] - overhead, 1.0)
-    return {
-        "n": n,
-        "iters": iters,
-        "repeats": repeats,
-        "ns_per_op": {name: [round(x, 1) for x in v] for name, v in runs.items()},
-        "median_ns": {name: round(v, 1) for name, v in med.items()},
-        "getitem_vs_loads_ratio": round(ratio, 3),
-        "getitem_vs_loads_ratio_net_of_loop": round(ratio_net, 3),
-        "getitem_ratio_target": GETITEM_RATIO_TARGET,
-        "getitem_ratio_pass": ratio <= GETITEM_RATIO_TARGET,
-        "raw_target_ns": RAW_TARGET_NS,
-        "raw_pass": med["SharedList.raw(i)"] < RAW_TARGET_NS,
-        "mean_item_bytes": round(sum(len(b) for b in blobs) / max(n, 1), 1),
-        "checks": checks,
-    }
-
-
-# --------------------------------------------------------------------------------------------
 # Report
 # --------------------------------------------------------------------------------------------
-
-
-def machine_info() -> Json:
-    mem_total = meminfo().get("MemTotal", 0)
-    return {
-        "cpu_model": cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "cpu_affinity": len(os.sched_getaffinity(0)),
-        "mem_total_bytes": mem_total,
-        "kernel": platform.release(),
-        "python": platform.python_version(),
-        "python_implementation": platform.python_implementation(),
-        "ferrofeed": getattr(ferrofeed, "__version__", "unknown"),
-        "numpy": np.__version__,
-        "loadavg_start": [round(x, 2) for x in os.getloadavg()],
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-
-
-def mib(b: float | None) -> str:
-    return "-" if b is None else f"{b / MIB:,.1f}"
-
-
-def render(header: list[str], rows: list[list[str]], left: int = 1) -> str:
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-
-    def line(cells: list[str]) -> str:
-        return "  ".join(
-            c.ljust(w) if i < left else c.rjust(w)
-            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
-        )
-
-    return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])
 
 
 def compute_targets(results: list[Json]) -> list[Json]:
@@ -898,7 +518,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--n", type=int, default=None, help="items (default 300000; --quick: 20000)")
     p.add_argument("--passes", type=int, default=None, help="passes per worker (default 2)")
     p.add_argument("--workers", type=int, default=4, help="worker processes (default 4)")
-    p.add_argument("--quick", action="store_true", help="small smoke run (< 30 s)")
+    add_run_options(p, timeout=1800.0, quick="small smoke run (< 30 s)")
     p.add_argument("--all-methods", action="store_true", help="also run forkserver")
     p.add_argument(
         "--containers",
@@ -906,7 +526,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help=f"comma-separated subset of {','.join(CONTAINERS)}",
     )
     p.add_argument("--interval", type=float, default=0.5, help="sampling interval, s")
-    p.add_argument("--timeout", type=float, default=1800.0, help="per configuration, s")
     p.add_argument(
         "--latency-iters",
         type=int,
@@ -914,7 +533,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="random accesses per repeat (default 200000; --quick: 20000)",
     )
     p.add_argument("--repeats", type=int, default=5, help="latency repeats (median reported)")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-ram", action="store_true", help="only the latency part")
     p.add_argument("--skip-latency", action="store_true", help="only the memory part")
     p.add_argument(
@@ -944,7 +562,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == [DRIVER_FLAG]:
         return driver_entry(argv[1])
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _raise_system_exit)  # clean up (drivers, temp dir) on kill
+    signal.signal(signal.SIGTERM, raise_system_exit)  # clean up (drivers, temp dir) on kill
     info = machine_info()
     methods = ["fork", "spawn"] + (["forkserver"] if args.all_methods else [])
     tmpdir = tempfile.mkdtemp(prefix="ferrofeed-ram-study-", dir=args.shm_dir)
@@ -953,18 +571,15 @@ def main(argv: list[str] | None = None) -> int:
     latency: Json | None = None
     try:
         if not args.skip_ram:
+            # What every configuration takes from the command line as it is given.
+            given = ("n", "seed", "workers", "passes", "interval", "timeout")
             configs = [
                 RunConfig(
                     container=c,
                     method=m,
-                    n=args.n,
-                    seed=args.seed,
-                    workers=args.workers,
-                    passes=args.passes,
-                    interval=args.interval,
-                    timeout=args.timeout,
                     arena_dir=tmpdir,
                     result_path=os.path.join(tmpdir, f"result-{m}-{c}.json"),
+                    **{k: getattr(args, k) for k in given},
                 )
                 for m in methods
                 for c in CONTAINERS
@@ -994,7 +609,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
 
-    info["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    info["loadavg_end"] = loadavg()
     targets = compute_targets(results)
     print()
     print(report(args, info, results, targets, latency))

@@ -5,6 +5,10 @@
 * ``coco`` / ``coco_annotation``: deterministic COCO-like annotation dicts (~300-600 bytes
   pickled each).
 * ``run_python``: runs a snippet in a fresh ``sys.executable`` subprocess with a timeout.
+* ``import_bench``: a module of benches/ (a script, or a module the scripts share).
+* ``Indexed``: a dataset whose sample ``i`` is ``i``, for datasets with a special sample;
+  ``Stalls``, one whose sample ``at`` takes long.
+* ``assert_slots_reused``: a worker loader's shared slots were reused, not one per batch.
 * an autouse guard that fails a test which leaves a ``/dev/shm/ferrofeed-<our pid>-*`` file
   behind (an owner that was never closed and was not garbage collected either).
 """
@@ -12,6 +16,7 @@
 from __future__ import annotations
 
 import gc
+import importlib
 import json
 import multiprocessing
 import os
@@ -21,9 +26,11 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -31,12 +38,63 @@ import pytest
 TESTS_DIR = Path(__file__).resolve().parent
 REPO_ROOT = TESTS_DIR.parent
 SHM = Path("/dev/shm")
+BENCHES = REPO_ROOT / "benches"
 
 # Worker functions defined in the test modules are pickled by reference for spawn and
 # forkserver children; those children inherit sys.path, so make the test modules importable
 # by name whatever import mode pytest runs in.
 if str(TESTS_DIR) not in sys.path:
     sys.path.insert(0, str(TESTS_DIR))
+
+
+def import_bench(name: str) -> ModuleType:
+    """A module of benches/ (the scripts import each other as siblings, from their folder)."""
+    sys.path.insert(0, str(BENCHES))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(BENCHES))
+
+
+class Indexed:
+    """A map-style dataset of ``n`` samples whose sample ``i`` is ``i``. Subclasses say
+    what is special about some samples (one that fails, stalls, is slow).
+    """
+
+    n = 32
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+class Stalls(Indexed):
+    """Sample ``at`` takes ``seconds``, or less when ``release`` (a `threading.Event`, for
+    threads: not for worker processes) is set before."""
+
+    def __init__(
+        self, n: int, at: int, seconds: float, release: threading.Event | None = None
+    ) -> None:
+        self.n, self.at, self.seconds, self.release = n, at, seconds, release
+
+    def __getitem__(self, i: int) -> int:
+        if i == self.at:
+            if self.release is None:
+                time.sleep(self.seconds)
+            else:
+                self.release.wait(self.seconds)
+        return i
+
+
+def assert_slots_reused(loader: Any, batches: int, *, workers: int = 2, prefetch: int = 2) -> None:
+    """After an epoch of a loader's worker batches: its shared slots are those in flight
+    (``prefetch`` a worker) plus the one the consumer holds, each reused, not one slot a
+    batch; ``batches`` leases were taken."""
+    slots = loader.stats()["workers"]["slots"]
+    assert slots["slots"] <= workers * prefetch + 2, slots
+    assert slots["leases"] == batches
 
 
 def pytest_configure(config: pytest.Config) -> None:

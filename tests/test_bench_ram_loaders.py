@@ -16,25 +16,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import BENCHES, import_bench
 
 # The slow tier (a benchmark's smoke run): `make test-slow`, not `make test`.
 pytestmark = pytest.mark.slow
 
-BENCHES = Path(__file__).resolve().parents[1] / "benches"
-
-
-def _ram_loaders() -> object:
-    if str(BENCHES) not in sys.path:
-        sys.path.insert(0, str(BENCHES))
-    import ram_loaders
-
-    return ram_loaders
-
 
 def test_coco_collate_reads_every_field() -> None:
-    rl: object = _ram_loaders()
-    items = list(rl.coco_annotations(50, seed=3))  # type: ignore[attr-defined]
-    batch = rl.coco_collate(items)  # type: ignore[attr-defined]
+    items = list(import_bench("_ram_common").coco_annotations(50, seed=3))
+    batch = import_bench("_ram_rank").coco_collate(items)
     assert batch["id"].tolist() == [a["id"] for a in items]
     assert batch["category_id"].tolist() == [a["category_id"] for a in items]
     assert batch["bbox"].shape == (50, 4)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
+from conftest import BENCHES, import_bench
 
 # The slow tier (a benchmark's smoke run): `make test-slow`, not `make test`.
 pytestmark = pytest.mark.slow
@@ -24,18 +25,7 @@ pytestmark = pytest.mark.slow
 pytest.importorskip("PIL")
 pytest.importorskip("skimage")
 
-BENCHES = Path(__file__).resolve().parent.parent / "benches"
 N = 64  # images: two batches of 32
-
-
-def import_bench(name: str) -> Any:
-    """A module of benches/ (they import each other as siblings)."""
-    sys.path.insert(0, str(BENCHES))
-    try:
-        module = __import__(name)
-    finally:
-        sys.path.remove(str(BENCHES))
-    return module
 
 
 def run_scaling(out: Path, *args: str) -> tuple[dict[str, Any], str]:
@@ -171,11 +161,11 @@ def test_compare_runs_the_peers_or_says_why(tmp_path: Path) -> None:
 
 
 def sample(comm: str, cpu: float, wait: float | None = 0.0) -> Any:
-    return import_bench("scaling").ThreadSample(comm, cpu, wait)
+    return import_bench("_scaling_threads").ThreadSample(comm, cpu, wait)
 
 
 def test_thread_figures_split_the_pool_from_the_rest() -> None:
-    scaling = import_bench("scaling")
+    threads = import_bench("_scaling_threads")
     before = {
         1: sample("python", 1.0),
         10: sample("ferrofeed-cpu-0", 0.5, 0.1),
@@ -191,7 +181,7 @@ def test_thread_figures_split_the_pool_from_the_rest() -> None:
     }
     # 2.0 s of process CPU: 1.7 in the pool, 0.1 main, 0.05 runtime, 0.15 in threads that
     # ended in between.
-    f = scaling.thread_figures(before, after, main_tid=1, process_cpu_s=2.0, wall_s=1.0, threads=2)
+    f = threads.thread_figures(before, after, main_tid=1, process_cpu_s=2.0, wall_s=1.0, threads=2)
     assert f["pool_threads"] == 3
     assert f["pool_cpu_s"] == pytest.approx(1.7)
     assert f["pool_busy"] == pytest.approx(1.7 / 2)  # over the 2 threads at work
@@ -202,7 +192,7 @@ def test_thread_figures_split_the_pool_from_the_rest() -> None:
         {"main": 0.1, "ferrofeed-cpu": 1.7, "ferrofeed-rt": 0.05, "ended in between": 0.15}
     )
     # One thread: the batch decodes on the op's thread, not in the pool.
-    f = scaling.thread_figures(
+    f = threads.thread_figures(
         {1: sample("python", 0.0), 12: sample("ferrofeed-rt", 0.0)},
         {1: sample("python", 0.1), 12: sample("ferrofeed-rt", 0.9, None)},
         main_tid=1,

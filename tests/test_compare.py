@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
+from conftest import BENCHES, import_bench
 
 # The slow tier (a benchmark's smoke run): `make test-slow`, not `make test`.
 pytestmark = pytest.mark.slow
@@ -26,23 +27,13 @@ pytest.importorskip("skimage")
 pytest.importorskip("matplotlib")
 pytest.importorskip("tqdm")
 
-BENCHES = Path(__file__).resolve().parent.parent / "benches"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-def import_compare() -> Any:
-    sys.path.insert(0, str(BENCHES))
-    try:
-        import compare
-    finally:
-        sys.path.remove(str(BENCHES))
-    return compare
 
 
 def runs_here(key: str) -> bool:
     """Whether compare.py finds loader ``key`` usable here (installed, and SPDL's FFmpeg)."""
-    compare = import_compare()
-    return bool(compare.available(compare.BY_KEY[key], None)[0])
+    loaders = import_bench("_compare_loaders")
+    return bool(loaders.available(loaders.BY_KEY[key], None)[0])
 
 
 class Smoke(NamedTuple):
@@ -161,13 +152,8 @@ def test_torchvision_loader_gives_the_pillow_rows_batches(smoke: Smoke) -> None:
 
 
 def test_every_figure_names_its_cpu(smoke: Smoke) -> None:
-    sys.path.insert(0, str(BENCHES))
-    try:
-        from bench_machine import cpu_model
-    finally:
-        sys.path.remove(str(BENCHES))
     results, out = smoke.results, smoke.out
-    cpu = cpu_model()
+    cpu = import_bench("bench_machine").cpu_model()
     assert results["cpu"] == cpu
     assert cpu in results["machine"]
     assert cpu in results["title"]
@@ -204,7 +190,7 @@ def test_ram_job_and_outputs(smoke: Smoke) -> None:
 def test_peer_pairs_are_compared_round_by_round() -> None:
     """torchvision's loader against the Pillow one with as many workers: per round, in the
     JSON and in the tables (figures made up: only the arithmetic is checked)."""
-    compare = import_compare()
+    report = import_bench("_compare_report")
 
     def run(ips: float, cpu: float) -> dict[str, Any]:
         return {"images_per_s": ips, "cpu_s_per_1000": cpu}
@@ -216,14 +202,14 @@ def test_peer_pairs_are_compared_round_by_round() -> None:
             "torchvision-w4": [run(900, 1.0)],  # its peer did not run: no pair
         }
     }
-    pairs = compare.peer_ratios(runs)
+    pairs = report.peer_ratios(runs)
     assert set(pairs) == {"train"}
     assert set(pairs["train"]) == {"torchvision-w2 vs pytorch-w2"}
     r = pairs["train"]["torchvision-w2 vs pytorch-w2"]
     assert r["throughput"]["min"] == pytest.approx(1.1)
     assert r["throughput"]["max"] == pytest.approx(1.2)
     assert r["cpu_per_image_less"]["max"] == pytest.approx(1.5)
-    md = compare.markdown(
+    md = report.markdown(
         {
             "cpu": "Some CPU",
             "machine": "Some CPU, x86_64, 2 CPUs, 8 GiB",
@@ -242,15 +228,15 @@ def test_peer_pairs_are_compared_round_by_round() -> None:
 def test_torchvision_loader_not_installed_is_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without torchvision its loaders are not run and say why (the smoke run checks that
     the reason is printed and listed, with dataloader-rs)."""
-    compare = import_compare()
-    real = compare.importlib.util.find_spec
+    loaders = import_bench("_compare_loaders")
+    real = loaders.importlib.util.find_spec
 
     def find_spec(name: str, *args: Any) -> Any:
         return None if name == "torchvision" else real(name, *args)
 
-    monkeypatch.setattr(compare.importlib.util, "find_spec", find_spec)
+    monkeypatch.setattr(loaders.importlib.util, "find_spec", find_spec)
     for key in ("torchvision-w2", "torchvision-w4"):
-        assert compare.available(compare.BY_KEY[key], None) == (
+        assert loaders.available(loaders.BY_KEY[key], None) == (
             False,
             "torchvision is not installed",
         )
@@ -267,15 +253,15 @@ def test_torchvision_loader_not_installed_is_skipped(monkeypatch: pytest.MonkeyP
     ],
 )
 def test_torchvision_requirement_follows_torch(torch_version: str, requirement: str) -> None:
-    compare = import_compare()
-    assert compare.torchvision_requirement(torch_version) == requirement
+    loaders = import_bench("_compare_loaders")
+    assert loaders.torchvision_requirement(torch_version) == requirement
 
 
 @pytest.mark.parametrize("torch_version", ["1.13.1", "2.2.0", "3.0.0", "nightly"])
 def test_torchvision_requirement_refuses_unknown_torch(torch_version: str) -> None:
-    compare = import_compare()
+    loaders = import_bench("_compare_loaders")
     with pytest.raises(ValueError, match="no known torchvision"):
-        compare.torchvision_requirement(torch_version)
+        loaders.torchvision_requirement(torch_version)
 
 
 # torchvision 0.29 deprecates its image decoders (for TorchCodec's); they still work.
@@ -290,14 +276,9 @@ def test_torchvision_job_is_the_pillow_job(tmp_path: Path) -> None:
     import numpy as np
     import torch
 
-    compare = import_compare()
-    sys.path.insert(0, str(BENCHES))
-    try:
-        from _common import PillowExact, make_jpegs
-    finally:
-        sys.path.remove(str(BENCHES))
-    files, _ = make_jpegs(str(tmp_path), 12, seed=3, varied=True)
-    exact, pillow = compare.TorchvisionJob(files, "exact"), PillowExact(files)
+    loaders, common = import_bench("_compare_loaders"), import_bench("_common")
+    files, _ = common.make_jpegs(str(tmp_path), 12, seed=3, varied=True)
+    exact, pillow = loaders.TorchvisionJob(files, "exact"), common.PillowExact(files)
     for i in range(len(files)):
         image, label = exact[i]
         want, want_label = pillow[i]
@@ -306,7 +287,7 @@ def test_torchvision_job_is_the_pillow_job(tmp_path: Path) -> None:
         assert image.dtype == torch.uint8
         diff = np.abs(image.numpy().astype(np.int16) - want.astype(np.int16))
         assert diff.mean() < 0.5, (files[i], diff.mean())
-    train = compare.TorchvisionJob(files, "train")
+    train = loaders.TorchvisionJob(files, "train")
     torch.manual_seed(0)
     draws = [train[0][0] for _ in range(4)]
     assert all(tuple(d.shape) == (224, 224, 3) and d.dtype == torch.uint8 for d in draws)
@@ -314,11 +295,7 @@ def test_torchvision_job_is_the_pillow_job(tmp_path: Path) -> None:
 
 
 def test_varied_jpegs_are_seeded_and_mixed(tmp_path: Path) -> None:
-    sys.path.insert(0, str(BENCHES))
-    try:
-        from _common import make_jpegs
-    finally:
-        sys.path.remove(str(BENCHES))
+    make_jpegs = import_bench("_common").make_jpegs
     from PIL import Image
 
     (tmp_path / "a").mkdir()
@@ -392,7 +369,7 @@ def test_the_shards_job_runs_each_source_on_the_same_images(shards_smoke: Smoke)
 
 
 def test_best_peer_is_taken_round_by_round() -> None:
-    compare = import_compare()
+    report = import_bench("_compare_report")
 
     def run(ips: float) -> dict[str, Any]:
         return {"images_per_s": ips}
@@ -404,7 +381,7 @@ def test_best_peer_is_taken_round_by_round() -> None:
             "hf-w4": [run(400), run(250)],
         }
     }
-    best = compare.best_peer_ratios(runs)["shards"]["ferrofeed-tar"]
+    best = report.best_peer_ratios(runs)["shards"]["ferrofeed-tar"]
     # Round 1: against hf-w4 (400); round 2: against webdataset-w2 (450).
     assert best["min"] == pytest.approx(1000 / 450)
     assert best["max"] == pytest.approx(900 / 400)

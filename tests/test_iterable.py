@@ -17,7 +17,7 @@ import ferrofeed
 import numpy as np
 import pytest
 import torch
-from conftest import ctrl_c_with_workers, wait_gone
+from conftest import assert_slots_reused, ctrl_c_with_workers, wait_gone
 from ferrofeed import (
     DataLoader,
     TooManyFailuresError,
@@ -325,10 +325,7 @@ def test_worker_batches_come_in_shared_slots_a_few_in_flight() -> None:
             del b
             # Each worker has at most prefetch_factor (2) requests in flight.
             assert sum(w["in_flight"] for w in _workers(loader)) <= 2 * 2
-        slots = loader.stats()["workers"]["slots"]
-        # In flight plus the batch the consumer holds, not one slot per batch.
-        assert slots["slots"] <= 2 * 2 + 2, slots
-        assert slots["leases"] == 50
+        assert_slots_reused(loader, 50)
     finally:
         loader.shutdown_workers()
 

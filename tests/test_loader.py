@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import Stalls
 from ferrofeed import DataLoader, PipelineError, TooManyFailuresError, default_collate
 from thread_counts import settle_threads, thread_counts
 
@@ -775,16 +776,9 @@ def test_on_error_raise_gives_the_original_exception() -> None:
 def test_thread_timeout_turns_a_stuck_sample_into_timeout_error() -> None:
     release = threading.Event()
 
-    class Stuck:
-        def __len__(self) -> int:
-            return 8
-
-        def __getitem__(self, i: int) -> int:
-            if i == 5:
-                release.wait(30)
-            return i
-
-    loader = DataLoader(Stuck(), batch_size=2, num_threads=2, timeout=0.5)
+    loader = DataLoader(
+        Stalls(8, at=5, seconds=30, release=release), batch_size=2, num_threads=2, timeout=0.5
+    )
     got = []
     t0 = time.monotonic()
     try:

@@ -16,17 +16,16 @@ from ferrofeed import DataLoader
 GOLDEN = json.loads((Path(__file__).parent / "fixtures" / "plan_golden.json").read_text())
 
 
+# The golden configurations' keys that are DataLoader keywords of the same name.
+KEYWORDS = ("shuffle", "seed", "drop_last", "rank", "world_size", "batches_per_epoch")
+
+
 def _make(config: dict[str, Any]) -> DataLoader:
     loader = DataLoader(
         list(range(config["n"])),
         config["batch_size"],
-        shuffle=config["shuffle"],
-        seed=config["seed"],
-        drop_last=config["drop_last"],
-        rank=config["rank"],
-        world_size=config["world_size"],
-        batches_per_epoch=config["batches_per_epoch"],
         num_threads=1,
+        **{k: config[k] for k in KEYWORDS},
     )
     loader.set_epoch(config["epoch"])
     return loader

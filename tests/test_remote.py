@@ -162,6 +162,15 @@ def epoch(dl: ff.DataLoader) -> list[list[tuple[int, int]]]:
     return [list(b) for b in dl]
 
 
+def head_and_state(dl: ff.DataLoader, k: int) -> tuple[list[list[tuple[int, int]]], Any]:
+    """The first ``k`` batches of an epoch of ``dl``, and its state after them."""
+    it = iter(dl)
+    head = [list(next(it)) for _ in range(k)]
+    state = dl.state_dict()
+    del it
+    return head, state
+
+
 def flat(batches: Sequence[Sequence[tuple[int, int]]]) -> list[tuple[int, int]]:
     return [s for b in batches for s in b]
 
@@ -341,11 +350,7 @@ def test_resume_mid_epoch_gives_the_same_rest(s3: S3Server, local_root: Path, ki
     cls = KINDS[kind][0]
     kw: dict[str, Any] = {"shuffle": True, "seed": 5, "shuffle_window": 16}
     full = epoch(loader(cls(local(local_root, kind)), **kw))
-    dl = loader(cls(url(kind)), **kw)
-    it = iter(dl)
-    head = [list(next(it)) for _ in range(4)]
-    state = dl.state_dict()
-    del it
+    head, state = head_and_state(loader(cls(url(kind)), **kw), 4)
     resumed = loader(cls(url(kind, "brace")), **kw)
     resumed.load_state_dict(state)
     assert head + epoch(resumed) == full
@@ -353,11 +358,7 @@ def test_resume_mid_epoch_gives_the_same_rest(s3: S3Server, local_root: Path, ki
     for rank in range(3):
         wkw = dict(kw, world_size=3, rank=rank)
         whole = epoch(loader(cls(local(local_root, kind)), **wkw))
-        first = loader(cls(url(kind)), **wkw)
-        it = iter(first)
-        head = [list(next(it)) for _ in range(2)]
-        state = first.state_dict()
-        del it
+        head, state = head_and_state(loader(cls(url(kind)), **wkw), 2)
         again = loader(cls(url(kind)), **wkw)
         again.load_state_dict(state)
         assert head + epoch(again) == whole, rank

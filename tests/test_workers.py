@@ -18,7 +18,7 @@ from typing import Any
 import ferrofeed
 import numpy as np
 import pytest
-from conftest import ctrl_c_with_workers, wait_gone
+from conftest import Indexed, Stalls, assert_slots_reused, ctrl_c_with_workers, wait_gone
 from ferrofeed import (
     DataLoader,
     SharedList,
@@ -79,14 +79,11 @@ class Points:
         return Point(np.arange(3, dtype=np.float32) + i, i)
 
 
-class Failing:
-    """Raises KeyError on sample `bad`, after a short wait for the earlier ones."""
+class Failing(Indexed):
+    """Raises KeyError on sample `bad`."""
 
     def __init__(self, bad: int, n: int = 32) -> None:
         self.bad, self.n = bad, n
-
-    def __len__(self) -> int:
-        return self.n
 
     def __getitem__(self, i: int) -> int:
         if i == self.bad:
@@ -94,14 +91,11 @@ class Failing:
         return i
 
 
-class Dies:
+class Dies(Indexed):
     """Kills its own worker with `sig` at sample `bad`."""
 
     def __init__(self, bad: int, sig: int) -> None:
         self.bad, self.sig = bad, sig
-
-    def __len__(self) -> int:
-        return 32
 
     def __getitem__(self, i: int) -> int:
         if i == self.bad:
@@ -113,22 +107,11 @@ class Dies:
         return i
 
 
-class Stalls:
-    def __len__(self) -> int:
-        return 16
+class Slow(Indexed):
+    """Every sample takes `delay` seconds."""
 
-    def __getitem__(self, i: int) -> int:
-        if i == 9:
-            time.sleep(60)
-        return i
-
-
-class Slow:
     def __init__(self, delay: float, n: int = 1000) -> None:
         self.delay, self.n = delay, n
-
-    def __len__(self) -> int:
-        return self.n
 
     def __getitem__(self, i: int) -> int:
         time.sleep(self.delay)
@@ -482,10 +465,7 @@ def test_batches_live_in_shared_slots_and_slots_are_reused() -> None:
         for b in loader:
             assert isinstance(_lease_of(b["x"]), ferrofeed._core._SlotLease)
             del b
-        slots = loader.stats()["workers"]["slots"]
-        # In flight (2 per worker) plus the one the consumer holds, not one per batch.
-        assert slots["slots"] <= 2 * 2 + 2, slots
-        assert slots["leases"] == 25
+        assert_slots_reused(loader, 25)
     finally:
         loader.shutdown_workers()
 
@@ -725,7 +705,7 @@ def _pids_of_loader_children() -> list[int]:
 
 def test_timeout_turns_a_stalled_batch_into_an_error() -> None:
     # 3 s: every batch but the stalled one takes ~0, even on a loaded machine.
-    loader = DataLoader(Stalls(), 4, num_workers=2, timeout=3.0)
+    loader = DataLoader(Stalls(16, at=9, seconds=60), 4, num_workers=2, timeout=3.0)
     start = time.monotonic()
     with pytest.raises(WorkerTimeoutError, match=r"timeout=3\.0") as info:
         list(loader)

@@ -409,18 +409,8 @@ mod tests {
     fn integral_crop_is_a_copy_and_padding_is_zero() {
         let src: Vec<u8> = (0..16).collect(); // 4 x 4 gray
         let mut out = [9u8; 6]; // 3 wide, 2 high
-        let rect = RectF {
-            left: 1.0,
-            top: 2.0,
-            width: 2.0,
-            height: 2.0,
-        };
-        let dst = RectU {
-            x: 1,
-            y: 0,
-            width: 2,
-            height: 2,
-        };
+        let rect = RectF::new(1.0, 2.0, 2.0, 2.0);
+        let dst = RectU::new(1, 0, 2, 2);
         resample(&src, 4, 4, 1, rect, &mut out, 3, 2, dst).unwrap();
         assert_eq!(out, [0, 9, 10, 0, 13, 14]);
     }
@@ -429,18 +419,8 @@ mod tests {
     fn resize_of_a_flat_image_is_flat() {
         let src = vec![77u8; 40 * 30 * 3];
         let mut out = vec![0u8; 7 * 5 * 3];
-        let rect = RectF {
-            left: 0.0,
-            top: 0.0,
-            width: 40.0,
-            height: 30.0,
-        };
-        let dst = RectU {
-            x: 0,
-            y: 0,
-            width: 7,
-            height: 5,
-        };
+        let rect = RectF::new(0.0, 0.0, 40.0, 30.0);
+        let dst = RectU::new(0, 0, 7, 5);
         resample(&src, 40, 30, 3, rect, &mut out, 7, 5, dst).unwrap();
         assert!(out.iter().all(|&v| v == 77));
     }
@@ -500,18 +480,8 @@ mod tests {
             ((0.0, 0.0, 61.0, 47.0), (7, 30)),
         ];
         for ((left, top, width, height), (ow, oh)) in cases {
-            let rect = RectF {
-                left,
-                top,
-                width,
-                height,
-            };
-            let dst = RectU {
-                x: 0,
-                y: 0,
-                width: ow,
-                height: oh,
-            };
+            let rect = RectF::new(left, top, width, height);
+            let dst = RectU::new(0, 0, ow, oh);
             for mirror in [false, true] {
                 let mut want = vec![0u8; ow * oh * 3];
                 resample(&rgb, sw, sh, 3, rect, &mut want, ow, oh, dst).unwrap();

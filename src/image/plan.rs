@@ -30,6 +30,32 @@ pub(crate) struct RectU {
     pub height: usize,
 }
 
+#[cfg(test)]
+impl RectF {
+    /// The rectangle at `(left, top)`, `width` by `height` (for tests).
+    pub(crate) const fn new(left: f64, top: f64, width: f64, height: f64) -> Self {
+        Self {
+            left,
+            top,
+            width,
+            height,
+        }
+    }
+}
+
+#[cfg(test)]
+impl RectU {
+    /// The rectangle at `(x, y)`, `width` by `height` (for tests).
+    pub(crate) const fn new(x: usize, y: usize, width: usize, height: usize) -> Self {
+        Self {
+            x,
+            y,
+            width,
+            height,
+        }
+    }
+}
+
 /// What to compute for one image, in the coordinates of the *oriented*
 /// source (EXIF orientation already applied).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -390,15 +416,7 @@ mod tests {
         };
         let p = plan(500, 375, &t).unwrap();
         assert_eq!((p.out_w, p.out_h), (224, 224));
-        assert_eq!(
-            p.dst,
-            RectU {
-                x: 0,
-                y: 0,
-                width: 224,
-                height: 224
-            }
-        );
+        assert_eq!(p.dst, RectU::new(0, 0, 224, 224));
         // 341 wide: left = round((341 - 224) / 2) = round(58.5) = 58.
         let s = 500.0 / 341.0;
         assert!((p.src.left - 58.0 * s).abs() < 1e-9);
@@ -416,15 +434,7 @@ mod tests {
         };
         let p = plan(6, 5, &t).unwrap();
         assert_eq!((p.out_w, p.out_h), (4, 10));
-        assert_eq!(
-            p.dst,
-            RectU {
-                x: 0,
-                y: 2,
-                width: 4,
-                height: 5
-            }
-        );
+        assert_eq!(p.dst, RectU::new(0, 2, 4, 5));
         assert!((p.src.left - 1.0).abs() < 1e-9);
     }
 

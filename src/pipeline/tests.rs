@@ -50,6 +50,12 @@ fn drain(p: &mut P) -> Result<Vec<u64>, Failure<String>> {
     }
 }
 
+/// The numbers `0..n` through `stages`, into a sink of `sink` items, with
+/// no reporter: a started pipeline.
+fn pipeline(n: u64, stages: Vec<Stage<u64, String>>, sink: usize) -> P {
+    P::new(source(n), stages, config(sink), None).unwrap()
+}
+
 /// A deterministic pseudo-random delay per item.
 fn jitter(x: u64) -> Duration {
     Duration::from_micros((x.wrapping_mul(2_654_435_761) % 3000) + 10)
@@ -79,7 +85,7 @@ fn ordered_output_under_random_delays_for_every_kind_of_work() {
         map("blocking", Work::Blocking(sleepy), 8, true),
         map("async", Work::Async(async_sleepy), 8, true),
     ];
-    let mut p = P::new(source(300), stages, config(3), None).unwrap();
+    let mut p = pipeline(300, stages, 3);
     let out = drain(&mut p).unwrap();
     let expected: Vec<u64> = (0..300).map(|x| (x + 2) * 10).collect();
     assert_eq!(out, expected);
@@ -102,13 +108,7 @@ fn unordered_yields_fast_items_first() {
         });
         Ok(Some(x))
     });
-    let mut p = P::new(
-        source(20),
-        vec![map("f", Work::Dedicated(f, None), 4, false)],
-        config(32),
-        None,
-    )
-    .unwrap();
+    let mut p = pipeline(20, vec![map("f", Work::Dedicated(f, None), 4, false)], 32);
     let out = drain(&mut p).unwrap();
     assert_eq!(out.len(), 20);
     assert_ne!(out[0], 0);
@@ -118,13 +118,7 @@ fn unordered_yields_fast_items_first() {
 #[test]
 fn none_drops_items_and_inline_fast_path() {
     let evens: ItemFn<u64, String> = Arc::new(|x| Ok((x % 2 == 0).then_some(x)));
-    let mut p = P::new(
-        source(10),
-        vec![map("evens", Work::Inline(evens), 1, true)],
-        config(2),
-        None,
-    )
-    .unwrap();
+    let mut p = pipeline(10, vec![map("evens", Work::Inline(evens), 1, true)], 2);
     assert_eq!(drain(&mut p).unwrap(), vec![0, 2, 4, 6, 8]);
     assert_eq!(p.stats()[1].dropped, 5);
 }
@@ -138,13 +132,11 @@ fn raise_stops_with_the_stage_and_error() {
             Ok(Some(x))
         }
     });
-    let mut p = P::new(
-        source(1_000_000),
+    let mut p = pipeline(
+        1_000_000,
         vec![map("check", Work::Dedicated(f, None), 2, true)],
-        config(2),
-        None,
-    )
-    .unwrap();
+        2,
+    );
     let err = drain(&mut p).unwrap_err();
     assert_eq!(err.stage, "check");
     assert!(
@@ -189,7 +181,7 @@ fn skip_counts_exactly_and_max_failures_trips() {
             max_failures: Some(3),
         },
     );
-    let mut p = P::new(source(10_000), vec![stage], config(4), None).unwrap();
+    let mut p = pipeline(10_000, vec![stage], 4);
     let err = drain(&mut p).unwrap_err();
     assert!(
         matches!(
@@ -232,7 +224,7 @@ fn an_unskippable_error_fails_the_pipeline_under_skip_on_every_kind_of_work() {
                 map("m", work.clone(), concurrency, true),
                 ErrorPolicy::Skip { max_failures: None },
             );
-            let mut p = P::new(source(20), vec![stage], config(4), None).unwrap();
+            let mut p = pipeline(20, vec![stage], 4);
             p.set_unskippable(Arc::new(|e: &String| e == "bug"));
             let mut got = Vec::new();
             let failure = loop {
@@ -275,13 +267,7 @@ fn source_errors_and_panics_are_failures() {
         (Work::Dedicated(f.clone(), None), 2, "panicked"),
         (Work::Dedicated(f, None), 1, "panicked"),
     ] {
-        let mut p = P::new(
-            source(10),
-            vec![map("p", work, conc, true)],
-            config(2),
-            None,
-        )
-        .unwrap();
+        let mut p = pipeline(10, vec![map("p", work, conc, true)], 2);
         let err = drain(&mut p).unwrap_err();
         assert_eq!(err.stage, "p");
         assert!(
@@ -305,7 +291,7 @@ fn aggregate_groups_with_and_without_drop_last() {
             drop_last,
             combine: combine.clone(),
         });
-        let mut p = P::new(source(10), vec![stage], config(2), None).unwrap();
+        let mut p = pipeline(10, vec![stage], 2);
         assert_eq!(drain(&mut p).unwrap(), expected);
     }
 }
@@ -351,13 +337,7 @@ fn running_slow_stage(ms: u64, concurrency: usize) -> P {
 /// A pipeline over an endless source through one stage `work` of
 /// `concurrency`, with its first item taken.
 fn running_stage(work: Work<u64, String>, concurrency: usize) -> P {
-    let mut p = P::new(
-        source(u64::MAX),
-        vec![map("slow", work, concurrency, true)],
-        config(2),
-        None,
-    )
-    .unwrap();
+    let mut p = pipeline(u64::MAX, vec![map("slow", work, concurrency, true)], 2);
     assert!(matches!(
         p.next_timeout(Duration::from_secs(5)),
         Next::Item(0)
@@ -423,16 +403,14 @@ fn stop_leaves_calls_stuck_in_user_code_and_joins_every_other_thread() {
     };
     let alive = Arc::downgrade(&stuck);
     let fast: ItemFn<u64, String> = Arc::new(|x| Ok(Some(x)));
-    let mut p = P::new(
-        source(u64::MAX),
+    let mut p = pipeline(
+        u64::MAX,
         vec![
             map("fast", Work::Dedicated(fast, None), 2, true),
             map("stuck", Work::Dedicated(stuck, None), 1, true),
         ],
-        config(2),
-        None,
-    )
-    .unwrap();
+        2,
+    );
     p.start().unwrap();
     let t = Instant::now();
     while entered.load(Ordering::SeqCst) == 0 {
@@ -500,13 +478,11 @@ fn the_reporter_runs_periodically() {
         std::thread::sleep(Duration::from_millis(5));
         Ok(Some(x))
     });
-    let mut p = P::new(
-        source(60),
+    let mut p = pipeline(
+        60,
         vec![map("slow", Work::Dedicated(slow, None), 1, true)],
-        config(2),
-        None,
-    )
-    .unwrap();
+        2,
+    );
     p.set_reporter(StatsReporter {
         interval: Duration::from_millis(50),
         report: Arc::new(move |snaps| {
@@ -537,7 +513,7 @@ fn fused_inline_stages_keep_their_own_stats_and_policies() {
             ErrorPolicy::Skip { max_failures: None },
         ),
     ];
-    let mut p = P::new(source(100), stages, config(4), None).unwrap();
+    let mut p = pipeline(100, stages, 4);
     let out = drain(&mut p).unwrap();
     let expected: Vec<u64> = (1..=100).filter(|x| x % 2 == 0 && x % 10 != 0).collect();
     assert_eq!(out, expected);
@@ -561,7 +537,7 @@ fn a_single_thread_stage_shares_sessions_across_batches() {
     let id: ItemFn<u64, String> = Arc::new(|x| Ok(Some(x)));
     // A slow consumer lets items pile up in front of the stage.
     let stage = map("py", Work::Dedicated(id, Some(session)), 1, true);
-    let mut p = P::new(source(2000), vec![stage], config(64), None).unwrap();
+    let mut p = pipeline(2000, vec![stage], 64);
     p.start().unwrap();
     std::thread::sleep(Duration::from_millis(50));
     let out = drain(&mut p).unwrap();
@@ -652,7 +628,7 @@ fn thread_stage_calls_that_release_the_gil_overlap() {
         Ok(Some(x))
     });
     let work = Work::Dedicated(nap, Some(gil.session(&sessions)));
-    let mut p = P::new(source(16), vec![map("nap", work, 4, true)], config(4), None).unwrap();
+    let mut p = pipeline(16, vec![map("nap", work, 4, true)], 4);
     let t = Instant::now();
     assert_eq!(drain(&mut p).unwrap(), (0..16).collect::<Vec<_>>());
     let elapsed = t.elapsed();
@@ -679,7 +655,7 @@ fn thread_stage_keeps_order_with_the_gil_and_random_delays() {
         });
         let work = Work::Dedicated(f, Some(gil.session(&sessions)));
         let stages = vec![map("f", work, 4, ordered)];
-        let mut p = P::new(source(600), stages, config(3), None).unwrap();
+        let mut p = pipeline(600, stages, 3);
         let mut out = drain(&mut p).unwrap();
         let expected: Vec<u64> = (0..600).map(|x| x * 2).collect();
         if ordered {
@@ -707,7 +683,7 @@ fn thread_stage_runs_cheap_calls_in_shared_sessions() {
         });
         let work = Work::Dedicated(id, Some(gil.session(&sessions)));
         let stages = vec![map("py", work, concurrency, true)];
-        let mut p = P::new(source(20_000), stages, config(64), None).unwrap();
+        let mut p = pipeline(20_000, stages, 64);
         assert_eq!(drain(&mut p).unwrap(), (0..20_000).collect::<Vec<_>>());
         let n = sessions.load(Ordering::Relaxed);
         assert!(
@@ -790,7 +766,7 @@ fn thread_stage_errors_follow_the_policy_in_order() {
             max_failures: Some(3),
         },
     );
-    let mut p = P::new(source(10_000), vec![limited], config(4), None).unwrap();
+    let mut p = pipeline(10_000, vec![limited], 4);
     let err = drain(&mut p).unwrap_err();
     assert!(
         matches!(
@@ -801,13 +777,11 @@ fn thread_stage_errors_follow_the_policy_in_order() {
     );
 
     // Raise: the first failure in input order, with the stage's name.
-    let mut p = P::new(
-        source(10_000),
+    let mut p = pipeline(
+        10_000,
         vec![map("flaky", Work::Dedicated(f, None), 4, true)],
-        config(4),
-        None,
-    )
-    .unwrap();
+        4,
+    );
     let err = drain(&mut p).unwrap_err();
     assert_eq!(err.stage, "flaky");
     assert!(
@@ -830,7 +804,7 @@ fn nothing_after_a_fatal_item_comes_out_of_a_thread_stage() {
     });
     for _ in 0..50 {
         let stage = map("f", Work::Dedicated(f.clone(), None), 2, true);
-        let mut p = P::new(source(100), vec![stage], config(1), None).unwrap();
+        let mut p = pipeline(100, vec![stage], 1);
         let mut out = Vec::new();
         let failure = loop {
             match p.next_timeout(Duration::from_secs(10)) {
@@ -863,7 +837,7 @@ fn a_one_thread_stage_calls_nothing_after_a_fatal_item() {
             }
         });
         let stage = map("f", Work::Dedicated(f, None), 1, true);
-        let mut p = P::new(source(1000), vec![stage], config(64), None).unwrap();
+        let mut p = pipeline(1000, vec![stage], 64);
         let err = drain(&mut p).unwrap_err();
         assert!(matches!(err.kind, FailureKind::Item(_)), "{err:?}");
         assert_eq!(calls.load(Ordering::SeqCst), 6);
@@ -928,7 +902,7 @@ fn thread_stage_runs_concurrency_calls_that_wait_for_each_other() {
             let work = Work::Dedicated(meet, Some(gil.session(&sessions)));
             let n = 4 * concurrency as u64;
             let stages = vec![map("meet", work, concurrency, true)];
-            let mut p = P::new(source(n), stages, config(3), None).unwrap();
+            let mut p = pipeline(n, stages, 3);
             assert_eq!(drain(&mut p).unwrap(), (0..n).collect::<Vec<_>>());
         }
     }
@@ -993,7 +967,7 @@ fn a_failure_comes_after_every_item_before_it() {
                 ),
                 map("then", Work::Dedicated(id.clone(), None), 2, true),
             ];
-            let mut p = P::new(source(100), stages, config(1), None).unwrap();
+            let mut p = pipeline(100, stages, 1);
             let mut got = Vec::new();
             let err = loop {
                 match p.next_timeout(Duration::from_secs(10)) {
@@ -1015,7 +989,7 @@ fn a_failure_comes_after_every_item_before_it() {
 fn stop_leaves_the_sink_readable() {
     let id: ItemFn<u64, String> = Arc::new(|x| Ok(Some(x)));
     let stages = vec![map("s", Work::Dedicated(id, None), 2, true)];
-    let mut p = P::new(source(1000), stages, config(4), None).unwrap();
+    let mut p = pipeline(1000, stages, 4);
     assert!(matches!(
         p.next_timeout(Duration::from_secs(10)),
         Next::Item(0)
@@ -1046,7 +1020,7 @@ fn disaggregate_splits_items_and_fails_after_what_came_before() {
         name: "split".into(),
         split,
     })];
-    let mut p = P::new(source(10), stages, config(2), None).unwrap();
+    let mut p = pipeline(10, stages, 2);
     let mut got = Vec::new();
     let err = loop {
         match p.next_timeout(Duration::from_secs(10)) {
@@ -1107,7 +1081,7 @@ fn a_call_past_the_timeout_fails_and_the_rest_goes_on() {
             timeout: Some(timeout_error()),
         });
         let t = Instant::now();
-        let mut p = P::new(source(10), vec![stage], config(2), None).unwrap();
+        let mut p = pipeline(10, vec![stage], 2);
         let mut out = Vec::new();
         let mut last_at = Duration::ZERO;
         loop {
@@ -1137,7 +1111,7 @@ fn a_call_past_the_timeout_fails_and_the_rest_goes_on() {
         on_error: ErrorPolicy::Raise,
         timeout: Some(timeout_error()),
     });
-    let mut p = P::new(source(10), vec![stage], config(2), None).unwrap();
+    let mut p = pipeline(10, vec![stage], 2);
     let mut got = Vec::new();
     let t = Instant::now();
     let err = loop {
@@ -1187,7 +1161,7 @@ fn a_stuck_call_leaves_the_stage_its_concurrency() {
         timeout: Some(timeout_error()),
     });
     let started = Instant::now();
-    let mut p = P::new(source(20), vec![stage], config(2), None).unwrap();
+    let mut p = pipeline(20, vec![stage], 2);
     let got = drain(&mut p).unwrap();
     let took = started.elapsed();
     let expected: Vec<u64> = (0..20).filter(|x| *x != 3 && *x != 10).collect();
@@ -1222,7 +1196,7 @@ fn the_stall_watch_names_the_stage_that_holds_the_pipeline() {
         map("hangs", Work::Dedicated(hang, None), 2, true),
         map("last", Work::Inline(id), 2, true),
     ];
-    let mut p = P::new(source(5), stages, config(8), None).unwrap();
+    let mut p = pipeline(5, stages, 8);
     let seen = Arc::clone(&stalls);
     p.set_stall_watch(StallWatch {
         after: Duration::from_millis(150),
@@ -1371,13 +1345,7 @@ fn pipelines_run_on_one_runtime_kept_between_them() {
                 Ok(Some(x))
             })
         });
-        let mut p = P::new(
-            source(p_items),
-            vec![map("async", Work::Async(f), 4, true)],
-            config(2),
-            None,
-        )
-        .unwrap();
+        let mut p = pipeline(p_items, vec![map("async", Work::Async(f), 4, true)], 2);
         assert_eq!(drain(&mut p).unwrap().len(), p_items as usize);
         drop(p);
         let ids = ids.lock().unwrap().clone();

@@ -177,10 +177,7 @@ fn the_map_plans_shares_are_exact_when_the_world_divides_the_data() {
 
 #[test]
 fn an_elastic_resume_resumes_to_the_tail_too() {
-    let history = [Segment {
-        world_size: 2,
-        batches_done: 3,
-    }];
+    let history = [Segment::new(2, 3)];
     let ranks = sharded_plans(&[5, 9, 1, 13, 7], 2, 3, 4, true, &history).unwrap();
     for plan in &ranks {
         resumes_to_the_tail(plan, "elastic");

@@ -13,7 +13,7 @@
 
 use std::ffi::{c_int, c_void};
 use std::path::PathBuf;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, RwLock, RwLockReadGuard};
 
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{PyBufferError, PyIndexError, PyTypeError};
@@ -147,13 +147,17 @@ impl PyArena {
         })
     }
 
+    /// The open mapping and view, `None` once closed. A poisoned lock is
+    /// read as it stands: the state is only ever replaced whole.
+    fn state(&self) -> RwLockReadGuard<'_, Option<Open>> {
+        self.state
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// The mapping and the full view, or `ArenaClosedError`.
     fn open_state(&self, py: Python<'_>) -> PyResult<(Arc<Arena>, Py<PyAny>)> {
-        let guard = self
-            .state
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        match guard.as_ref() {
+        match self.state().as_ref() {
             Some(o) => Ok((Arc::clone(&o.arena), o.view.clone_ref(py))),
             None => Err(closed_error(py, &self.path)),
         }
@@ -487,21 +491,13 @@ impl PyArena {
     /// Whether this process created the arena (and removes its file).
     #[getter]
     fn owner(&self) -> bool {
-        let guard = self
-            .state
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        guard.as_ref().is_some_and(|o| o.arena.is_owner())
+        self.state().as_ref().is_some_and(|o| o.arena.is_owner())
     }
 
     /// Whether `close()` was called.
     #[getter]
     fn closed(&self) -> bool {
-        let guard = self
-            .state
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        guard.is_none()
+        self.state().is_none()
     }
 
     /// The header fields and layout, for inspection.
@@ -540,13 +536,7 @@ impl PyArena {
     /// readable, only new `open`s of the path fail. For the SIGTERM handler
     /// of `SharedList`. Idempotent; a no-op once closed.
     fn _unlink(&self, py: Python<'_>) -> PyResult<()> {
-        let arena = {
-            let guard = self
-                .state
-                .read()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            guard.as_ref().map(|o| Arc::clone(&o.arena))
-        };
+        let arena = self.state().as_ref().map(|o| Arc::clone(&o.arena));
         if let Some(arena) = arena {
             py.detach(|| arena.remove_file())?;
         }

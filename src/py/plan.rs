@@ -157,10 +157,7 @@ pub(super) fn next_batch(next: &AtomicU64, plan: &impl Plan) -> Option<u64> {
 pub(super) fn segments(history: Vec<(u64, u64)>) -> Vec<Segment> {
     history
         .into_iter()
-        .map(|(world_size, batches_done)| Segment {
-            world_size,
-            batches_done,
-        })
+        .map(|(world_size, batches_done)| Segment::new(world_size, batches_done))
         .collect()
 }
 
