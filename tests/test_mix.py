@@ -9,6 +9,7 @@ and bad input refused with the problem named.
 
 from __future__ import annotations
 
+import gc
 import io
 import json
 import tarfile
@@ -372,19 +373,21 @@ def test_leaving_an_epoch_early_leaves_no_thread(tmp_path: Path) -> None:
     tar = id_shards(tmp_path, range(50_000, 50_400), 40)
     (tmp_path / "b").mkdir()
     other = id_shards(tmp_path / "b", range(60_000, 60_200), 40)
+
+    def loader() -> ff.DataLoader:
+        mix = ff.Mix([A, tar, other], weights=[1, 1, 1])
+        kw: dict[str, Any] = {"shuffle": True, "shuffle_window": 16, "transform": value}
+        return ff.DataLoader(mix, batch_size=8, **kw)
+
+    ids(loader())  # what the process makes once (the runtime, the pools) is made now
+    gc.collect()
     base = thread_counts()
     for _ in range(3):
-        loader = ff.DataLoader(
-            ff.Mix([A, tar, other], weights=[1, 1, 1]),
-            batch_size=8,
-            shuffle=True,
-            shuffle_window=16,
-            transform=value,
-        )
-        it = iter(loader)
+        it = iter(loader())
         next(it)
         next(it)
-        del it, loader  # break out mid-epoch, every part's reader mid-read
+        del it  # break out mid-epoch, every part's reader mid-read
+    gc.collect()
     assert settle_threads(base) == base
 
 
