@@ -17,6 +17,7 @@ class Config:
     where: str  # local | s3 | http
     latency: bool = False
     cache: bool = False
+    index: bool = False  # ferrofeed over S3: read through the bucket's sample index
     baseline: str = ""  # the configuration its images/s are set against, round by round
 
 
@@ -33,6 +34,15 @@ CONFIGS = [
         "s3",
         True,
         True,
+        baseline="local",
+    ),
+    Config(
+        "s3-latency-index",
+        "ferrofeed, S3 + 20 ms/request, sample index",
+        "ferrofeed",
+        "s3",
+        True,
+        index=True,
         baseline="local",
     ),
     Config("webdataset-local", "webdataset, local disk", "webdataset", "local"),

@@ -35,6 +35,10 @@ samples. Configurations (`CONFIGS`), each in a fresh interpreter that imports to
 - ``s3-latency``: the same through the proxy (``storage_options={"endpoint": proxy.url}``);
 - ``s3-latency-cache``: the same with a fresh ``cache_dir`` per run (counting the shards
   fetches them into it, so every epoch reads them from the cache);
+- ``s3-latency-index``: ``s3-latency`` with the bucket's sample index
+  (``ferrofeed.index_shards`` run over the bucket once; ``TarShards(..., index=True)``): no
+  counting pass, and each window fetches only its samples' byte ranges (the other S3
+  configurations pass ``index=False``);
 - ``webdataset-local``, ``webdataset-http``, ``webdataset-http-latency``: compare.py's
   webdataset peer (``webdataset_loader``: ``WebDataset(urls, shardshuffle=..., seed=0)
   .shuffle(W).decode("pil").to_tuple("jpg", "cls")`` and the Pillow training transform, in
@@ -126,6 +130,9 @@ def child_main(spec: dict[str, Any]) -> dict[str, Any]:
             kwargs["storage_options"] = spec["storage_options"]
             if cfg.cache:
                 kwargs["cache_dir"] = spec["cache_dir"]
+            # The bucket holds a sample index (for s3-latency-index): the other
+            # configurations leave it unread, and count and fetch whole shards.
+            kwargs["index"] = cfg.index
             before = _core._remote_stats()
         source = ferrofeed.TarShards(spec["urls"], **kwargs)
         if cfg.where != "local":
@@ -346,6 +353,11 @@ def main(argv: list[str]) -> int:
                 servers["s3"].put_file(BUCKET, os.path.basename(p), p)
             s3_endpoint = servers["s3"].endpoint
             os.environ.update(servers["s3"].env())  # the children's credentials and endpoint
+            if any(c.index for c in configs):
+                # `ferrofeed index` over the bucket: the offsets of every sample.
+                import ferrofeed
+
+                ferrofeed.index_shards(f"s3://{BUCKET}/train-*.tar")
         servers["front"] = ServerProcess(os.path.dirname(paths[0]), s3_endpoint, args.latency)
         base = {
             "paths": paths,
