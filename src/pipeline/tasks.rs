@@ -19,6 +19,37 @@ use super::stats::StageStats;
 /// Most items a stage takes from its input at once (when they are there).
 pub(super) const MAX_BATCH: usize = 64;
 
+/// What a stage that takes its input one item at a time gets next.
+enum Next<T> {
+    /// An item (its wait counted in the stage's figures).
+    Item(T),
+    /// An upstream failure, already sent on downstream.
+    Failed,
+    /// The input ended.
+    Ended,
+}
+
+/// The next item of `rx`, for a stage that takes one at a time: an
+/// upstream failure is sent on downstream at once.
+async fn next_item<T, E>(
+    rx: &flume::Receiver<Msg<T, E>>,
+    out: &Emitter<T, E>,
+    stats: &StageStats,
+) -> Next<T> {
+    let t = Instant::now();
+    match rx.recv_async().await {
+        Ok(Msg::Item(item)) => {
+            stats.received(t.elapsed());
+            Next::Item(item)
+        }
+        Ok(Msg::Fail(f)) => {
+            out.fail(f).await;
+            Next::Failed
+        }
+        Err(_) => Next::Ended,
+    }
+}
+
 /// The [`Work`] a stage task runs (dedicated work has threads of its own).
 pub(super) enum TaskWork<T, E> {
     Inline(ItemFn<T, E>),
@@ -309,16 +340,9 @@ pub(super) async fn run_disaggregate<T: Send + 'static, E: Send + 'static>(
 ) {
     let DisaggregateStage { name, split } = stage;
     loop {
-        let t = Instant::now();
-        let item = match rx.recv_async().await {
-            Ok(Msg::Item(item)) => item,
-            Ok(Msg::Fail(f)) => {
-                out.fail(f).await;
-                return;
-            }
-            Err(_) => return,
+        let Next::Item(item) = next_item(&rx, &out, &ctx.stats).await else {
+            return;
         };
-        ctx.stats.received(t.elapsed());
         let t = Instant::now();
         let parts = catch_unwind(AssertUnwindSafe(|| split(item)));
         ctx.stats.worked(t.elapsed());
@@ -377,17 +401,12 @@ pub(super) async fn run_accumulate<T: Send + 'static, E: Send + 'static>(
         }
     };
     loop {
-        let t = Instant::now();
-        let item = match rx.recv_async().await {
-            Ok(Msg::Item(item)) => item,
-            Ok(Msg::Fail(f)) => {
-                // What the aggregator holds did not end: no flush.
-                out.fail(f).await;
-                return;
-            }
-            Err(_) => break,
+        let item = match next_item(&rx, &out, &ctx.stats).await {
+            Next::Item(item) => item,
+            // What the aggregator holds did not end: no flush.
+            Next::Failed => return,
+            Next::Ended => break,
         };
-        ctx.stats.received(t.elapsed());
         let outcome = tokio::task::block_in_place(|| timed(&ctx.stats, || accumulate(item)));
         if !handle(outcome).await {
             return;
