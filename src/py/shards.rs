@@ -232,21 +232,19 @@ impl PyShardReader {
         }
         let sources = self.sources.clone();
         let format = Arc::clone(&self.format);
-        // The pieces (shards) of local files are read side by side: on a machine of
-        // many cores, one thread parsing a window would feed fewer images a second
-        // than the decode threads take. Remote shards are taken in the plan's order
-        // (the prefetcher fetches ahead of the reader, on its own tasks).
-        let threads = if sources.remote.is_some() {
-            1
-        } else {
-            piece_threads(pieces.len())
-        };
         let spans = py.detach(move || {
-            let fetched: Vec<Mutex<_>> = sources
-                .fetch_pieces(&pieces)
-                .into_iter()
-                .map(Mutex::new)
-                .collect();
+            let fetched = sources.fetch_pieces(&pieces);
+            // The pieces are parsed side by side when their bytes are at hand (local
+            // files; remote pieces all fetched by their index offsets): on a machine of
+            // many cores, one thread parsing a window would feed fewer images a second
+            // than the decode threads take. Whole remote shards are taken in the plan's
+            // order (the prefetcher fetches ahead of the reader, on its own tasks).
+            let threads = if sources.remote.is_some() && fetched.iter().any(Option::is_none) {
+                1
+            } else {
+                piece_threads(pieces.len())
+            };
+            let fetched: Vec<Mutex<_>> = fetched.into_iter().map(Mutex::new).collect();
             in_parallel(pieces.len(), threads, |i| {
                 let (shard, lo, hi) = pieces[i];
                 // A fetched piece is a shard of its own, from its sample `lo`.
