@@ -12,6 +12,7 @@ kind it holds. `BaseSource` is what the kinds share; they are `ferrofeed._source
 
 from __future__ import annotations
 
+import abc
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar, Protocol
@@ -255,7 +256,7 @@ class BaseSource:
         )
 
 
-class ElasticSource(BaseSource):
+class ElasticSource(BaseSource, abc.ABC):
     """A source whose epoch is one plan of the core: sharded sources and mixtures.
 
     Its length is known, and it resumes on another world size. A subclass gives `plan`:
@@ -263,9 +264,9 @@ class ElasticSource(BaseSource):
     with ``len()`` (batches) and ``samples`` (this rank's).
     """
 
+    @abc.abstractmethod
     def plan(self, epoch: int, start: int = 0, history: History = ()) -> Any:
         """Return the core's plan of ``epoch`` for this rank, from batch ``start``."""
-        raise NotImplementedError
 
     def batches(self, epoch: int, history: History) -> int:
         """Return the batches of this world's part of the epoch."""
