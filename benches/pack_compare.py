@@ -47,7 +47,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from _common import make_jpegs, med_range
+from _common import make_jpegs
+from _rounds import med_range
 from bench_machine import cpu_model
 
 RESULTS = Path(__file__).resolve().parent / "results"

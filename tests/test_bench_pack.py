@@ -26,7 +26,7 @@ BENCHES = Path(__file__).resolve().parent.parent / "benches"
 
 def test_pack_compare_smoke_run(tmp_path: Path) -> None:
     out = tmp_path / "pack"
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent / "python"))
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}  # the installed ferrofeed
     proc = subprocess.run(
         [sys.executable, str(BENCHES / "pack_compare.py"), "--n", "24", "--repeats", "1",
          "--out", str(out)],

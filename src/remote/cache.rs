@@ -50,6 +50,25 @@ const EVICT_LOCK: &str = ".evict.lock";
 pub struct Cache {
     dir: PathBuf,
     limit: u64,
+    /// Shard writes on their way (on the blocking pool), shared by the
+    /// clones: a source's drop waits for them (see [`Cache::settle`]).
+    writing: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// Counts one shard write on its way while it lives.
+struct Writing(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl Writing {
+    fn new(count: &std::sync::Arc<std::sync::atomic::AtomicUsize>) -> Self {
+        count.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        Self(std::sync::Arc::clone(count))
+    }
+}
+
+impl Drop for Writing {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
 }
 
 impl Cache {
@@ -79,7 +98,20 @@ impl Cache {
         Ok(Self {
             dir: dir.to_path_buf(),
             limit,
+            writing: std::sync::Arc::default(),
         })
+    }
+
+    /// Waits, until `deadline` at the latest, for the shard writes on their
+    /// way to end (each writes a temporary file, then renames it): the fetch
+    /// that started one may have been aborted, and a process that exits in
+    /// the middle of a write leaves its temporary file to the next sweep.
+    pub fn settle(&self, deadline: std::time::Instant) {
+        while self.writing.load(std::sync::atomic::Ordering::Acquire) > 0
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
     }
 
     /// The cache's directory.
@@ -210,7 +242,9 @@ impl Cache {
         // eviction's walk of the directory) never holds up a runtime thread,
         // which pipelines' stage tasks share.
         let (cache, kept) = (self.clone(), bytes.clone());
+        let writing = Writing::new(&self.writing);
         let written = tokio::task::spawn_blocking(move || {
+            let _writing = writing;
             cache.store(&name, &kept)?;
             drop(lock); // closing the file releases the lock
             cache.evict(&name);

@@ -266,6 +266,11 @@ impl Drop for RemoteShards {
         while fetches.iter().any(|f| !f.is_finished()) && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(1));
         }
+        // An aborted fetch's cache write goes on on the blocking pool: it ends
+        // with its file renamed into place, not cut off half-written.
+        if let Some(cache) = &self.shared.cache {
+            cache.settle(deadline);
+        }
     }
 }
 
