@@ -396,12 +396,6 @@ impl MixPlan {
         self.samples
     }
 
-    /// The parts drawn at positions `lo..hi` of the current world.
-    pub fn parts_at(&self, lo: u64, hi: u64) -> Vec<usize> {
-        let hi = hi.min(self.samples).max(lo);
-        self.schedule.draws(&self.schedule.counts_at(lo), hi - lo)
-    }
-
     /// How many samples each part gave this rank in the epoch before
     /// position `p` of the current world (the history's worlds included).
     pub fn drawn(&self, p: u64) -> Vec<u64> {
