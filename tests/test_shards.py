@@ -812,28 +812,18 @@ def test_the_next_epochs_first_window_is_read_ahead(tars: list[Path]) -> None:
     source = dl.dataset
     assert isinstance(source, ff.ShardedSource)
     reader = dl._source  # the loader's side of the source: its plans and its read-ahead
-    reads: list[list[tuple[int, int, int]]] = []
-    read = source._window
-
-    def counting(pieces: list[tuple[int, int, int]]) -> Any:
-        reads.append(pieces)
-        return read(pieces)
-
-    source._window = counting  # type: ignore[method-assign]
+    feed = reader._feed  # the core's feed of its windows
     e0 = epoch_ids(dl)
     plan1 = reader.plan(1)
     assert isinstance(plan1, _core.ShardPlan)
-    # Epoch 1's first window was asked for before epoch 1 began; its read runs on the
-    # reader's thread, which a busy machine may not have run yet: wait for it (a hang
-    # guard, not a timing target).
-    assert reader._ahead is not None
-    assert reader._ahead[0] == plan1.window_pieces(0)
-    reader._ahead[1].result(timeout=60)
-    # Every window of epoch 0, then epoch 1's first.
-    assert len(reads) == reader.plan(0).windows + 1
-    assert reads[-1] == plan1.window_pieces(0)
+    # Epoch 1's first window was asked for before epoch 1 began: every window of epoch 0
+    # was read, then epoch 1's first.
+    assert feed.ahead == plan1.window_pieces(0)
+    assert feed.reads == reader.plan(0).windows + 1
     e1 = epoch_ids(dl)
-    assert len(reads) == reader.plan(0).windows + plan1.windows + 1  # not read twice
+    assert feed.reads == reader.plan(0).windows + plan1.windows + 1  # not read twice
+    # Epoch 2's first, read ahead at the end of epoch 1.
+    assert feed.ahead == reader.plan(2).window_pieces(0)
     fresh = loader(tars, shuffle=True, seed=7, shuffle_window=8)
     assert epoch_ids(fresh) == e0
     assert epoch_ids(fresh) == e1

@@ -645,6 +645,28 @@ class _ShardReader:
         """The shards' paths."""
 
 @final
+class _ShardFeed:
+    """A sharded source's windows, read ahead of its batches in the core (internal)."""
+
+    def __new__(cls, reader: _ShardReader) -> Self: ...
+    def epoch(self, plan: ShardPlan, read_ahead: bool = True) -> _ShardEpoch:
+        """Return ``plan``'s batches from its start, each with its window, read a window ahead."""
+    @property
+    def reads(self) -> int:
+        """Window reads started so far."""
+    @property
+    def ahead(self) -> list[tuple[int, int, int]] | None:
+        """The pieces of the window read ahead for the next epoch, until an epoch takes it."""
+
+@final
+class _ShardEpoch(Iterator[tuple[int, int, list[int], _ShardWindow]]):
+    """One epoch of a `_ShardFeed`: ``(batch_no, window_no, ids, window)`` (internal)."""
+
+    def __next__(self) -> tuple[int, int, list[int], _ShardWindow]: ...
+    def close(self) -> None:
+        """End the epoch: reads not started are cancelled."""
+
+@final
 class _RemoteShards:
     """A source's shards in object storage, fetched ahead and cached, in Rust (internal)."""
 

@@ -3,8 +3,9 @@
 `ShardSource` wraps a `ShardedSource` (`TarShards`, `ParquetShards`, `JsonLines`): each
 epoch's order is the core's `ShardPlan` (shards permuted per epoch, a contiguous range of
 them per rank, windows shuffled, an elastic history of the worlds the epoch ran on), whose
-windows are read in Rust on a thread of their own, one window ahead (and the next epoch's
-first window at an epoch's end). A group's samples are its window's (`_Window`): Python
+windows the core's feed (`_core._ShardFeed`) reads one window ahead, on the runtime's
+blocking pool (and the next epoch's first window at an epoch's end), fetching remote shards
+ahead in the plan's order. A group's samples are its window's (`_Window`): Python
 objects for a transform, image bytes and labels for the native image chain, and shipped
 with the group to a worker process. ``bucket_by`` remakes a window's batches by a key.
 Damaged shards are refused under ``on_error="raise"`` and read up to the damage under
@@ -13,7 +14,6 @@ Damaged shards are refused under ``on_error="raise"`` and read up to the damage 
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from typing import Any
@@ -67,11 +67,9 @@ class ShardSource(ElasticSource):
         if native and not self._fields:
             raise ValueError(f"image= names no field: {image!r}")
         self._resolve(native)
-        # The next epoch's first window, read ahead at the end of an epoch: its pieces and
-        # the read (see `read`).
-        self._ahead: (
-            tuple[list[tuple[int, int, int]], concurrent.futures.Future[_core._ShardWindow]] | None
-        ) = None
+        # The windows, read ahead in the core (see `read`); it keeps the next epoch's first
+        # window between epochs.
+        self._feed = _core._ShardFeed(shards._reader)
         # The plan refuses, now rather than at the first batch, a split it cannot make
         # (batches of 1 over an uneven split, fewer samples than ranks).
         self.plan(0)
@@ -145,71 +143,21 @@ class ShardSource(ElasticSource):
     ) -> Generator[Group, None, None]:
         """Return the plan's groups, each with the window holding its samples.
 
-        Windows are read on a thread of their own, the next one while the current one's
-        batches are loaded; a window is freed once no group in flight holds it. With
-        ``bucket_by``, each window's batches are remade from its samples sorted by that key
-        (see `_buckets`). Once the last window is read, the first window of the next
-        epoch's plan is read ahead too (unless ``read_ahead`` is false: a pass over a part of a
-        `Mix`, whose next pass the mixture plans), so that the next epoch's first batch
-        does not wait for a whole window to be read.
+        The core's feed (`_core._ShardFeed`) reads the windows in the plan's order, the next
+        one while the current one's batches are loaded, and fetches remote shards ahead in
+        that order; a window is freed once no group in flight holds it. Once the last window
+        is reached, the first window of the next epoch's plan is read ahead too (unless
+        ``read_ahead`` is false: a pass over a part of a `Mix`, whose next pass the mixture
+        plans), so that the next epoch's first batch does not wait for a whole window to be
+        read. With ``bucket_by``, each window's batches are remade from its samples sorted
+        by that key (see `_buckets`).
         """
-        c, shards = self.config, self.shards
-        # Whole shards fetched ahead; a source with an index fetches each window's samples
-        # when the window is read (one window ahead), and nothing whole.
-        remote = shards._remote if not shards._ranged else None
-        reader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ferrofeed-shards")
-        reads: dict[int, concurrent.futures.Future[_core._ShardWindow]] = {}
-        windows = plan.windows
-        ahead, self._ahead = self._ahead, None
-
-        def ensure(w: int) -> None:
-            if w < windows and w not in reads:
-                pieces = plan.window_pieces(w)
-                if ahead is not None and ahead[0] == pieces and not ahead[1].cancelled():
-                    reads[w] = ahead[1]  # read at the end of the last epoch
-                else:
-                    reads[w] = reader.submit(shards._window, pieces)
-
-        def read_next_epoch() -> None:
-            try:
-                following = self.plan(epoch + 1)
-            except ValueError:
-                return  # the next epoch cannot be planned: it will say so itself
-            if following.windows > 0:
-                pieces = following.window_pieces(0)
-                if remote is not None:
-                    # The next epoch's shards, in its order, fetched ahead within the
-                    # budget while this epoch's last window is batched.
-                    remote.prefetch(
-                        [
-                            s
-                            for w in range(following.windows)
-                            for s, _, _ in following.window_pieces(w)
-                        ],
-                        append=True,
-                    )
-                self._ahead = (pieces, reader.submit(shards._window, pieces))
-
-        if remote is not None and len(plan) > plan.start:
-            # The shards this rank reads, in order, fetched ahead within the budget (from
-            # the window after the one read ahead at the end of the last epoch, if it was).
-            first = plan.window_of(plan.start)
-            if ahead is not None and ahead[0] == plan.window_pieces(first):
-                first += 1
-            order = [s for w in range(first, windows) for s, _, _ in plan.window_pieces(w)]
-            remote.prefetch(order)
-
+        c = self.config
+        batches = self._feed.epoch(plan, read_ahead)
         buckets: dict[int, list[int]] = {}
         bucketed = -1  # the window `buckets` holds
         try:
-            for batch_no, w, ids in plan:
-                ensure(w)
-                ensure(w + 1)
-                for old in [k for k in reads if k < w]:
-                    del reads[old]
-                if read_ahead and w == windows - 1 and self._ahead is None:
-                    read_next_epoch()
-                window = reads[w].result()
+            for batch_no, w, ids, window in batches:
                 if c.bucket_by is not None:
                     if w != bucketed:
                         buckets = _buckets(
@@ -219,11 +167,8 @@ class ShardSource(ElasticSource):
                     ids = buckets[batch_no]
                 yield Group(batch_no, ids, _Window(window, self._fields, c.label))
         finally:
-            # Reads no longer wanted are dropped; the next epoch's goes on, and the
-            # thread ends after it.
-            for future in reads.values():
-                future.cancel()
-            reader.shutdown(wait=False)
+            # Reads no longer wanted are dropped; the next epoch's goes on.
+            batches.close()
 
 
 class _Window:

@@ -14,7 +14,6 @@ use crate::pack::Dest;
 use crate::shards::index::{scan_tar, Index, ShardEntry, INDEX_NAME};
 
 use super::errors::{pack_error, shard_error};
-use super::parallel::in_parallel;
 use super::shards::PyShardReader;
 
 /// An index entry as Python sees it: `(name, size, etag, mtime_ns, samples,
@@ -110,13 +109,8 @@ fn _scan_shards(
         Option<u64>,
     )>,
 > {
-    let sources = reader.get().sources.clone();
-    let n = reader.get().shards();
-    let results = py.detach(move || {
-        in_parallel(n, threads.max(1), |i| {
-            sources.for_count(i).and_then(|shard| scan_tar(&shard))
-        })
-    });
+    let set = std::sync::Arc::clone(&reader.get().set);
+    let results = py.detach(move || set.scan(threads, scan_tar));
     let mut out = Vec::with_capacity(results.len());
     for r in results {
         let s = r.map_err(|e| shard_error(py, &e))?;

@@ -17,7 +17,6 @@ mod index;
 mod mix;
 mod ops;
 mod pack;
-mod parallel;
 mod pipeline;
 mod plan;
 mod remote;

@@ -2,9 +2,12 @@
 //! plan ([`crate::plan::sharded`]).
 //!
 //! - `_core.ShardPlan`: one epoch's batches of a sharded source on one rank.
-//! - `_core._ShardReader`: counts shards and reads windows of them, without
-//!   the GIL (the readers run in Rust, on the caller's thread or on a few
-//!   threads of their own for counting).
+//! - `_core._ShardReader`: a [`ShardSet`] (a source's shards in one format,
+//!   from the format registry), counted and read without the GIL.
+//! - `_core._ShardFeed`: a [`WindowFeed`], one per loader over a source;
+//!   `epoch(plan)` yields the plan's batches, each with its window, read a
+//!   window ahead (and the next epoch's first window at an epoch's end) in
+//!   the core.
 //! - `_core._ShardWindow`: the samples of one window, held in Rust; a sample
 //!   becomes a Python dict only when a Python transform asks for it, and the
 //!   native image chain takes image bytes straight from here
@@ -14,34 +17,23 @@ use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
-use pyo3::exceptions::{PyIndexError, PyValueError};
+use pyo3::exceptions::{PyIndexError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::plan::{Plan, ShardPlan, ShardPlanConfig};
-use crate::remote::{RemoteError, RemoteShards};
 use crate::shards::index::SampleOffsets;
-use crate::shards::jsonl::JsonLinesFormat;
-use crate::shards::mds::MdsFormat;
-use crate::shards::parquet::ParquetFormat;
-use crate::shards::tar::TarFormat;
-use crate::shards::{Sample, Shard, ShardError, ShardFormat, Value};
+use crate::shards::lock_entry as lock;
+use crate::shards::{
+    registry, EpochWindows, FeedError, Sample, SampleLayout, ShardSet, ShardSetError, Value,
+    Window, WindowFeed,
+};
 
-use super::errors::{shard_error, shard_exception, ShardClass};
-use super::parallel::in_parallel;
+use super::errors::{remote_error, shard_error, shard_exception, ShardClass};
 use super::pipeline::{Item, PyPlanGroup};
 use super::plan::{check_batch, next_batch, segments};
 use super::remote::PyRemoteShards;
 use super::samples::{tar_sample, to_py};
-
-/// The format of a source's shards.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Tar,
-    JsonLines,
-    Parquet,
-    Mds,
-}
 
 /// `(samples, first_key, last_key, damage)` of a shard, as `count` returns it.
 type Counted = (
@@ -51,86 +43,29 @@ type Counted = (
     Option<(String, String)>,
 );
 
-/// Bytes of a remote Parquet file's tail fetched to count it: its footer, in
-/// one GET for most files (a second one fetches a larger footer whole).
-const PARQUET_TAIL: u64 = 64 << 10;
-
-/// Where the shards' bytes are: local files, or remote objects fetched
-/// through [`RemoteShards`].
-#[derive(Clone)]
-pub(super) struct Sources {
-    kind: Kind,
-    paths: Arc<Vec<PathBuf>>,
-    remote: Option<Arc<RemoteShards>>,
-    /// Each remote tar shard's sample offsets, from its folder's index
-    /// (`crate::shards::index`): a window then fetches its samples' bytes
-    /// alone.
-    offsets: Option<Arc<Vec<SampleOffsets>>>,
-}
-
-impl Sources {
-    fn remote_error(&self, shard: usize, e: Arc<RemoteError>) -> ShardError {
-        ShardError::Remote {
-            shard: self.paths[shard].clone(),
-            source: e,
-        }
-    }
-
-    /// Shard `shard` for counting: a Parquet file's footer alone, a whole
-    /// tar or JSON lines shard (through the cache, if any).
-    pub(super) fn for_count(&self, shard: usize) -> Result<Shard, ShardError> {
-        let name = &self.paths[shard];
-        let Some(remote) = &self.remote else {
-            return Ok(Shard::file(name));
-        };
-        let fail = |e| self.remote_error(shard, Arc::new(e));
-        if self.kind == Kind::Parquet {
-            let (mut tail, size) = remote.tail(shard, PARQUET_TAIL).map_err(fail)?;
-            // The footer's length is in the 4 bytes before the closing "PAR1".
-            if let Some(at) = tail.len().checked_sub(8) {
-                let footer = u64::from(u32::from_le_bytes(
-                    tail[at..at + 4].try_into().expect("4 bytes"),
-                ));
-                let need = footer + 8;
-                if need > tail.len() as u64 && need <= size {
-                    tail = remote.tail(shard, need).map_err(fail)?.0;
-                }
-            }
-            return Ok(Shard::tail(name, tail, size));
-        }
-        let bytes = remote.fetch_now(shard).map_err(fail)?;
-        Ok(Shard::memory(name, bytes))
-    }
-
-    /// The pieces' samples fetched by their offsets, each a shard of its own
-    /// whose sample 0 is the piece's `lo` (`index::fetch_pieces`).
-    fn fetch_pieces(&self, pieces: &[(usize, u64, u64)]) -> Vec<Option<Result<Shard, ShardError>>> {
-        match (&self.offsets, &self.remote) {
-            (Some(o), Some(r)) => crate::shards::index::fetch_pieces(r, o, &self.paths, pieces),
-            _ => pieces.iter().map(|_| None).collect(),
-        }
-    }
-
-    /// Shard `shard` for reading: its file, or its bytes once fetched
-    /// (blocking until they are).
-    fn for_read(&self, shard: usize) -> Result<Shard, ShardError> {
-        let name = &self.paths[shard];
-        match &self.remote {
-            None => Ok(Shard::file(name)),
-            Some(remote) => match remote.get(shard) {
-                Ok(bytes) => Ok(Shard::memory(name, bytes)),
-                Err(e) => Err(self.remote_error(shard, e)),
-            },
-        }
+/// A [`ShardSetError`] as Python's: a piece outside the shards is an
+/// `IndexError`, the rest `ValueError`s.
+fn set_error(e: &ShardSetError) -> PyErr {
+    match e {
+        ShardSetError::Piece { .. } => PyIndexError::new_err(e.to_string()),
+        _ => PyValueError::new_err(e.to_string()),
     }
 }
 
-/// Counts shards and reads windows of them.
+/// A [`FeedError`] as Python's.
+fn feed_error(py: Python<'_>, e: &FeedError) -> PyErr {
+    match e {
+        FeedError::Remote(e) => remote_error(py, e),
+        FeedError::Set(e) => set_error(e),
+        FeedError::Plan { .. } => PyValueError::new_err(e.to_string()),
+        FeedError::Runtime(_) | FeedError::Panicked(_) => PyRuntimeError::new_err(e.to_string()),
+    }
+}
+
+/// A source's shards, counted and read.
 #[pyclass(name = "_ShardReader", module = "ferrofeed._core", frozen)]
 pub(super) struct PyShardReader {
-    kind: Kind,
-    format: Arc<dyn ShardFormat>,
-    pub(super) sources: Sources,
+    pub(super) set: Arc<ShardSet>,
     /// Whether a tar sample's fields are decoded (see `samples::tar_sample`).
     decode: bool,
 }
@@ -147,39 +82,16 @@ impl PyShardReader {
         decode: bool,
         offsets: Option<Vec<SampleOffsets>>,
     ) -> PyResult<Self> {
-        if offsets.as_ref().is_some_and(|o| o.len() != paths.len()) {
-            return Err(PyValueError::new_err("one entry of offsets per shard"));
-        }
-        let (kind, format): (Kind, Arc<dyn ShardFormat>) = match kind {
-            "tar" => (Kind::Tar, Arc::new(TarFormat)),
-            "jsonl" => (Kind::JsonLines, Arc::new(JsonLinesFormat)),
-            "parquet" => (Kind::Parquet, Arc::new(ParquetFormat::new(columns))),
-            "mds" => (Kind::Mds, Arc::new(MdsFormat)),
-            other => {
-                return Err(PyValueError::new_err(format!(
-                    "unknown shard format {other:?}: 'tar', 'jsonl', 'parquet' or 'mds'"
-                )))
-            }
-        };
+        let format = registry::by_name(kind, columns).ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "unknown shard format {kind:?}: {}",
+                registry::names()
+            ))
+        })?;
         let remote = remote.map(|r| Arc::clone(&r.inner));
-        if let Some(r) = &remote {
-            if r.objects().len() != paths.len() {
-                return Err(PyValueError::new_err(format!(
-                    "{} remote shards for {} paths",
-                    r.objects().len(),
-                    paths.len()
-                )));
-            }
-        }
+        let set = ShardSet::new(format, paths, remote, offsets).map_err(|e| set_error(&e))?;
         Ok(Self {
-            kind,
-            format,
-            sources: Sources {
-                kind,
-                paths: Arc::new(paths),
-                remote,
-                offsets: offsets.map(Arc::new),
-            },
+            set: Arc::new(set),
             decode,
         })
     }
@@ -190,20 +102,17 @@ impl PyShardReader {
     /// `None`. The first other error (in shard order) is raised, naming its
     /// shard.
     fn count(&self, py: Python<'_>, threads: usize) -> PyResult<Vec<Counted>> {
-        let sources = self.sources.clone();
-        let format = Arc::clone(&self.format);
-        let results = py.detach(move || count_all(&*format, &sources, threads.max(1)));
+        let set = Arc::clone(&self.set);
+        let results = py.detach(move || set.count(threads));
         let mut out = Vec::with_capacity(results.len());
         for r in results {
-            match r {
-                Ok(info) => out.push((
-                    info.samples,
-                    info.first_key,
-                    info.last_key,
-                    info.damage.map(|d| (d.at, d.message)),
-                )),
-                Err(e) => return Err(shard_error(py, &e)),
-            }
+            let info = r.map_err(|e| shard_error(py, &e))?;
+            out.push((
+                info.samples,
+                info.first_key,
+                info.last_key,
+                info.damage.map(|d| (d.at, d.message)),
+            ));
         }
         Ok(out)
     }
@@ -212,70 +121,29 @@ impl PyShardReader {
     /// global ids `first_ids`, into a window (without the GIL, the pieces on
     /// threads of their own side by side). Errors are kept per sample and
     /// raised when the sample is asked for.
+    #[allow(clippy::needless_pass_by_value)] // pyo3 extracts owned arguments
     fn read(
         &self,
         py: Python<'_>,
         pieces: Vec<(usize, u64, u64)>,
         first_ids: Vec<u64>,
     ) -> PyResult<PyShardWindow> {
-        if pieces.len() != first_ids.len() {
-            return Err(PyValueError::new_err("one first id per piece"));
-        }
-        let paths = &self.sources.paths;
-        for &(shard, lo, hi) in &pieces {
-            if shard >= paths.len() || lo > hi {
-                return Err(PyIndexError::new_err(format!(
-                    "no piece {lo}..{hi} of shard {shard} (of {})",
-                    paths.len()
-                )));
-            }
-        }
-        let sources = self.sources.clone();
-        let format = Arc::clone(&self.format);
-        let spans = py.detach(move || {
-            let fetched = sources.fetch_pieces(&pieces);
-            // The pieces are parsed side by side when their bytes are at hand (local
-            // files; remote pieces all fetched by their index offsets): on a machine of
-            // many cores, one thread parsing a window would feed fewer images a second
-            // than the decode threads take. Whole remote shards are taken in the plan's
-            // order (the prefetcher fetches ahead of the reader, on its own tasks).
-            let threads = if sources.remote.is_some() && fetched.iter().any(Option::is_none) {
-                1
-            } else {
-                piece_threads(pieces.len())
-            };
-            let fetched: Vec<Mutex<_>> = fetched.into_iter().map(Mutex::new).collect();
-            in_parallel(pieces.len(), threads, |i| {
-                let (shard, lo, hi) = pieces[i];
-                // A fetched piece is a shard of its own, from its sample `lo`.
-                let taken = fetched[i].lock().map(|mut f| f.take()).ok().flatten();
-                let (data, base) = match taken {
-                    Some(data) => (data, lo),
-                    None => (sources.for_read(shard), 0),
-                };
-                read_piece(
-                    &*format,
-                    &sources,
-                    (shard, lo, hi),
-                    first_ids[i],
-                    data,
-                    base,
-                )
-            })
-        });
-        Ok(PyShardWindow {
-            kind: self.kind,
-            decode: self.decode,
-            paths: Arc::clone(&self.sources.paths),
-            spans,
-        })
+        let pieces: Vec<crate::plan::Piece> = pieces
+            .into_iter()
+            .map(|(shard, lo, hi)| crate::plan::Piece { shard, lo, hi })
+            .collect();
+        let set = Arc::clone(&self.set);
+        let window = py
+            .detach(move || set.read(&pieces, &first_ids))
+            .map_err(|e| set_error(&e))?;
+        Ok(self.window(Arc::new(window)))
     }
 
     /// The shards' paths (or URLs).
     #[getter]
     fn paths(&self) -> Vec<String> {
-        self.sources
-            .paths
+        self.set
+            .paths()
             .iter()
             .map(|p| p.display().to_string())
             .collect()
@@ -283,114 +151,144 @@ impl PyShardReader {
 }
 
 impl PyShardReader {
-    /// How many shards it reads.
-    pub(super) fn shards(&self) -> usize {
-        self.sources.paths.len()
+    fn window(&self, window: Arc<Window>) -> PyShardWindow {
+        PyShardWindow {
+            layout: self.set.format().layout(),
+            decode: self.decode,
+            window,
+        }
     }
 }
 
-/// Counts every shard on up to `threads` threads; results in shard order.
-fn count_all(
-    format: &dyn ShardFormat,
-    sources: &Sources,
-    threads: usize,
-) -> Vec<Result<crate::shards::ShardInfo, ShardError>> {
-    in_parallel(sources.paths.len(), threads, |i| {
-        sources.for_count(i).and_then(|shard| format.count(&shard))
-    })
+/// A sharded source's windows read ahead of its batches, in its plan's
+/// order: one per loader over the source (it keeps the next epoch's first
+/// window between epochs).
+#[pyclass(name = "_ShardFeed", module = "ferrofeed._core", frozen)]
+struct PyShardFeed {
+    reader: Py<PyShardReader>,
+    feed: Arc<WindowFeed>,
 }
 
-/// The threads a window's pieces are read on: one per piece, at most the
-/// machine's cores and 8 (a piece is a file read or a fetch's wait plus
-/// parsing; more threads than that only contend).
-fn piece_threads(pieces: usize) -> usize {
-    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
-    pieces.min(cores).min(8)
-}
+#[pymethods]
+impl PyShardFeed {
+    #[new]
+    fn new(reader: Bound<'_, PyShardReader>) -> Self {
+        let feed = Arc::new(WindowFeed::new(Arc::clone(&reader.get().set)));
+        Self {
+            reader: reader.unbind(),
+            feed,
+        }
+    }
 
-/// A sample of a window, or the error that kept it from being read. Behind a
-/// lock of its own: the native chain takes its image bytes out (a move, not a
-/// copy), while Python transforms only read it.
-type Entry = Mutex<Result<Sample, Arc<ShardError>>>;
-
-/// One piece of a window: the samples of a shard from global id `first`.
-struct Span {
-    first: u64,
-    shard: usize,
-    samples: Vec<Entry>,
-}
-
-/// Reads the piece `(shard, lo, hi)` from `data`, whose sample `base` is the
-/// shard's sample 0 (a whole shard: 0; a piece fetched by its offsets: `lo`).
-fn read_piece(
-    format: &dyn ShardFormat,
-    sources: &Sources,
-    (shard, lo, hi): (usize, u64, u64),
-    first: u64,
-    data: Result<Shard, ShardError>,
-    base: u64,
-) -> Span {
-    let n = (hi - lo) as usize;
-    let path = &sources.paths[shard];
-    let mut samples: Vec<Option<Result<Sample, Arc<ShardError>>>> = Vec::with_capacity(n);
-    samples.resize_with(n, || None);
-    let result = data.and_then(|data| {
-        format.read(&data, lo - base, hi - base, &mut |k, sample| {
-            if let Some(slot) = (k + base)
-                .checked_sub(lo)
-                .and_then(|i| samples.get_mut(i as usize))
-            {
-                *slot = Some(sample.map_err(Arc::new));
-            }
+    /// `(batch_no, window_no, ids, window)` of each of `plan`'s batches from
+    /// its start: window `w + 1` is read while window `w`'s batches are
+    /// loaded; remote shards fetched whole are fetched ahead in the plan's
+    /// order. With `read_ahead`, the next epoch's first window is read once
+    /// the last one is reached.
+    #[pyo3(signature = (plan, read_ahead=true))]
+    fn epoch(
+        &self,
+        py: Python<'_>,
+        plan: &PyShardPlan,
+        read_ahead: bool,
+    ) -> PyResult<PyShardEpoch> {
+        let epoch = self
+            .feed
+            .epoch(plan.inner.clone(), read_ahead)
+            .map_err(|e| feed_error(py, &e))?;
+        Ok(PyShardEpoch {
+            reader: self.reader.clone_ref(py),
+            epoch: Mutex::new(Some(epoch)),
         })
-    });
-    // What the reader did not deliver is lost with the error that ended it
-    // (the rest of the shard), or, should a reader stop short without one,
-    // with an error that says the shard changed.
-    let lost = match result {
-        Err(e) => Arc::new(e),
-        Ok(()) => Arc::new(ShardError::Changed {
-            shard: path.clone(),
-            expected: hi,
-            found: lo + samples.iter().filter(|s| s.is_some()).count() as u64,
-        }),
-    };
-    Span {
-        first,
-        shard,
-        samples: samples
-            .into_iter()
-            .map(|s| Mutex::new(s.unwrap_or_else(|| Err(Arc::clone(&lost)))))
-            .collect(),
+    }
+
+    /// Window reads started so far (each window once; the next epoch's
+    /// first once, when read ahead).
+    #[getter]
+    fn reads(&self) -> u64 {
+        self.feed.reads()
+    }
+
+    /// `(shard, lo, hi)` of each piece of the window read ahead for the
+    /// next epoch, until an epoch takes it; else `None`.
+    #[getter]
+    fn ahead(&self) -> Option<Vec<(usize, u64, u64)>> {
+        self.feed
+            .ahead()
+            .map(|pieces| pieces.iter().map(|p| (p.shard, p.lo, p.hi)).collect())
+    }
+}
+
+/// A batch of an epoch as Python gets it: `(batch_no, window_no, ids, window)`.
+type FedTuple = (u64, u64, Vec<u64>, PyShardWindow);
+
+/// One epoch of a `_ShardFeed`: an iterator of `(batch_no, window_no, ids,
+/// window)`.
+#[pyclass(name = "_ShardEpoch", module = "ferrofeed._core", frozen)]
+struct PyShardEpoch {
+    reader: Py<PyShardReader>,
+    /// `None` once ended or closed.
+    epoch: Mutex<Option<EpochWindows>>,
+}
+
+#[pymethods]
+impl PyShardEpoch {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    /// The next batch, waiting (without the GIL) for its window.
+    fn __next__(&self, py: Python<'_>) -> PyResult<Option<FedTuple>> {
+        let next = py.detach(|| {
+            let mut guard = self
+                .epoch
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let next = guard.as_mut().and_then(Iterator::next);
+            if !matches!(next, Some(Ok(_))) {
+                *guard = None; // ended, or failed: its reads are dropped
+            }
+            next
+        });
+        match next {
+            None => Ok(None),
+            Some(Err(e)) => Err(feed_error(py, &e)),
+            Some(Ok(batch)) => Ok(Some((
+                batch.batch_no,
+                batch.window_no,
+                batch.ids,
+                self.reader.get().window(batch.window),
+            ))),
+        }
+    }
+
+    /// Ends the epoch: reads not started are cancelled (the next epoch's
+    /// first window, if read ahead, goes on).
+    fn close(&self) {
+        self.epoch
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
     }
 }
 
 /// The samples of one window of a sharded source, by global id.
 #[pyclass(name = "_ShardWindow", module = "ferrofeed._core", frozen)]
 struct PyShardWindow {
-    kind: Kind,
+    /// The format's.
+    layout: SampleLayout,
     /// As the reader's.
     decode: bool,
-    paths: Arc<Vec<PathBuf>>,
-    spans: Vec<Span>,
+    window: Arc<Window>,
 }
 
 impl PyShardWindow {
-    fn entry(&self, id: u64) -> PyResult<(&Span, &Entry)> {
-        for span in &self.spans {
-            if let Some(i) = id.checked_sub(span.first) {
-                if let Some(s) = span.samples.get(i as usize) {
-                    return Ok((span, s));
-                }
-            }
-        }
-        Err(PyIndexError::new_err(format!(
-            "sample {id} is not in this window"
-        )))
-    }
-
-    fn shard_name(&self, span: &Span) -> String {
-        self.paths[span.shard].display().to_string()
+    /// Sample `id`'s shard (its name) and entry.
+    fn entry(&self, id: u64) -> PyResult<(String, &crate::shards::Entry)> {
+        self.window
+            .entry(id)
+            .map(|(path, entry)| (path.display().to_string(), entry))
+            .ok_or_else(|| PyIndexError::new_err(format!("sample {id} is not in this window")))
     }
 }
 
@@ -398,7 +296,7 @@ impl PyShardWindow {
 impl PyShardWindow {
     /// Samples held.
     fn __len__(&self) -> usize {
-        self.spans.iter().map(|s| s.samples.len()).sum()
+        self.window.len()
     }
 
     /// Sample `id` as Python objects: a tar sample as a dict in the
@@ -407,13 +305,12 @@ impl PyShardWindow {
     /// columns, a JSON line as its parsed value. A sample that could not be
     /// read raises its error, naming the shard and where in it.
     fn sample<'py>(&self, py: Python<'py>, id: u64) -> PyResult<Bound<'py, PyAny>> {
-        let (span, entry) = self.entry(id)?;
+        let (shard, entry) = self.entry(id)?;
         let entry = lock(entry);
         let sample = entry.as_ref().map_err(|e| shard_error(py, e))?;
-        let shard = self.shard_name(span);
-        match self.kind {
-            Kind::Tar => tar_sample(py, sample, &shard, self.decode),
-            Kind::Parquet | Kind::Mds => {
+        match self.layout {
+            SampleLayout::Members => tar_sample(py, sample, &shard, self.decode),
+            SampleLayout::Columns => {
                 let d = PyDict::new(py);
                 for (k, v) in &sample.fields {
                     let value = to_py(py, v).map_err(|e| {
@@ -425,7 +322,7 @@ impl PyShardWindow {
                 }
                 Ok(d.into_any())
             }
-            Kind::JsonLines => match sample.fields.as_slice() {
+            SampleLayout::Value => match sample.fields.as_slice() {
                 [(k, v)] if k.is_empty() => to_py(py, v),
                 fields => {
                     let d = PyDict::new(py);
@@ -499,10 +396,9 @@ impl PyShardWindow {
         image: &[String],
         label: Option<&str>,
     ) -> PyResult<(Vec<u8>, String, Option<i64>)> {
-        let (span, entry) = self.entry(id)?;
+        let (shard, entry) = self.entry(id)?;
         let mut entry = lock(entry);
         let sample = entry.as_mut().map_err(|e| shard_error(py, e))?;
-        let shard = self.shard_name(span);
         let at = self.place(sample);
         let missing = |what: &str, names: &str| {
             let have: Vec<&str> = sample.fields.iter().map(|(k, _)| k.as_str()).collect();
@@ -573,8 +469,8 @@ impl PyShardWindow {
                 })?)
             }
         };
-        let name = match self.kind {
-            Kind::Tar => format!("{shard}: member {}.{field}", sample.key),
+        let name = match self.layout {
+            SampleLayout::Members => format!("{shard}: member {}.{field}", sample.key),
             _ => format!("{shard}: {at}, field {field:?}"),
         };
         // Taken, not copied: checked above to be bytes.
@@ -591,19 +487,11 @@ impl PyShardWindow {
 
     /// Where a sample is in its shard, for messages.
     fn place(&self, sample: &Sample) -> String {
-        match self.kind {
-            Kind::Tar => format!("sample {}", sample.key),
+        match self.layout {
+            SampleLayout::Members => format!("sample {}", sample.key),
             _ => sample.key.clone(),
         }
     }
-}
-
-/// Locks a window's entry (a panic elsewhere cannot leave one half-written:
-/// its lock is only held to read it or to take bytes out).
-fn lock(entry: &Entry) -> std::sync::MutexGuard<'_, Result<Sample, Arc<ShardError>>> {
-    entry
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn quoted(names: &[String]) -> String {
@@ -790,6 +678,8 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyShardPlan>()?;
     m.add_class::<PyShardPlanIter>()?;
     m.add_class::<PyShardReader>()?;
+    m.add_class::<PyShardFeed>()?;
+    m.add_class::<PyShardEpoch>()?;
     m.add_class::<PyShardWindow>()?;
     Ok(())
 }

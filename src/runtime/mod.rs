@@ -28,9 +28,10 @@
 //!
 //! [`threads`] counts the runtime's live threads (workers and blocking-pool
 //! threads) and [`alive_tasks`] the tasks started through
-//! [`Runtime::spawn`] that have not ended, so that a test can tell the
-//! process's threads from threads a pipeline left behind, and see that no
-//! pipeline's or remote source's task outlives it. The storage clients'
+//! [`Runtime::spawn`] and [`Runtime::spawn_blocking`] that have not ended,
+//! so that a test can tell the process's threads from threads a pipeline
+//! left behind, and see that no pipeline's or remote source's task (nor a
+//! sharded source's window read) outlives it. The storage clients'
 //! own tasks (one per pooled HTTP connection, ending when the connection
 //! has been idle a while) are the clients', like the runtime's threads, and
 //! not counted.
@@ -108,9 +109,9 @@ pub fn threads() -> usize {
         .map_or(0, |rt| rt.threads.load(Ordering::Relaxed))
 }
 
-/// Tasks started with [`Runtime::spawn`] in this process that have not
-/// ended (0 before the runtime's first use): once every pipeline is stopped
-/// and every remote source dropped, none.
+/// Tasks started with [`Runtime::spawn`] or [`Runtime::spawn_blocking`] in
+/// this process that have not ended (0 before the runtime's first use):
+/// once every pipeline is stopped and every remote source dropped, none.
 pub fn alive_tasks() -> usize {
     RUNTIME
         .get()
@@ -140,6 +141,23 @@ impl Runtime {
         self.tokio.spawn(async move {
             let _counted = counted;
             future.await
+        })
+    }
+
+    /// Runs `f` on the runtime's blocking pool (work that blocks on files
+    /// and fetches: a sharded source's window reads), counted in
+    /// [`alive_tasks`] until it ends. Aborting the handle cancels it if it
+    /// has not started.
+    pub fn spawn_blocking<F, R>(&self, f: F) -> JoinHandle<R>
+    where
+        F: FnOnce() -> R + Send + 'static,
+        R: Send + 'static,
+    {
+        self.tasks.fetch_add(1, Ordering::AcqRel);
+        let counted = Counted(Arc::clone(&self.tasks));
+        self.tokio.spawn_blocking(move || {
+            let _counted = counted;
+            f()
         })
     }
 

@@ -70,3 +70,72 @@ impl ShardError {
         }
     }
 }
+
+/// A [`crate::shards::ShardSet`] made or asked for what it does not hold.
+#[derive(Debug, thiserror::Error)]
+pub enum ShardSetError {
+    /// The remote fetcher's objects are not one per shard.
+    #[error("{objects} remote shards for {shards} paths")]
+    Remote {
+        /// Objects of the fetcher.
+        objects: usize,
+        /// Shards of the set.
+        shards: usize,
+    },
+    /// The sample offsets are not one entry per shard.
+    #[error("{offsets} entries of offsets for {shards} shards: one entry per shard")]
+    Offsets {
+        /// Entries given.
+        offsets: usize,
+        /// Shards of the set.
+        shards: usize,
+    },
+    /// A window's pieces and their first ids differ in number.
+    #[error("{ids} first ids for {pieces} pieces: one first id per piece")]
+    FirstIds {
+        /// First ids given.
+        ids: usize,
+        /// Pieces given.
+        pieces: usize,
+    },
+    /// A piece outside the shards (or with `lo > hi`).
+    #[error("no piece {lo}..{hi} of shard {shard} (of {shards})")]
+    Piece {
+        /// The piece's shard.
+        shard: usize,
+        /// Its first sample.
+        lo: u64,
+        /// One past its last.
+        hi: u64,
+        /// Shards of the set.
+        shards: usize,
+    },
+}
+
+/// What can stop a [`crate::shards::WindowFeed`]'s epoch. A sample that
+/// cannot be read is not one of these: it is kept in its window as its
+/// [`ShardError`].
+#[derive(Debug, thiserror::Error)]
+pub enum FeedError {
+    /// The plan counts another number of shards than the set holds.
+    #[error("the plan has {counts} shards, the source {shards}")]
+    Plan {
+        /// Shards the plan counts.
+        counts: usize,
+        /// Shards of the set.
+        shards: usize,
+    },
+    /// The process's runtime, which runs the reads, could not start.
+    #[error("the async runtime could not start: {0}")]
+    Runtime(#[source] std::io::Error),
+    /// The shards could not be fetched ahead (a remote source).
+    #[error(transparent)]
+    Remote(#[from] crate::remote::RemoteError),
+    /// A window's pieces are not the set's.
+    #[error(transparent)]
+    Set(#[from] ShardSetError),
+    /// Reading a window panicked (a bug: the readers turn bad data into
+    /// errors).
+    #[error("reading a window panicked: {0}")]
+    Panicked(String),
+}

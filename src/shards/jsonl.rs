@@ -39,7 +39,9 @@ use std::path::Path;
 
 use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 
-use super::{not_fetched, Each, Sample, Shard, ShardError, ShardFormat, ShardInfo, Value};
+use super::{
+    not_fetched, Each, Sample, SampleLayout, Shard, ShardError, ShardFormat, ShardInfo, Value,
+};
 
 /// Buffer size for reading a shard and its decompressed text.
 const BUFFER: usize = 64 * 1024;
@@ -249,6 +251,10 @@ impl ShardFormat for JsonLinesFormat {
             last_key: None,
             damage: None,
         })
+    }
+
+    fn layout(&self) -> SampleLayout {
+        SampleLayout::Value
     }
 
     fn read(&self, shard: &Shard, lo: u64, hi: u64, each: Each<'_>) -> Result<(), ShardError> {

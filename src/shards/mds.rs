@@ -50,7 +50,10 @@ use std::io::{self, BufReader, Read, Seek, SeekFrom};
 use std::path::Path;
 
 use super::jsonl::{sniff, Codec};
-use super::{not_fetched, Array, Each, Sample, Shard, ShardError, ShardFormat, ShardInfo, Value};
+use super::{
+    not_fetched, Array, Each, Sample, SampleLayout, Shard, ShardError, ShardFormat, ShardInfo,
+    Value,
+};
 
 /// Buffer for reading a shard's header.
 const BUFFER: usize = 64 * 1024;
@@ -67,6 +70,10 @@ impl ShardFormat for MdsFormat {
             samples: header.samples(),
             ..ShardInfo::default()
         })
+    }
+
+    fn layout(&self) -> SampleLayout {
+        SampleLayout::Columns
     }
 
     fn read(&self, shard: &Shard, lo: u64, hi: u64, each: Each<'_>) -> Result<(), ShardError> {

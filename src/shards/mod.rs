@@ -28,11 +28,16 @@
 //! with an `Err`, and the samples not yet delivered are lost with it.
 
 mod error;
+mod feed;
 pub mod index;
 pub mod jsonl;
 pub mod mds;
+pub(crate) mod parallel;
 pub mod parquet;
+pub mod registry;
+mod set;
 pub mod tar;
+mod window;
 
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom};
@@ -40,7 +45,10 @@ use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
 
-pub use error::ShardError;
+pub use error::{FeedError, ShardError, ShardSetError};
+pub use feed::{EpochWindows, FedBatch, WindowFeed};
+pub use set::ShardSet;
+pub use window::{lock_entry, Entry, Window};
 
 /// Where a shard's bytes are.
 #[derive(Debug, Clone)]
@@ -476,6 +484,34 @@ pub trait ShardFormat: Send + Sync {
     /// from the first one not delivered up to `hi` are then lost), or when
     /// the shard has fewer than `hi` samples ([`ShardError::Changed`]).
     fn read(&self, shard: &Shard, lo: u64, hi: u64, each: Each<'_>) -> Result<(), ShardError>;
+
+    /// How a sample of this format is laid out, for the bindings that turn
+    /// it into Python objects and for messages.
+    fn layout(&self) -> SampleLayout;
+
+    /// Bytes at the end of a remote shard that counting it needs, when the
+    /// end is all a count reads (a Parquet footer), so that counting fetches
+    /// them alone; `None` (the default) when a count reads the whole shard.
+    /// Asked first with `fetched` `None`; then with the tail fetched, whose
+    /// answer, if larger, is fetched again (a footer larger than the first
+    /// guess).
+    fn count_tail(&self, fetched: Option<&[u8]>) -> Option<u64> {
+        let _ = fetched;
+        None
+    }
+}
+
+/// How a format's samples are laid out ([`ShardFormat::layout`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SampleLayout {
+    /// A key and named members, one per extension (`WebDataset` tar): a
+    /// sample is named by its key, its fields by `key.extension`.
+    Members,
+    /// A row of named columns (Parquet, MDS): a sample is named by its row.
+    Columns,
+    /// One value per sample (a JSON line): a single field with an empty
+    /// name holds it.
+    Value,
 }
 
 /// Counts and reads `data` as a shard of every format, for the fuzz target
@@ -490,17 +526,13 @@ pub trait ShardFormat: Send + Sync {
 /// A description of the first disagreement.
 #[doc(hidden)]
 pub fn fuzz_every_format(data: &[u8], dir: &Path) -> Result<(), String> {
-    let parquet = parquet::ParquetFormat::new(None);
-    fuzz_formats(
-        data,
-        dir,
-        &[
-            ("shard.tar", &tar::TarFormat),
-            ("shard.jsonl", &jsonl::JsonLinesFormat),
-            ("shard.parquet", &parquet),
-            ("shard.mds", &mds::MdsFormat),
-        ],
-    )
+    let formats: Vec<(String, std::sync::Arc<dyn ShardFormat>)> = registry::FORMATS
+        .iter()
+        .map(|&(name, make)| (format!("shard.{name}"), make(None)))
+        .collect();
+    let named: Vec<(&str, &dyn ShardFormat)> =
+        formats.iter().map(|(n, f)| (n.as_str(), &**f)).collect();
+    fuzz_formats(data, dir, &named)
 }
 
 /// [`fuzz_every_format`] of `formats`, a file name for each.

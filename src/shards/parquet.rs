@@ -79,9 +79,13 @@ use ::parquet::schema::types::{SchemaDescriptor, Type};
 use bytes::Bytes;
 
 use super::{
-    not_fetched, Each, MemoryReader, Sample, Shard, ShardError, ShardFormat, ShardInfo,
-    ShardReader, Value,
+    not_fetched, Each, MemoryReader, Sample, SampleLayout, Shard, ShardError, ShardFormat,
+    ShardInfo, ShardReader, Value,
 };
+
+/// Bytes of a remote Parquet file's tail fetched to count it: its footer, in
+/// one GET for most files (a second one fetches a larger footer whole).
+const COUNT_TAIL: u64 = 64 << 10;
 
 /// Values each leaf column decodes ahead of the row being assembled (the
 /// record API's batch size, 1024 by default): 64 images of a Hugging Face
@@ -178,6 +182,22 @@ impl ShardFormat for ParquetFormat {
             last_key: None,
             damage: None,
         })
+    }
+
+    fn layout(&self) -> SampleLayout {
+        SampleLayout::Columns
+    }
+
+    /// The footer: a first guess of [`COUNT_TAIL`] bytes, then, if the
+    /// footer's length (the 4 bytes before the closing `PAR1`) says it is
+    /// larger, the footer and those 8 bytes.
+    fn count_tail(&self, fetched: Option<&[u8]>) -> Option<u64> {
+        let Some(tail) = fetched else {
+            return Some(COUNT_TAIL);
+        };
+        let at = tail.len().checked_sub(8)?;
+        let footer = u32::from_le_bytes(tail[at..at + 4].try_into().expect("4 bytes"));
+        Some(u64::from(footer) + 8)
     }
 
     fn read(&self, shard: &Shard, lo: u64, hi: u64, each: Each<'_>) -> Result<(), ShardError> {

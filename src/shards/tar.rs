@@ -76,7 +76,9 @@ use std::path::Path;
 use std::rc::Rc;
 
 use super::jsonl::{sniff, Codec};
-use super::{not_fetched, Each, Sample, Shard, ShardError, ShardFormat, ShardInfo, Value};
+use super::{
+    not_fetched, Each, Sample, SampleLayout, Shard, ShardError, ShardFormat, ShardInfo, Value,
+};
 
 /// Buffer for reading a shard: small, as counting a plain shard reads a
 /// header and seeks; a member read goes around it when larger.
@@ -101,6 +103,10 @@ impl ShardFormat for TarFormat {
             info.damage = Some(super::Damage::of(&e).ok_or(e)?);
         }
         Ok(info)
+    }
+
+    fn layout(&self) -> SampleLayout {
+        SampleLayout::Members
     }
 
     fn read(&self, shard: &Shard, lo: u64, hi: u64, each: Each<'_>) -> Result<(), ShardError> {

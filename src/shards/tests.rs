@@ -161,6 +161,10 @@ impl ShardFormat for Moody {
         }
         Ok(())
     }
+
+    fn layout(&self) -> SampleLayout {
+        SampleLayout::Value
+    }
 }
 
 #[test]

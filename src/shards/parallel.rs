@@ -1,4 +1,4 @@
-//! `in_parallel`: a few scoped threads over indices, for the bindings' blocking
+//! `in_parallel`: a few scoped threads over indices, for the blocking
 //! work (counting and reading shards, scanning them for an index).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
