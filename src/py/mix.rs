@@ -11,7 +11,7 @@ use std::sync::Mutex;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use super::plan::{check_batch, next_batch, segments};
+use super::plan::{next_batch, plan_methods, segments};
 use crate::plan::{MixConfig, MixError, MixPlan, Part, Plan, Stop};
 
 impl From<MixError> for PyErr {
@@ -44,8 +44,12 @@ struct PyMixPlan {
     inner: MixPlan,
 }
 
-#[pymethods]
-impl PyMixPlan {
+plan_methods!(PyMixPlan(MixPlan), "an epoch", getters {
+    /// Samples a rank draws in the current world.
+    samples => |p| p.samples(),
+    /// The samples of all parts (`T`: pass `q`'s ids start at `q * T`).
+    total => |p| p.config().total(),
+}, {
     #[new]
     #[pyo3(signature = (
         parts, weights, stop, batch_size, *, shuffle=false, seed=0, epoch=0, rank=0,
@@ -99,35 +103,6 @@ impl PyMixPlan {
         })
     }
 
-    /// Batches of the current world (those before `start` included).
-    fn __len__(&self) -> usize {
-        usize::try_from(self.inner.batches()).unwrap_or(usize::MAX)
-    }
-
-    /// The first batch the plan yields (the resume point).
-    #[getter]
-    fn start(&self) -> u64 {
-        self.inner.start()
-    }
-
-    /// Samples a rank draws in the current world.
-    #[getter]
-    fn samples(&self) -> u64 {
-        self.inner.samples()
-    }
-
-    /// The samples of all parts (`T`: pass `q`'s ids start at `q * T`).
-    #[getter]
-    fn total(&self) -> u64 {
-        self.inner.config().total()
-    }
-
-    /// The ids of batch `batch_no`.
-    fn batch(&self, batch_no: u64) -> PyResult<Vec<u64>> {
-        check_batch(&self.inner, batch_no, "an epoch")?;
-        Ok(self.inner.batch(batch_no))
-    }
-
     /// How many samples each part gave before position `p` of the current
     /// world.
     fn counts_at(&self, p: u64) -> Vec<u64> {
@@ -176,7 +151,7 @@ impl PyMixPlan {
             counts: Mutex::new(counts),
         }
     }
-}
+});
 
 impl PyMixPlan {
     fn check_part(&self, part: usize) -> PyResult<()> {

@@ -1,9 +1,11 @@
 //! `ferrofeed._core.EpochPlan`: the Python face of [`crate::plan::map`].
 //!
 //! The `DataLoader` makes one per epoch and iterates it: each step is one
-//! batch's `(batch_no, indices)`, computed in Rust. The helpers below
-//! ([`check_batch`], [`next_batch`]) serve every plan's class, `ShardPlan`'s
-//! too (`shards.rs`).
+//! batch's `(batch_no, indices)`, computed in Rust. What every plan's class
+//! shares is here too: the methods of the [`Plan`] trait
+//! ([`plan_methods!`]: `__len__`, `epoch`, `start`, `batch`) and the
+//! helpers ([`check_batch`], [`next_batch`], [`segments`]) that
+//! `ShardPlan` (`shards.rs`) and `MixPlan` (`mix.rs`) use too.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -12,14 +14,84 @@ use pyo3::prelude::*;
 
 use crate::plan::{EpochPlan, Plan, PlanConfig, Segment};
 
+/// The `#[pymethods]` of a plan's class `$class` (a struct whose `inner`
+/// is the [`Plan`] `$inner`): the [`Plan`] trait's methods every plan's class shares, the
+/// class's own number getters (`name => |plan| value`, each with its doc
+/// comment), then the class's own items. `$what` names what a batch number
+/// is out of, for the `IndexError` of `batch` and of the class's own
+/// methods that take one (`checked(batch_no)`).
+macro_rules! plan_methods {
+    (
+        $class:ident($inner:ty),
+        $what:literal,
+        getters { $($(#[$doc:meta])* $name:ident => |$p:ident| $value:expr),* $(,)? },
+        { $($own:tt)* }
+    ) => {
+        #[pymethods]
+        impl $class {
+            /// Batches of the epoch on this rank, numbered `0..len` (those
+            /// before `start` included; a sharded or mixed plan's: of the
+            /// current world).
+            fn __len__(&self) -> usize {
+                usize::try_from(self.inner.batches()).unwrap_or(usize::MAX)
+            }
+
+            /// The epoch.
+            #[getter]
+            fn epoch(&self) -> u64 {
+                self.inner.epoch()
+            }
+
+            /// The first batch the plan yields (the resume point).
+            #[getter]
+            fn start(&self) -> u64 {
+                self.inner.start()
+            }
+
+            /// The ids of batch `batch_no` (a map-style plan's: dataset
+            /// indices).
+            fn batch(&self, batch_no: u64) -> PyResult<Vec<u64>> {
+                Ok(self.checked(batch_no)?.batch(batch_no))
+            }
+
+            $(
+                $(#[$doc])*
+                #[getter]
+                fn $name(&self) -> u64 {
+                    let $p = &self.inner;
+                    $value
+                }
+            )*
+
+            $($own)*
+        }
+
+        impl $class {
+            /// The plan, once `batch_no` is checked to be one of its
+            /// batches (else `IndexError`).
+            fn checked(&self, batch_no: u64) -> PyResult<&$inner> {
+                super::plan::check_batch(&self.inner, batch_no, $what)?;
+                Ok(&self.inner)
+            }
+        }
+    };
+}
+pub(super) use plan_methods;
+
 /// One epoch's batches on one rank: numbered groups of dataset indices.
 #[pyclass(name = "EpochPlan", module = "ferrofeed._core", frozen)]
 struct PyEpochPlan {
     inner: EpochPlan,
 }
 
-#[pymethods]
-impl PyEpochPlan {
+plan_methods!(PyEpochPlan(EpochPlan), "an epoch", getters {
+    /// Batches from `start` to the end of the epoch.
+    remaining => |p| p.remaining(),
+    /// Samples each rank reads per pass over the data.
+    samples_per_rank => |p| p.samples_per_rank(),
+    /// Batches each rank yields per pass over the data.
+    batches_per_pass => |p| p.batches_per_pass(),
+}, {
     #[new]
     #[pyo3(signature = (
         len, batch_size, *, shuffle=false, seed=0, epoch=0, rank=0, world_size=1,
@@ -53,51 +125,9 @@ impl PyEpochPlan {
         })
     }
 
-    /// Batches in the whole epoch (those before `start` included).
-    fn __len__(&self) -> usize {
-        usize::try_from(self.inner.batches()).unwrap_or(usize::MAX)
-    }
-
-    /// The epoch.
-    #[getter]
-    fn epoch(&self) -> u64 {
-        self.inner.epoch()
-    }
-
-    /// The first batch the plan yields (the resume point).
-    #[getter]
-    fn start(&self) -> u64 {
-        self.inner.start()
-    }
-
-    /// Batches from `start` to the end of the epoch.
-    #[getter]
-    fn remaining(&self) -> u64 {
-        self.inner.remaining()
-    }
-
-    /// Samples each rank reads per pass over the data.
-    #[getter]
-    fn samples_per_rank(&self) -> u64 {
-        self.inner.samples_per_rank()
-    }
-
-    /// Batches each rank yields per pass over the data.
-    #[getter]
-    fn batches_per_pass(&self) -> u64 {
-        self.inner.batches_per_pass()
-    }
-
-    /// The dataset indices of batch `batch_no` of the epoch.
-    fn batch(&self, batch_no: u64) -> PyResult<Vec<u64>> {
-        check_batch(&self.inner, batch_no, "an epoch")?;
-        Ok(self.inner.batch(batch_no))
-    }
-
     /// The number of samples in batch `batch_no` of the epoch.
     fn batch_len(&self, batch_no: u64) -> PyResult<u64> {
-        check_batch(&self.inner, batch_no, "an epoch")?;
-        Ok(self.inner.batch_len(batch_no))
+        Ok(self.checked(batch_no)?.batch_len(batch_no))
     }
 
     /// `(batch_no, indices)` for every batch from `start` on.
@@ -127,7 +157,7 @@ impl PyEpochPlan {
             self.inner.start(),
         )
     }
-}
+});
 
 /// `IndexError` unless `batch_no` is one of `plan`'s batches (`what`: the
 /// epoch or the share it is not in, for the message).

@@ -31,7 +31,7 @@ use crate::shards::{
 
 use super::errors::{remote_error, shard_error, shard_exception, ShardClass};
 use super::pipeline::{Item, PyPlanGroup};
-use super::plan::{check_batch, next_batch, segments};
+use super::plan::{next_batch, plan_methods, segments};
 use super::remote::PyRemoteShards;
 use super::samples::{tar_sample, to_py};
 
@@ -544,8 +544,17 @@ struct PyShardPlan {
     inner: ShardPlan,
 }
 
-#[pymethods]
-impl PyShardPlan {
+plan_methods!(PyShardPlan(ShardPlan), "a share", getters {
+    /// Samples this rank yields in the current world.
+    samples => |p| p.samples_per_rank(),
+    /// Samples left to all ranks of the current world (not batches, as
+    /// `EpochPlan.remaining` counts: the Python name predates the trait).
+    remaining => |p| p.remaining_samples(),
+    /// Samples per window (a multiple of the batch size).
+    window => |p| p.window(),
+    /// Windows in this rank's share.
+    windows => |p| p.windows(),
+}, {
     #[new]
     #[pyo3(signature = (
         counts, batch_size, *, shuffle=false, seed=0, epoch=0, rank=0, world_size=1,
@@ -580,46 +589,9 @@ impl PyShardPlan {
         })
     }
 
-    /// Batches in this rank's share of the current world (from its start).
-    fn __len__(&self) -> usize {
-        usize::try_from(self.inner.batches()).unwrap_or(usize::MAX)
-    }
-
-    /// The first batch the plan yields (the resume point).
-    #[getter]
-    fn start(&self) -> u64 {
-        self.inner.start()
-    }
-
-    /// Samples this rank yields in the current world.
-    #[getter]
-    fn samples(&self) -> u64 {
-        self.inner.samples_per_rank()
-    }
-
-    /// Samples left to all ranks of the current world (not batches, as
-    /// `EpochPlan.remaining` counts: the Python name predates the trait).
-    #[getter]
-    fn remaining(&self) -> u64 {
-        self.inner.remaining_samples()
-    }
-
-    /// Samples per window (a multiple of the batch size).
-    #[getter]
-    fn window(&self) -> u64 {
-        self.inner.window()
-    }
-
-    /// Windows in this rank's share.
-    #[getter]
-    fn windows(&self) -> u64 {
-        self.inner.windows()
-    }
-
     /// The window of batch `batch_no`.
     fn window_of(&self, batch_no: u64) -> PyResult<u64> {
-        check_batch(&self.inner, batch_no, "a share")?;
-        Ok(self.inner.window_of(batch_no))
+        Ok(self.checked(batch_no)?.window_of(batch_no))
     }
 
     /// `(shard, lo, hi)` of each piece of window `window`, in stream order.
@@ -638,12 +610,6 @@ impl PyShardPlan {
             .collect())
     }
 
-    /// The global ids of batch `batch_no`'s samples.
-    fn batch(&self, batch_no: u64) -> PyResult<Vec<u64>> {
-        check_batch(&self.inner, batch_no, "a share")?;
-        Ok(self.inner.batch(batch_no))
-    }
-
     /// `(batch_no, window, ids)` for every batch from `start` on.
     fn __iter__(slf: Bound<'_, Self>) -> PyShardPlanIter {
         let next = slf.get().inner.start();
@@ -652,7 +618,7 @@ impl PyShardPlan {
             next: AtomicU64::new(next),
         }
     }
-}
+});
 
 /// The iterator of a [`PyShardPlan`].
 #[pyclass(name = "ShardPlanIterator", module = "ferrofeed._core", frozen)]
