@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use futures_util::stream::{self, StreamExt};
+use futures_util::FutureExt;
 
 use super::error::{panic_message, Failure, FailureKind};
 use super::shared::{timed, Emitter, Handled, Msg, Outcome, StageCtx};
@@ -205,7 +206,10 @@ fn invoke<T: Send + 'static, E: Send + 'static>(
             limited(
                 Box::pin(async move {
                     let t = Instant::now();
-                    let out = AssertUnwindSafe(fut).catch_unwind_compat().await;
+                    let out = AssertUnwindSafe(fut)
+                        .catch_unwind()
+                        .await
+                        .map_err(|p| panic_message(&*p));
                     stats.worked(t.elapsed());
                     out
                 }),
@@ -232,29 +236,6 @@ fn limited<T: Send + 'static, E: Send + 'static>(
                     .unwrap_or_else(|_| Ok(Err(error(&name, limit))))
             })
         }
-    }
-}
-
-/// `catch_unwind` for futures without pulling in `futures`' full feature set.
-trait CatchUnwindCompat: std::future::Future + Sized {
-    fn catch_unwind_compat<T, E>(self) -> impl std::future::Future<Output = Outcome<T, E>>
-    where
-        Self: std::future::Future<Output = Result<Option<T>, E>>;
-}
-
-impl<F: std::future::Future + std::panic::UnwindSafe> CatchUnwindCompat for F {
-    fn catch_unwind_compat<T, E>(self) -> impl std::future::Future<Output = Outcome<T, E>>
-    where
-        Self: std::future::Future<Output = Result<Option<T>, E>>,
-    {
-        let mut fut = Box::pin(self);
-        std::future::poll_fn(move |cx| {
-            match catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(cx))) {
-                Ok(std::task::Poll::Ready(v)) => std::task::Poll::Ready(Ok(v)),
-                Ok(std::task::Poll::Pending) => std::task::Poll::Pending,
-                Err(p) => std::task::Poll::Ready(Err(panic_message(&*p))),
-            }
-        })
     }
 }
 
