@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::task::JoinHandle;
 
@@ -118,11 +118,13 @@ impl WindowFeed {
     /// The pieces of the window read ahead for the next epoch, until an
     /// epoch takes it.
     pub fn ahead(&self) -> Option<Vec<Piece>> {
-        self.ahead
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_ref()
-            .map(|(pieces, _)| pieces.clone())
+        self.ahead_slot().as_ref().map(|(pieces, _)| pieces.clone())
+    }
+
+    /// The slot of the window read ahead (a panic elsewhere cannot leave it
+    /// half-written: it is only ever replaced or taken whole).
+    fn ahead_slot(&self) -> MutexGuard<'_, Option<Ahead>> {
+        self.ahead.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Starts reading `pieces`, whose first samples have the global ids
@@ -168,11 +170,7 @@ impl WindowFeed {
                 Some(first)
             })
             .collect();
-        let ahead = self
-            .ahead
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
+        let ahead = self.ahead_slot().take();
         let epoch = EpochWindows {
             feed: Arc::clone(self),
             next: plan.start(),
@@ -299,12 +297,7 @@ impl EpochWindows {
         }
         let pieces = following.window_pieces(0);
         let read = self.feed.start(pieces.clone(), self.first_ids(&pieces))?;
-        let old = self
-            .feed
-            .ahead
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .replace((pieces, read));
+        let old = self.feed.ahead_slot().replace((pieces, read));
         if let Some((_, old)) = old {
             old.cancel();
         }

@@ -28,6 +28,19 @@ fn feed(paths: Vec<PathBuf>) -> Arc<WindowFeed> {
     Arc::new(WindowFeed::new(Arc::new(set)))
 }
 
+/// A feed of shards of `counts` samples in a folder of their own (kept as
+/// long as the folder), and the plan of `epoch` over them from `start`.
+fn fixture(
+    counts: &[u64],
+    epoch: u64,
+    start: u64,
+) -> (tempfile::TempDir, Arc<WindowFeed>, ShardPlan) {
+    let dir = tempfile::tempdir().unwrap();
+    let feed = feed(shards(dir.path(), counts));
+    let plan = ShardPlan::new(&config(counts), epoch, &[], start).unwrap();
+    (dir, feed, plan)
+}
+
 fn config(counts: &[u64]) -> ShardPlanConfig {
     ShardPlanConfig {
         counts: counts.to_vec(),
@@ -69,10 +82,7 @@ fn run(epoch: EpochWindows) -> Vec<(u64, Vec<u64>)> {
 
 #[test]
 fn an_epoch_yields_every_batch_of_its_plan_with_its_samples() {
-    let dir = tempfile::tempdir().unwrap();
-    let counts = [5, 9, 3, 12];
-    let feed = feed(shards(dir.path(), &counts));
-    let plan = ShardPlan::new(&config(&counts), 0, &[], 0).unwrap();
+    let (_dir, feed, plan) = fixture(&[5, 9, 3, 12], 0, 0);
     let batches = run(feed.epoch(plan.clone(), true).unwrap());
     let expected: Vec<(u64, Vec<u64>)> = (0..plan.batches()).map(|j| (j, plan.batch(j))).collect();
     assert_eq!(batches, expected);
@@ -104,10 +114,7 @@ fn the_next_epochs_first_window_is_read_once_ahead_and_taken() {
 
 #[test]
 fn an_epoch_from_a_resume_point_starts_there() {
-    let dir = tempfile::tempdir().unwrap();
-    let counts = [5, 9, 3, 12];
-    let feed = feed(shards(dir.path(), &counts));
-    let plan = ShardPlan::new(&config(&counts), 3, &[], 4).unwrap();
+    let (_dir, feed, plan) = fixture(&[5, 9, 3, 12], 3, 4);
     let batches = run(feed.epoch(plan.clone(), true).unwrap());
     assert_eq!(batches.first().map(|b| b.0), Some(4));
     assert_eq!(batches.len() as u64, plan.batches() - 4);
@@ -115,10 +122,7 @@ fn an_epoch_from_a_resume_point_starts_there() {
 
 #[test]
 fn an_epoch_dropped_early_cancels_its_reads_and_the_feed_goes_on() {
-    let dir = tempfile::tempdir().unwrap();
-    let counts = [40, 40];
-    let feed = feed(shards(dir.path(), &counts));
-    let plan = ShardPlan::new(&config(&counts), 0, &[], 0).unwrap();
+    let (_dir, feed, plan) = fixture(&[40, 40], 0, 0);
     let mut epoch = feed.epoch(plan.clone(), true).unwrap();
     epoch.next().unwrap().unwrap();
     drop(epoch);
