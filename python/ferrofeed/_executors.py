@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from . import _core
 from ._collate import describe_entries
+from ._config import Config
 from ._errors import PipelineError, WorkerError
 from ._group import Group
 from ._pipeline import PipelineBuilder
@@ -139,20 +140,12 @@ class ThreadExecutor:
         self,
         transform: Callable[[Any], Any] | None,
         collate: Callable[[list[Any]], Any],
-        *,
-        seed: int,
-        num_threads: int,
-        prefetch: int,
-        timeout: float | None,
-        skip: bool,
+        config: Config,
     ) -> None:
         self.transform = transform
         self.collate = collate
-        self.seed = seed
-        self.num_threads = num_threads
-        self.prefetch = prefetch
-        self.timeout = timeout
-        self.skip = skip
+        # Its seed, threads, prefetch, timeout and on_error.
+        self.config = config
         self.pipeline: _core.Pipeline | None = None
         # Samples being loaded, with when they started (to name the ones a timeout caught).
         self._loading: dict[int, float] = {}
@@ -164,12 +157,14 @@ class ThreadExecutor:
         loading = self._loading
         loading[index] = time.monotonic()
         try:
-            with sample_scope(self.seed, epoch, index, seed_globals=self.num_threads == 1):
+            with sample_scope(
+                self.config.seed, epoch, index, seed_globals=self.config.num_threads == 1
+            ):
                 sample = task.group.sample(index)
                 if self.transform is not None:
                     sample = self.transform(sample)
         except Exception as e:
-            if not self.skip:
+            if not self.config.skip:
                 e.add_note(f"while loading sample {index} of the dataset")
                 raise
             sample = _Skipped(index, f"{type(e).__name__}: {e}")
@@ -190,15 +185,17 @@ class ThreadExecutor:
             .add_source(tasks())
             .pipe(
                 lambda task: self._load(task, epoch),
-                concurrency=self.num_threads,
+                concurrency=self.config.num_threads,
                 name="load",
-                timeout=self.timeout,
+                timeout=self.config.timeout,
                 # A sample whose load times out is dropped by the stage under skip: the
                 # assembler notices the gap in the order and records it.
-                on_error="skip" if self.skip and self.timeout is not None else "raise",
+                on_error="skip"
+                if self.config.skip and self.config.timeout is not None
+                else "raise",
             )
             .pipe(assembler.feed, name="collate")
-            .add_sink(self.prefetch)
+            .add_sink(self.config.prefetch)
             .build()
         )
         self.pipeline = pipeline
@@ -208,14 +205,14 @@ class ThreadExecutor:
                 yield from pipeline
             except PipelineError as group:
                 error = first_error(group)
-                if isinstance(error, TimeoutError) and self.timeout is not None:
-                    self._name_stuck_samples(error, self.timeout)
+                if isinstance(error, TimeoutError) and self.config.timeout is not None:
+                    self._name_stuck_samples(error, self.config.timeout)
                 raise error from None
 
     def _timed_out(self, index: int) -> _Skipped:
         return _Skipped(
             index,
-            f"TimeoutError: loading it took longer than timeout={self.timeout} s (its "
+            f"TimeoutError: loading it took longer than timeout={self.config.timeout} s (its "
             "thread is left behind)",
         )
 
@@ -292,40 +289,28 @@ class NativeExecutor:
     """
 
     def __init__(
-        self,
-        decode: _core.NativeOp,
-        collate: _core.NativeOp | None,
-        *,
-        seed: int,
-        batch_size: int,
-        drop_last: bool,
-        num_threads: int,
-        skip: bool,
-        prefetch: int,
-        timeout: float | None,
-        pinned: bool,
+        self, decode: _core.NativeOp, collate: _core.NativeOp | None, config: Config
     ) -> None:
         self.decode = decode
         # Samples left out before the op (a shard's sample unreadable, or without the image
         # or label field), by batch number.
         self._pre_skipped: dict[int, list[tuple[int, str]]] = {}
         self.collate = collate
-        self.seed = seed
-        self.batch_size = batch_size
-        self.drop_last = drop_last
-        self.num_threads = num_threads
-        self.skip = skip
-        self.prefetch = prefetch
-        self.timeout = timeout
+        # Its seed, batch size, drop_last, threads, on_error, prefetch and timeout.
+        self.config = config
+        num_threads, prefetch = config.num_threads, config.prefetch
         # The loader's decode threads (the process's pool of num_threads threads, shared
         # by the loaders of that many threads) and their busy and idle time per pass.
         self.lanes = _core._Lanes(num_threads)
-        self.concurrency = _batches_in_flight(num_threads, batch_size)
+        self.concurrency = _batches_in_flight(num_threads, config.batch)
         # No bound on buffers (the pipeline's queues bound the read-ahead, and a consumer
         # may keep batches), a few kept for reuse from batch to batch; page-locked when the
         # batches go to a CUDA device.
         self.pool = _core.BufferPool(
-            None, max_idle=2 * (prefetch + 4), pinned=None if pinned else False, timeout=None
+            None,
+            max_idle=2 * (prefetch + 4),
+            pinned=None if config.pinned else False,
+            timeout=None,
         )
         self.pipeline: _core.Pipeline | None = None
         # Built once now, so a transform that is not ops.decode_image(...), one without a
@@ -339,19 +324,19 @@ class NativeExecutor:
         return _core._op_load_batch(
             self.decode,
             self.collate,
-            seed=self.seed,
+            seed=self.config.seed,
             epoch=epoch,
             lanes=self.lanes,
-            skip=self.skip,
+            skip=self.config.skip,
             pool=self.pool,
-            batch_size=self.batch_size,
-            drop_last=self.drop_last,
+            batch_size=self.config.batch,
+            drop_last=self.config.drop_last,
         )
 
     def run(self, epoch: int, start: int, groups: Iterator[Group]) -> Iterator[Done]:
         def files() -> Iterator[_core._PlanGroup]:
             for group in groups:
-                native, skipped = group.native(self.skip)
+                native, skipped = group.native(self.config.skip)
                 if skipped:
                     self._pre_skipped[group.batch_no] = skipped
                 yield native
@@ -363,9 +348,9 @@ class NativeExecutor:
                 self._op(epoch),
                 concurrency=self.concurrency,
                 name="decode_batch",
-                timeout=self.timeout,
+                timeout=self.config.timeout,
             )
-            .add_sink(self.prefetch)
+            .add_sink(self.config.prefetch)
             # The batch op holds no thread while its images decode on the loader's pool:
             # the stage keeps `concurrency` batches in flight, handed over as they finish.
             .build()
@@ -393,7 +378,7 @@ class NativeExecutor:
     def stats(self) -> dict[str, Any]:
         decode = self.lanes.stats()
         decode["batches_in_flight"] = self.concurrency
-        decode["images_in_flight"] = self.concurrency * self.batch_size
+        decode["images_in_flight"] = self.concurrency * self.config.batch
         return {"buffers": self.pool.stats(), "pools": {"decode": decode}}
 
     def shutdown(self) -> None:
@@ -407,22 +392,10 @@ class WorkerExecutor:
     ``persistent``, kept from one epoch to the next.
     """
 
-    def __init__(
-        self,
-        setup: _Setup,
-        *,
-        num_workers: int,
-        prefetch_factor: int,
-        persistent: bool,
-        timeout: float | None,
-        pin_memory: bool,
-    ) -> None:
+    def __init__(self, setup: _Setup, config: Config) -> None:
         self.setup = setup
-        self.num_workers = num_workers
-        self.prefetch_factor = prefetch_factor
-        self.persistent = persistent
-        self.timeout = timeout
-        self.pin_memory = pin_memory
+        # Its workers, their prefetch, persistence and timeout, and the pinned memory.
+        self.config = config
         self.workers: WorkerPool | None = None
         self.pipeline: _core.Pipeline | None = None
 
@@ -439,12 +412,15 @@ class WorkerExecutor:
             self.setup, parent_pid=os.getpid(), seeded_modules=seeded_modules()
         )
         self.workers = WorkerPool(
-            setup, self.num_workers, self.prefetch_factor, pin_memory=self.pin_memory
+            setup,
+            self.config.num_workers,
+            self.config.prefetch_factor,
+            pin_memory=self.config.pinned,
         )
         return self.workers
 
     def run(self, epoch: int, start: int, groups: Iterator[Group]) -> Iterator[Done]:
-        return self._guarded(lambda pool: worker_batches(pool, epoch, groups, self.timeout))
+        return self._guarded(lambda pool: worker_batches(pool, epoch, groups, self.config.timeout))
 
     def _guarded(
         self, batches: Callable[[WorkerPool], Iterator[tuple[int, list[int], Loaded]]]
@@ -456,12 +432,12 @@ class WorkerExecutor:
             for batch_no, indices, loaded in batches(pool):
                 batch = None if loaded.empty else loaded.batch
                 yield Done(batch_no, indices, batch, loaded.skipped)
-            keep = self.persistent
+            keep = self.config.persistent_workers
             clean = True
         except GeneratorExit:
             # The consumer left early: persistent workers stay (what they still hold for
             # this iteration is dropped when it comes back).
-            keep = self.persistent
+            keep = self.config.persistent_workers
             raise
         except (WorkerError, KeyboardInterrupt):
             # A worker died or stalled, or Ctrl-C: end them all, at once.
@@ -469,7 +445,7 @@ class WorkerExecutor:
             raise
         except Exception:
             # The user's exception from a worker: the workers themselves are fine.
-            keep = self.persistent
+            keep = self.config.persistent_workers
             raise
         finally:
             if not keep:
@@ -497,7 +473,7 @@ class StreamWorkerExecutor(WorkerExecutor):
         ``groups`` (this process's pass over the dataset) is never started. The epoch's
         first ``start`` batches are replayed: read by the workers, dropped.
         """
-        return self._guarded(lambda pool: stream_batches(pool, epoch, start, self.timeout))
+        return self._guarded(lambda pool: stream_batches(pool, epoch, start, self.config.timeout))
 
 
 # Images queued or decoding per decode thread that the native path keeps in flight.

@@ -196,37 +196,11 @@ class BaseSource:
         if self.native:
             assert isinstance(self.transform, _core.NativeOp)
             assert self.collate is None or isinstance(self.collate, _core.NativeOp)
-            return NativeExecutor(
-                self.transform,
-                self.collate,
-                seed=c.seed,
-                batch_size=c.batch,
-                drop_last=c.drop_last,
-                num_threads=c.num_threads,
-                skip=c.skip,
-                prefetch=c.prefetch,
-                timeout=c.timeout,
-                pinned=c.pinned,
-            )
+            return NativeExecutor(self.transform, self.collate, c)
         if c.num_workers > 0:
-            return WorkerExecutor(
-                self._worker_setup(None),
-                num_workers=c.num_workers,
-                prefetch_factor=c.prefetch_factor,
-                persistent=c.persistent_workers,
-                timeout=c.timeout,
-                pin_memory=c.pinned,
-            )
+            return WorkerExecutor(self._worker_setup(None), c)
         transform, collate = self._python_steps()
-        return ThreadExecutor(
-            transform,
-            collate,
-            seed=c.seed,
-            num_threads=c.num_threads,
-            prefetch=c.prefetch,
-            timeout=c.timeout,
-            skip=c.skip,
-        )
+        return ThreadExecutor(transform, collate, c)
 
     def _python_steps(
         self,

@@ -356,11 +356,4 @@ class StreamSource(BaseSource):
         c = self.config
         if c.num_workers == 0:
             return super().executor()
-        return StreamWorkerExecutor(
-            self._worker_setup(self._spec),
-            num_workers=c.num_workers,
-            prefetch_factor=c.prefetch_factor,
-            persistent=c.persistent_workers,
-            timeout=c.timeout,
-            pin_memory=c.pinned,
-        )
+        return StreamWorkerExecutor(self._worker_setup(self._spec), c)
