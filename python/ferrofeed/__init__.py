@@ -15,8 +15,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING as _TYPE_CHECKING
-from typing import Any as _Any
+from typing import TYPE_CHECKING as _TYPE_CHECKING, Any as _Any
 
 from ._native import load_core as _load_core
 

@@ -19,8 +19,8 @@ from . import _core
 from ._pipeline_async import _AsyncIterBridge, _AsyncRunner
 
 # Extensions built before `_call_failed` moved to _pipeline_calls import it from here.
-from ._pipeline_calls import _call_failed as _call_failed
 from ._pipeline_calls import (
+    _call_failed as _call_failed,
     _Collect,
     _CollectAsync,
     _InExecutor,
