@@ -76,20 +76,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import _rounds
 from _common import make_images, native_op, scratch_dir, shutdown_workers
 from _remote_configs import BY_KEY, Config
 from _remote_report import analyse, report
 from _remote_servers import ServerProcess, proc_cpu
-from _rounds import (
-    REPO_ROOT,
-    add_result_options,
-    add_run_options,
-    fill_defaults,
-    results_dir,
-    rotated,
-    runnable,
-    subset,
-)
+from _rounds import REPO_ROOT
 from _runs import LoaderCosts, add_tree_figures, read_epoch, run_fresh, run_script
 from bench_machine import loadavg, stamp, versions
 
@@ -305,15 +297,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=5, help="epochs per run, the first timed alone")
     p.add_argument("--latency", type=float, default=0.020, help="seconds added per request")
     p.add_argument("--configs", default="all", help=f"subset of {','.join(BY_KEY)}")
-    add_run_options(p, timeout=900.0, quick="a short run: small sizes, 1 round")
+    _rounds.add_run_options(p, timeout=900.0, quick="a short run: small sizes, 1 round")
     p.add_argument("--pss-interval", type=float, default=1.0, help="PSS sampling, seconds")
-    add_result_options(
+    _rounds.add_result_options(
         p, quick_dir=QUICK_DIR, replot="only redo the summaries and report of a JSON"
     )
     args = p.parse_args(argv)
-    fill_defaults(args, n=(1600, 256), shard_size=(200, 32), rounds=(3, 1))
-    args.out_dir = results_dir(args.out_dir, args.quick, QUICK_DIR)
-    args.configs = subset(args.configs, BY_KEY, "configurations", p)
+    _rounds.fill_defaults(args, n=(1600, 256), shard_size=(200, 32), rounds=(3, 1))
+    args.out_dir = _rounds.results_dir(args.out_dir, args.quick, QUICK_DIR)
+    args.configs = _rounds.subset(args.configs, BY_KEY, "configurations", p)
     if args.epochs < 2 or args.rounds < 1 or args.shard_size < 1:
         p.error("--epochs must be >= 2, --rounds and --shard-size >= 1")
     if -(-args.n // args.shard_size) < MIN_SHARDS:
@@ -328,7 +320,7 @@ def main(argv: list[str]) -> int:
         return 0
     from objstore import S3Server
 
-    keys, not_run = runnable({key: available(BY_KEY[key]) for key in args.configs})
+    keys, not_run = _rounds.runnable({key: available(BY_KEY[key]) for key in args.configs})
     configs = [BY_KEY[k] for k in keys]
     results: dict[str, Any] = {
         **stamp("remote_compare.py", argv),
@@ -367,7 +359,7 @@ def main(argv: list[str]) -> int:
             "window": args.shuffle_window,
         }
         for rnd in range(args.rounds):
-            for cfg in rotated(configs, rnd):
+            for cfg in _rounds.rotated(configs, rnd):
                 r = run_one(cfg, base, servers, workdir, args)
                 runs[cfg.key].append(r)
                 wait = sum(e["wait_s"] for e in r["remote_epochs"][1:])

@@ -16,7 +16,7 @@ import multiprocessing
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any
 
@@ -24,6 +24,31 @@ import pytest
 from conftest import TESTS_DIR
 from ferrofeed import Pipeline, PipelineBuilder, PipelineError
 from pipelines import assert_fails_as_programming_error, drain
+
+
+def fail_at(n: int, error: type[Exception]) -> Callable[[int], int]:
+    """A stage function named ``fail_at_<n>``: each item as it is, ``error(n)`` at item ``n``."""
+
+    def fail(x: int) -> int:
+        if x == n:
+            raise error(x)
+        return x
+
+    fail.__name__ = fail.__qualname__ = f"fail_at_{n}"
+    return fail
+
+
+def stuck_at(items: tuple[int, ...], release: threading.Event) -> Callable[[int], int]:
+    """A stage function: each item as it is, after waiting (20 s at most) for ``release`` at
+    each of ``items``: a call that does not return while a test runs."""
+
+    def stuck(x: int) -> int:
+        if x in items:
+            release.wait(20)
+        return x
+
+    stuck.__name__ = stuck.__qualname__ = f"stuck_at_{items[0]}"
+    return stuck
 
 
 def take_until_error(p: Pipeline) -> tuple[list[Any], BaseException | None]:
@@ -134,11 +159,7 @@ def test_max_failures_trip_delivers_every_item_before_it(op: Any, concurrency: i
 def test_raise_delivers_every_item_before_the_failing_one_through_later_stages(
     concurrency: int,
 ) -> None:
-    def fail_at_7(x: int) -> int:
-        if x == 7:
-            raise KeyError(x)
-        return x
-
+    fail_at_7 = fail_at(7, KeyError)
     for _ in range(RUNS):
         p = (
             PipelineBuilder()
@@ -196,11 +217,7 @@ def test_source_failure_after_aggregate_delivers_complete_groups() -> None:
 
 @pytest.mark.timeout(60)
 def test_unordered_stage_failure_delivers_what_finished_before_it() -> None:
-    def fail_at_5(x: int) -> int:
-        if x == 5:
-            raise ValueError(x)
-        return x
-
+    fail_at_5 = fail_at(5, ValueError)
     for _ in range(RUNS):
         p = (
             PipelineBuilder()
@@ -561,10 +578,7 @@ def test_sync_stage_timeout_skips_a_stuck_call_and_goes_on(
 ) -> None:
     # Calls that never return while the test runs: each one's thread is replaced when
     # it times out, so the stage keeps its concurrency, with one thread too.
-    def stuck_at_3(x: int) -> int:
-        if x in (3, 7):
-            release.wait(20)
-        return x
+    stuck_at_3 = stuck_at((3, 7), release)
 
     p = (
         PipelineBuilder()
@@ -587,10 +601,7 @@ def test_sync_stage_timeout_skips_a_stuck_call_and_goes_on(
 def test_sync_stage_timeout_raises_timeout_error_after_the_items_before(
     release: threading.Event, concurrency: int
 ) -> None:
-    def stuck_at_3(x: int) -> int:
-        if x == 3:
-            release.wait(20)
-        return x
+    stuck_at_3 = stuck_at((3,), release)
 
     p = (
         PipelineBuilder()
@@ -658,10 +669,7 @@ def test_async_stage_own_timeout_error_is_not_reworded() -> None:
 
 @pytest.mark.timeout(30)
 def test_executor_stage_timeout(release: threading.Event) -> None:
-    def stuck_at_1(x: int) -> int:
-        if x == 1:
-            release.wait(20)
-        return x
+    stuck_at_1 = stuck_at((1,), release)
 
     with ThreadPoolExecutor(4) as pool:
         p = (
@@ -697,10 +705,7 @@ def test_stalled_stage_is_named_in_a_warning_and_stop_returns_promptly(
 ) -> None:
     caplog.set_level(logging.WARNING, logger=LOGGER)
 
-    def hangs_at_5(x: int) -> int:
-        if x == 5:
-            release.wait(20)
-        return x
+    hangs_at_5 = stuck_at((5,), release)
 
     p = (
         PipelineBuilder()
@@ -951,19 +956,14 @@ class AsyncRecorder(Recorder):
 
     @contextlib.asynccontextmanager
     async def stage_hook(self) -> AsyncIterator[None]:  # type: ignore[override]
-        self.log.append((self.tag, "stage-start"))
-        yield
-        self.log.append((self.tag, "stage-end"))
+        with Recorder.stage_hook(self):
+            yield
 
     @contextlib.asynccontextmanager
     async def task_hook(self) -> AsyncIterator[None]:  # type: ignore[override]
-        self.log.append((self.tag, "task-start"))
-        try:
+        # A failure thrown in at the yield reaches the sync hook, which records it.
+        with Recorder.task_hook(self):
             yield
-        except Exception as e:
-            self.log.append((self.tag, f"task-failed:{type(e).__name__}"))
-            raise
-        self.log.append((self.tag, "task-end"))
 
 
 def odd_fails_or_same(x: int) -> int:

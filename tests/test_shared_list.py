@@ -16,18 +16,7 @@ from typing import Any
 import ferrofeed
 import numpy as np
 import pytest
-from ferrofeed import (
-    ArenaBuilderError,
-    ArenaClosedError,
-    ArenaCorruptError,
-    ArenaError,
-    ArenaExistsError,
-    ArenaFullError,
-    ArenaNotFoundError,
-    ArenaTimeoutError,
-    FerrofeedError,
-    SharedList,
-)
+from ferrofeed import SharedList
 
 PLAIN: list[Any] = [
     {"a": 1, "b": [1, 2.5, "x"], "c": {"nested": (1, 2)}},
@@ -467,7 +456,7 @@ def test_access_after_close_raises(arena_dir: Path) -> None:
     for what, access in accesses.items():
         try:
             result = access()
-        except ArenaClosedError:
+        except ferrofeed.ArenaClosedError:
             continue  # right (and it is a ValueError: see test_error_hierarchy)
         except Exception as e:
             wrong[what] = f"raised {type(e).__name__}: {e}"
@@ -628,7 +617,7 @@ def test_unpickle_after_owner_closed(arena_dir: Path) -> None:
     sl = SharedList([1, 2], path=arena_dir)
     data = pickle.dumps(sl)
     sl.close()
-    with pytest.raises(ArenaNotFoundError):
+    with pytest.raises(ferrofeed.ArenaNotFoundError):
         pickle.loads(data)
 
 
@@ -699,7 +688,7 @@ def test_failing_item_leaves_no_file_in_default_dir() -> None:
 def test_explicit_path_that_exists(arena_dir: Path) -> None:
     existing = arena_dir / "taken.arena"
     existing.write_bytes(b"precious")
-    with pytest.raises(ArenaExistsError) as info:
+    with pytest.raises(ferrofeed.ArenaExistsError) as info:
         SharedList([1, 2, 3], path=existing)
     assert isinstance(info.value, FileExistsError)
     assert existing.read_bytes() == b"precious"  # not clobbered
@@ -711,7 +700,7 @@ def test_explicit_path_that_exists(arena_dir: Path) -> None:
 
 def test_explicit_path_of_a_live_arena(arena_dir: Path) -> None:
     with SharedList([1], path=arena_dir) as sl:
-        with pytest.raises(ArenaExistsError):
+        with pytest.raises(ferrofeed.ArenaExistsError):
             SharedList([2], path=sl.path)
         assert sl[0] == 1
         assert sorted(p.name for p in arena_dir.iterdir()) == [Path(sl.path).name]
@@ -719,7 +708,7 @@ def test_explicit_path_of_a_live_arena(arena_dir: Path) -> None:
 
 def test_open_missing_path(arena_dir: Path) -> None:
     missing = arena_dir / "nope.arena"
-    with pytest.raises(ArenaNotFoundError) as info:
+    with pytest.raises(ferrofeed.ArenaNotFoundError) as info:
         SharedList.open(missing)
     assert isinstance(info.value, FileNotFoundError)
     with pytest.raises(FileNotFoundError):
@@ -728,27 +717,27 @@ def test_open_missing_path(arena_dir: Path) -> None:
 
 
 def test_error_hierarchy() -> None:
-    assert issubclass(FerrofeedError, Exception)
-    assert issubclass(ArenaError, FerrofeedError)
+    assert issubclass(ferrofeed.FerrofeedError, Exception)
+    assert issubclass(ferrofeed.ArenaError, ferrofeed.FerrofeedError)
     expected_bases = {
-        ArenaNotFoundError: FileNotFoundError,
-        ArenaExistsError: FileExistsError,
-        ArenaCorruptError: ValueError,
-        ArenaFullError: OSError,
-        ArenaClosedError: ValueError,
-        ArenaTimeoutError: TimeoutError,
-        ArenaBuilderError: RuntimeError,
+        ferrofeed.ArenaNotFoundError: FileNotFoundError,
+        ferrofeed.ArenaExistsError: FileExistsError,
+        ferrofeed.ArenaCorruptError: ValueError,
+        ferrofeed.ArenaFullError: OSError,
+        ferrofeed.ArenaClosedError: ValueError,
+        ferrofeed.ArenaTimeoutError: TimeoutError,
+        ferrofeed.ArenaBuilderError: RuntimeError,
     }
     for cls, std in expected_bases.items():
-        assert issubclass(cls, ArenaError), cls
-        assert issubclass(cls, FerrofeedError), cls
+        assert issubclass(cls, ferrofeed.ArenaError), cls
+        assert issubclass(cls, ferrofeed.FerrofeedError), cls
         assert issubclass(cls, std), cls
         if hasattr(ferrofeed, "__all__"):
             assert cls.__name__ in ferrofeed.__all__, cls
     assert len(set(expected_bases)) == 7  # distinct classes
-    assert not issubclass(ArenaClosedError, ArenaCorruptError)
-    assert not issubclass(ArenaCorruptError, ArenaClosedError)
-    assert not issubclass(ArenaTimeoutError, ArenaBuilderError)
-    assert not issubclass(ArenaBuilderError, ArenaTimeoutError)
+    assert not issubclass(ferrofeed.ArenaClosedError, ferrofeed.ArenaCorruptError)
+    assert not issubclass(ferrofeed.ArenaCorruptError, ferrofeed.ArenaClosedError)
+    assert not issubclass(ferrofeed.ArenaTimeoutError, ferrofeed.ArenaBuilderError)
+    assert not issubclass(ferrofeed.ArenaBuilderError, ferrofeed.ArenaTimeoutError)
     with pytest.raises(OSError):
-        raise ArenaNotFoundError("x")
+        raise ferrofeed.ArenaNotFoundError("x")

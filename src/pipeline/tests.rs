@@ -34,6 +34,16 @@ fn with_policy(stage: Stage<u64, String>, policy: ErrorPolicy) -> Stage<u64, Str
     }
 }
 
+/// `stage` under the skip policy, failing the pipeline past 3 failures.
+fn at_most_3_failures(stage: Stage<u64, String>) -> Stage<u64, String> {
+    with_policy(
+        stage,
+        ErrorPolicy::Skip {
+            max_failures: Some(3),
+        },
+    )
+}
+
 fn source(n: u64) -> IterSource<impl Iterator<Item = Result<u64, String>> + Send> {
     IterSource((0..n).map(Ok))
 }
@@ -48,6 +58,19 @@ fn drain(p: &mut P) -> Result<Vec<u64>, Failure<String>> {
             Next::Timeout => panic!("pipeline stalled"),
         }
     }
+}
+
+/// Drains `p`, which must fail at stage `stage`, and gives what failed.
+#[track_caller]
+fn failed_at(p: &mut P, stage: &str) -> FailureKind<String> {
+    let err = drain(p).unwrap_err();
+    assert_eq!(err.stage, stage, "{err:?}");
+    err.kind
+}
+
+/// Whether `kind` is the item error `message`.
+fn is_item(kind: &FailureKind<String>, message: &str) -> bool {
+    matches!(kind, FailureKind::Item(m) if m == message)
 }
 
 /// The numbers `0..n` through `stages`, into a sink of `sink` items, with
@@ -137,12 +160,8 @@ fn raise_stops_with_the_stage_and_error() {
         vec![map("check", Work::Dedicated(f, None), 2, true)],
         2,
     );
-    let err = drain(&mut p).unwrap_err();
-    assert_eq!(err.stage, "check");
-    assert!(
-        matches!(err.kind, FailureKind::Item(ref m) if m == "bad 7"),
-        "{err:?}"
-    );
+    let kind = failed_at(&mut p, "check");
+    assert!(is_item(&kind, "bad 7"), "{kind:?}");
     assert!(p.is_finished());
     assert!(matches!(
         p.next_timeout(Duration::from_millis(10)),
@@ -175,12 +194,7 @@ fn skip_counts_exactly_and_max_failures_trips() {
     assert_eq!(p.stats()[1].failures, 100);
     assert_eq!(skipped.load(Ordering::Relaxed), 100);
 
-    let stage = with_policy(
-        map("flaky", Work::Inline(f), 1, true),
-        ErrorPolicy::Skip {
-            max_failures: Some(3),
-        },
-    );
+    let stage = at_most_3_failures(map("flaky", Work::Inline(f), 1, true));
     let mut p = pipeline(10_000, vec![stage], 4);
     let err = drain(&mut p).unwrap_err();
     assert!(
@@ -252,8 +266,7 @@ fn source_errors_and_panics_are_failures() {
         }
     }));
     let mut p = P::new(src, vec![], config(2), None).unwrap();
-    let err = drain(&mut p).unwrap_err();
-    assert_eq!(err.stage, "source");
+    failed_at(&mut p, "source");
 
     let f: ItemFn<u64, String> = Arc::new(|x| {
         assert!(x != 3, "three is right out");
@@ -268,11 +281,10 @@ fn source_errors_and_panics_are_failures() {
         (Work::Dedicated(f, None), 1, "panicked"),
     ] {
         let mut p = pipeline(10, vec![map("p", work, conc, true)], 2);
-        let err = drain(&mut p).unwrap_err();
-        assert_eq!(err.stage, "p");
+        let kind = failed_at(&mut p, "p");
         assert!(
-            matches!(err.kind, FailureKind::Panicked(ref m) if m.contains(message)),
-            "{err:?}"
+            matches!(kind, FailureKind::Panicked(ref m) if m.contains(message)),
+            "{kind:?}"
         );
     }
 }
@@ -760,12 +772,7 @@ fn thread_stage_errors_follow_the_policy_in_order() {
     let expected: Vec<String> = (0..100).map(|i| format!("bad {}", i * 100 + 7)).collect();
     assert_eq!(*skipped.lock().unwrap(), expected);
 
-    let limited = with_policy(
-        map("flaky", Work::Dedicated(f.clone(), None), 4, true),
-        ErrorPolicy::Skip {
-            max_failures: Some(3),
-        },
-    );
+    let limited = at_most_3_failures(map("flaky", Work::Dedicated(f.clone(), None), 4, true));
     let mut p = pipeline(10_000, vec![limited], 4);
     let err = drain(&mut p).unwrap_err();
     assert!(
@@ -782,12 +789,8 @@ fn thread_stage_errors_follow_the_policy_in_order() {
         vec![map("flaky", Work::Dedicated(f, None), 4, true)],
         4,
     );
-    let err = drain(&mut p).unwrap_err();
-    assert_eq!(err.stage, "flaky");
-    assert!(
-        matches!(err.kind, FailureKind::Item(ref m) if m == "bad 7"),
-        "{err:?}"
-    );
+    let kind = failed_at(&mut p, "flaky");
+    assert!(is_item(&kind, "bad 7"), "{kind:?}");
 }
 
 #[test]
