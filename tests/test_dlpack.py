@@ -630,8 +630,7 @@ class _FakeEvent:
 def test_async_device_copy_keeps_the_pooled_buffer_until_the_copy_completes() -> None:
     # Without a GPU: the keeper's logic, with a fake event, on a pooled buffer.
     pytest.importorskip("torch")
-    from ferrofeed import BufferPool
-    from ferrofeed import torch as ft
+    from ferrofeed import BufferPool, torch as ft
 
     pool = BufferPool(4, pinned=False)
     t = ft.to_torch(pool.empty((8,), "float32"))

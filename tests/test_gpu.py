@@ -24,8 +24,13 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device", allow_module_level=True)
 
 import ferrofeed  # noqa: E402
-from ferrofeed import BufferPool, DataLoader, ImageFiles, ops  # noqa: E402
-from ferrofeed import torch as ft  # noqa: E402
+from ferrofeed import (  # noqa: E402
+    BufferPool,
+    DataLoader,
+    ImageFiles,
+    ops,
+    torch as ft,
+)
 
 pytestmark = pytest.mark.gpu
 
