@@ -229,6 +229,50 @@ def test_remote_ranks_fetch_only_their_samples_bytes(s3_env: S3Server, tmp_path:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_the_pieces_a_window_fetched_serve_the_next_epochs(
+    s3_env: S3Server, tmp_path: Path
+) -> None:
+    data = samples(400)
+    dest = f"s3://{BUCKET}/kept"
+    ff.write_shards(data, dest, samples_per_shard=100)
+    kw: dict[str, Any] = {"shuffle": True, "seed": 3, "shuffle_window": 32}
+    with FaultProxy(s3_env.endpoint) as proxy:
+
+        def epochs(
+            prefetch_bytes: int | None,
+        ) -> tuple[list[list[tuple[int, int]]], list[int], Any]:
+            """Two epochs; the tar requests of each; the source's reader."""
+            options = {"endpoint": proxy.url}
+            shards = ff.TarShards(
+                f"{dest}/*.tar", storage_options=options, prefetch_bytes=prefetch_bytes
+            )
+            dl = ff.DataLoader(shards, 10, transform=digest, collate=list, **kw)
+            got, requests = [], []
+            for _ in range(2):
+                before = len(proxy.log)
+                got.append(sorted(s for batch in dl for s in batch))
+                requests.append(len(tar_requests(proxy.log[before:])))
+            return got, requests, shards._reader
+
+        # Within the budget (the default), the second epoch's samples all come from the
+        # pieces the first one fetched (its windows cut the shards elsewhere: a piece is a
+        # slice of a kept one, or kept ones put together): no fetch at all.
+        got, requests, reader = epochs(None)
+        hits, held = reader.kept
+        assert requests[0] > 0
+        assert requests[1] == 0, requests
+        assert hits > 0
+        assert 0 < held <= sum(len(d["bin"]) + 4096 for d in data)
+        # A budget of 1 byte keeps nothing: every epoch fetches its samples again.
+        again, requests_1, reader_1 = epochs(1)
+        assert reader_1.kept == (0, 0)
+        assert requests_1[1] > 0, requests_1
+        assert again == got  # the same samples either way
+        assert got[0] == got[1] == sorted(digest(d) for d in data)
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_remote_stale_index_is_refused_and_index_rebuilds_it(
     s3_env: S3Server, tmp_path: Path

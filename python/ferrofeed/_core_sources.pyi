@@ -354,6 +354,9 @@ class _ShardReader:
     ) -> _ShardWindow:
         """Return the samples of ``pieces`` (``(shard, lo, hi)``) as a window."""
     @property
+    def kept(self) -> tuple[int, int]:
+        """``(pieces served, bytes held)`` of the fetched pieces kept for later windows."""
+    @property
     def paths(self) -> list[str]:
         """The shards' paths."""
 

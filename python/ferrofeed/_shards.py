@@ -385,7 +385,9 @@ class TarShards(ShardedSource):
             (``endpoint``, ``region``, ``access_key_id``, ``allow_http``, ``timeout``, ...)
             and ``max_retries`` / ``retry_timeout`` (seconds).
         prefetch_bytes: bytes of the next shards fetched ahead of the one being read
-            (default 512 MiB; at least the next shard unless 0).
+            (default 512 MiB; at least the next shard unless 0). With a sample index
+            (nothing fetched whole), the bytes of the samples fetched, kept for later
+            epochs.
         cache_dir: a local directory keeping fetched shards, shared by the node's ranks and
             workers (one download per shard); without it, shards are fetched again each
             epoch.

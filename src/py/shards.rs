@@ -139,6 +139,13 @@ impl PyShardReader {
         Ok(self.window(Arc::new(window)))
     }
 
+    /// `(pieces served, bytes held)` of the pieces an indexed remote source's
+    /// windows fetched, kept for later windows within `prefetch_bytes`.
+    #[getter]
+    fn kept(&self) -> (u64, u64) {
+        self.set.kept_stats()
+    }
+
     /// The shards' paths (or URLs).
     #[getter]
     fn paths(&self) -> Vec<String> {

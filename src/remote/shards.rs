@@ -172,6 +172,11 @@ impl RemoteShards {
         &self.shared.objects
     }
 
+    /// The options it was made with.
+    pub fn options(&self) -> &RemoteOptions {
+        &self.shared.options
+    }
+
     /// Sets the shards the reader will ask for next, in order (`append`:
     /// after those already queued), and starts fetching ahead.
     ///

@@ -366,6 +366,27 @@ pub type SampleOffsets = Option<(Vec<u64>, u64)>;
 /// fetch holds its bytes, and where in that fetch they are.
 pub type PieceBytes = Option<(usize, std::ops::Range<usize>)>;
 
+/// Where the samples `lo..hi` of `shard` lie in it, by its sample offsets
+/// (`offsets[shard]`); `None` when its offsets are not known, or for an
+/// empty or out-of-range piece.
+pub fn piece_bytes(
+    offsets: &[SampleOffsets],
+    (shard, lo, hi): (usize, u64, u64),
+) -> Option<std::ops::Range<u64>> {
+    let (starts, end) = offsets.get(shard)?.as_ref()?;
+    let n = starts.len() as u64;
+    if lo >= hi || hi > n {
+        return None;
+    }
+    let start = starts[usize::try_from(lo).ok()?];
+    let stop = if hi == n {
+        *end
+    } else {
+        starts[usize::try_from(hi).ok()?]
+    };
+    Some(start..stop)
+}
+
 /// The byte ranges to fetch for `pieces` (`(shard, lo, hi)` each) of shards
 /// whose sample offsets are known (`offsets[shard]`: starts and end, as in
 /// [`ShardEntry`]), touching or overlapping ranges of one shard merged into
@@ -376,17 +397,8 @@ pub fn plan_fetches(
     offsets: &[SampleOffsets],
     pieces: &[(usize, u64, u64)],
 ) -> (Vec<(usize, std::ops::Range<u64>)>, Vec<PieceBytes>) {
-    let range_of = |&(shard, lo, hi): &(usize, u64, u64)| {
-        let (starts, end) = offsets.get(shard)?.as_ref()?;
-        let n = starts.len() as u64;
-        if lo >= hi || hi > n {
-            return None;
-        }
-        let start = starts[lo as usize];
-        let stop = if hi == n { *end } else { starts[hi as usize] };
-        Some(start..stop)
-    };
-    let ranges: Vec<Option<std::ops::Range<u64>>> = pieces.iter().map(range_of).collect();
+    let ranges: Vec<Option<std::ops::Range<u64>>> =
+        pieces.iter().map(|&p| piece_bytes(offsets, p)).collect();
     // Merge per shard, in byte order.
     let mut order: Vec<(usize, std::ops::Range<u64>)> = ranges
         .iter()

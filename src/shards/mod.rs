@@ -31,6 +31,7 @@ mod error;
 mod feed;
 pub mod index;
 pub mod jsonl;
+mod kept;
 pub mod mds;
 pub(crate) mod parallel;
 pub mod parquet;

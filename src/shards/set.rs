@@ -6,9 +6,10 @@ use std::sync::{Arc, Mutex};
 
 use super::error::ShardSetError;
 use super::index::SampleOffsets;
+use super::kept::Kept;
 use super::parallel::in_parallel;
 use super::window::{read_piece, Window};
-use super::{Shard, ShardError, ShardFormat, ShardInfo};
+use super::{Shard, ShardData, ShardError, ShardFormat, ShardInfo};
 use crate::plan::Piece;
 use crate::remote::{RemoteError, RemoteShards};
 
@@ -21,6 +22,9 @@ pub struct ShardSet {
     paths: Arc<Vec<PathBuf>>,
     remote: Option<Arc<RemoteShards>>,
     offsets: Option<Vec<SampleOffsets>>,
+    /// The pieces windows fetched by their offsets, kept for later windows
+    /// within the remote's `prefetch_bytes` (see [`Kept`]).
+    kept: Mutex<Kept>,
 }
 
 impl ShardSet {
@@ -55,11 +59,15 @@ impl ShardSet {
                 });
             }
         }
+        // An indexed source fetches nothing ahead but its next window: its budget of
+        // fetched bytes keeps what earlier windows fetched instead.
+        let kept = Kept::new(remote.as_ref().map_or(0, |r| r.options().prefetch_bytes));
         Ok(Self {
             format,
             paths: Arc::new(paths),
             remote,
             offsets,
+            kept: Mutex::new(kept),
         })
     }
 
@@ -153,13 +161,51 @@ impl ShardSet {
     }
 
     /// The pieces' samples fetched by their offsets, each a shard of its own
-    /// whose sample 0 is the piece's `lo` (`index::fetch_pieces`); `None`
-    /// for a piece that is read from its whole shard.
+    /// whose sample 0 is the piece's `lo` (`index::fetch_pieces`), or taken
+    /// from the pieces earlier windows fetched ([`Kept`]); `None` for a
+    /// piece that is read from its whole shard.
     fn fetch_pieces(&self, pieces: &[(usize, u64, u64)]) -> Vec<Option<Result<Shard, ShardError>>> {
-        match (&self.offsets, &self.remote) {
-            (Some(o), Some(r)) => super::index::fetch_pieces(r, o, &self.paths, pieces),
-            _ => pieces.iter().map(|_| None).collect(),
+        let mut out: Vec<Option<Result<Shard, ShardError>>> = pieces.iter().map(|_| None).collect();
+        let (Some(offsets), Some(remote)) = (&self.offsets, &self.remote) else {
+            return out;
+        };
+        let mut missing = Vec::new();
+        {
+            let mut kept = self.kept();
+            for (i, &piece) in pieces.iter().enumerate() {
+                match kept.get(offsets, piece) {
+                    Some(bytes) => out[i] = Some(Ok(Shard::memory(&self.paths[piece.0], bytes))),
+                    None => missing.push(i),
+                }
+            }
         }
+        let wanted: Vec<(usize, u64, u64)> = missing.iter().map(|&i| pieces[i]).collect();
+        let fetched = super::index::fetch_pieces(remote, offsets, &self.paths, &wanted);
+        let mut kept = self.kept();
+        for ((i, piece), got) in missing.into_iter().zip(wanted).zip(fetched) {
+            if let Some(Ok(Shard {
+                data: ShardData::Memory { bytes, .. },
+                ..
+            })) = &got
+            {
+                kept.keep(piece, bytes.clone());
+            }
+            out[i] = got;
+        }
+        out
+    }
+
+    fn kept(&self) -> std::sync::MutexGuard<'_, Kept> {
+        self.kept
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// `(pieces served from the kept ones, bytes kept)` of an indexed remote
+    /// source (see [`Kept`]).
+    pub fn kept_stats(&self) -> (u64, u64) {
+        let kept = self.kept();
+        (kept.hits(), kept.held())
     }
 
     /// Reads `pieces` into a window, the first sample of each with the
