@@ -1,5 +1,5 @@
-//! Every shard format by name: the one list the bindings (`_ShardReader`),
-//! the fuzz target and the tests take formats from. A new format is its own
+//! Every shard format by name: the one list of formats, which the bindings
+//! (`_ShardReader`) and the fuzz target take theirs from. A new format is its own
 //! file in this folder (a [`ShardFormat`]), one line in [`FORMATS`], and
 //! one Python class over `ShardedSource` (DESIGN.md, "Adding a shard
 //! format").
