@@ -1184,6 +1184,40 @@ def test_a_fork_while_fetches_are_in_flight(s3: S3Server, proxy: FaultProxy) -> 
     assert [tuple(x) for x in json.loads(out)] == want
 
 
+@pytest.mark.timeout(180)
+def test_a_forked_child_reads_its_epoch_itself_while_the_parents_read_ahead_waits(
+    s3: S3Server, proxy: FaultProxy
+) -> None:
+    # Every fetch through the proxy takes a second, and no shard is kept ahead: when the
+    # parent's epoch ends, the next epoch's first window is still being read, its shard on
+    # its way. A child forked then reads that epoch itself (the parent's read runs on the
+    # parent's runtime, whose threads the child does not have: waiting for it would hang).
+    want = sorted(digest(s) for s in ff.TarShards(url("tar")))
+    src = ff.TarShards(url("tar"), storage_options=via(proxy), prefetch_bytes=1)
+    dl = loader(src, shuffle=True, seed=6, shuffle_window=64)
+    proxy.latency = 1.0
+    assert sorted(flat(epoch(dl))) == want
+    assert dl._source._feed.ahead is not None  # read ahead, its fetch on its way
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        code = 1
+        try:
+            os.close(r)
+            signal.alarm(90)
+            os.write(w, json.dumps(sorted(flat(epoch(dl)))).encode())
+            code = 0
+        except BaseException as e:
+            os.write(w, repr(e).encode())
+        finally:
+            os._exit(code)
+    os.close(w)
+    # The parent's own next epoch takes the window it read ahead.
+    assert sorted(flat(epoch(dl))) == want
+    out = _wait_child(pid, r, 150)
+    assert [tuple(x) for x in json.loads(out)] == want
+
+
 def _mp_child(pattern: str, out: Any) -> None:  # in a multiprocessing fork child
     out.put(_child_reads(pattern, None))
 

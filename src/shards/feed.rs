@@ -89,12 +89,18 @@ impl Read {
 /// A window read ahead for a later epoch: its pieces, and the read.
 type Ahead = (Vec<Piece>, Read);
 
+/// The feed's read-ahead, with the process it was started in.
+struct Slot {
+    pid: u32,
+    ahead: Option<Ahead>,
+}
+
 /// A sharded source's windows, read ahead of its batches (see the [module
 /// docs](self)). One per loader over the source: it keeps the next epoch's
 /// first window between epochs.
 pub struct WindowFeed {
     set: Arc<ShardSet>,
-    ahead: Mutex<Option<Ahead>>,
+    ahead: Mutex<Slot>,
     /// Window reads started, for tests and stats.
     reads: AtomicU64,
 }
@@ -104,7 +110,10 @@ impl WindowFeed {
     pub fn new(set: Arc<ShardSet>) -> Self {
         Self {
             set,
-            ahead: Mutex::new(None),
+            ahead: Mutex::new(Slot {
+                pid: std::process::id(),
+                ahead: None,
+            }),
             reads: AtomicU64::new(0),
         }
     }
@@ -118,13 +127,27 @@ impl WindowFeed {
     /// The pieces of the window read ahead for the next epoch, until an
     /// epoch takes it.
     pub fn ahead(&self) -> Option<Vec<Piece>> {
-        self.ahead_slot().as_ref().map(|(pieces, _)| pieces.clone())
+        self.ahead_slot()
+            .ahead
+            .as_ref()
+            .map(|(pieces, _)| pieces.clone())
     }
 
     /// The slot of the window read ahead (a panic elsewhere cannot leave it
-    /// half-written: it is only ever replaced or taken whole).
-    fn ahead_slot(&self) -> MutexGuard<'_, Option<Ahead>> {
-        self.ahead.lock().unwrap_or_else(PoisonError::into_inner)
+    /// half-written: it is only ever replaced or taken whole). In a forked
+    /// child, a read the parent started is forgotten, never waited for: it
+    /// runs on the parent's runtime, whose threads are not in the child, so
+    /// its result would never come (the runtime's fork rule, `PerProcess`).
+    fn ahead_slot(&self) -> MutexGuard<'_, Slot> {
+        let mut slot = self.ahead.lock().unwrap_or_else(PoisonError::into_inner);
+        let pid = std::process::id();
+        if slot.pid != pid {
+            if let Some(parents) = slot.ahead.take() {
+                std::mem::forget(parents);
+            }
+            slot.pid = pid;
+        }
+        slot
     }
 
     /// Starts reading `pieces`, whose first samples have the global ids
@@ -170,7 +193,7 @@ impl WindowFeed {
                 Some(first)
             })
             .collect();
-        let ahead = self.ahead_slot().take();
+        let ahead = self.ahead_slot().ahead.take();
         let epoch = EpochWindows {
             feed: Arc::clone(self),
             next: plan.start(),
@@ -297,7 +320,7 @@ impl EpochWindows {
         }
         let pieces = following.window_pieces(0);
         let read = self.feed.start(pieces.clone(), self.first_ids(&pieces))?;
-        let old = self.feed.ahead_slot().replace((pieces, read));
+        let old = self.feed.ahead_slot().ahead.replace((pieces, read));
         if let Some((_, old)) = old {
             old.cancel();
         }
