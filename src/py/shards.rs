@@ -58,7 +58,9 @@ fn feed_error(py: Python<'_>, e: &FeedError) -> PyErr {
         FeedError::Remote(e) => remote_error(py, e),
         FeedError::Set(e) => set_error(e),
         FeedError::Plan { .. } => PyValueError::new_err(e.to_string()),
-        FeedError::Runtime(_) | FeedError::Panicked(_) => PyRuntimeError::new_err(e.to_string()),
+        FeedError::Runtime(_) | FeedError::Cancelled | FeedError::Panicked(_) => {
+            PyRuntimeError::new_err(e.to_string())
+        }
     }
 }
 

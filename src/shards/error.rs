@@ -134,6 +134,10 @@ pub enum FeedError {
     /// A window's pieces are not the set's.
     #[error(transparent)]
     Set(#[from] ShardSetError),
+    /// A window's read ended without a result: cancelled before it
+    /// started (only a dropped epoch cancels reads, and it waits for none).
+    #[error("a window's read was cancelled before it started")]
+    Cancelled,
     /// Reading a window panicked (a bug: the readers turn bad data into
     /// errors).
     #[error("reading a window panicked: {0}")]

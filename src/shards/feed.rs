@@ -65,9 +65,8 @@ impl Read {
             let window = match rx.recv() {
                 Ok(Ok(read)) => Arc::new(read?),
                 Ok(Err(panic)) => return Err(FeedError::Panicked(panic)),
-                // The task ended without a word: cancelled before it started
-                // (only a dropped epoch cancels, and it waits for nothing).
-                Err(_) => return Err(FeedError::Panicked("a window's read was cancelled".into())),
+                // The task ended without a word: cancelled before it started.
+                Err(_) => return Err(FeedError::Cancelled),
             };
             *self = Self::Done(Arc::clone(&window));
         }
