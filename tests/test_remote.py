@@ -1097,11 +1097,12 @@ def _child_reads(pattern: str, inherited: ff.TarShards | None) -> list[tuple[int
     return got
 
 
-def _fork_child_reads(pattern: str, inherited: ff.TarShards | None) -> tuple[int, int]:
-    """Fork a child that runs `_child_reads` and writes its JSON (or its error) to a pipe.
+def _fork_child(run: Callable[[], Any], alarm: int = 60) -> tuple[int, int]:
+    """Fork a child that calls ``run`` and writes its JSON (or its error) to a pipe.
 
     Returns the child's pid and the read end of the pipe, for `_wait_child`. The child
-    exits 0 once it has written its result, 1 on an error; SIGALRM ends it after 60 s.
+    exits 0 once it has written its result, 1 on an error; SIGALRM ends it after ``alarm``
+    seconds.
     """
     r, w = os.pipe()
     pid = os.fork()
@@ -1109,9 +1110,8 @@ def _fork_child_reads(pattern: str, inherited: ff.TarShards | None) -> tuple[int
         code = 1
         try:
             os.close(r)
-            signal.alarm(60)
-            got = _child_reads(pattern, inherited)
-            os.write(w, json.dumps(got).encode())
+            signal.alarm(alarm)
+            os.write(w, json.dumps(run()).encode())
             code = 0
         except BaseException as e:
             os.write(w, repr(e).encode())
@@ -1119,6 +1119,11 @@ def _fork_child_reads(pattern: str, inherited: ff.TarShards | None) -> tuple[int
             os._exit(code)
     os.close(w)
     return pid, r
+
+
+def _fork_child_reads(pattern: str, inherited: ff.TarShards | None) -> tuple[int, int]:
+    """Fork a child that runs `_child_reads` (see `_fork_child`)."""
+    return _fork_child(lambda: _child_reads(pattern, inherited))
 
 
 def _wait_child(pid: int, fd: int, timeout: float) -> bytes:
@@ -1198,20 +1203,7 @@ def test_a_forked_child_reads_its_epoch_itself_while_the_parents_read_ahead_wait
     proxy.latency = 1.0
     assert sorted(flat(epoch(dl))) == want
     assert dl._source._feed.ahead is not None  # read ahead, its fetch on its way
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child
-        code = 1
-        try:
-            os.close(r)
-            signal.alarm(90)
-            os.write(w, json.dumps(sorted(flat(epoch(dl)))).encode())
-            code = 0
-        except BaseException as e:
-            os.write(w, repr(e).encode())
-        finally:
-            os._exit(code)
-    os.close(w)
+    pid, r = _fork_child(lambda: sorted(flat(epoch(dl))), alarm=90)
     # The parent's own next epoch takes the window it read ahead.
     assert sorted(flat(epoch(dl))) == want
     out = _wait_child(pid, r, 150)
