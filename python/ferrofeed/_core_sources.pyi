@@ -354,6 +354,9 @@ class _ShardReader:
     ) -> _ShardWindow:
         """Return the samples of ``pieces`` (``(shard, lo, hi)``) as a window."""
     @property
+    def ranged(self) -> bool:
+        """Whether windows fetch their samples' byte ranges (remote, with an index)."""
+    @property
     def kept(self) -> tuple[int, int]:
         """``(pieces served, bytes held)`` of the fetched pieces kept for later windows."""
     @property

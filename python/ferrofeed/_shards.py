@@ -283,8 +283,7 @@ class ShardedSource:
     @property
     def _ranged(self) -> bool:
         """Whether windows fetch their samples' byte ranges (remote, with an index)."""
-        offsets = self._sample_offsets
-        return offsets is not None and any(o is not None for o in offsets)
+        return self._reader.ranged
 
     def __iter__(self) -> Iterator[Any]:
         if self._remote is not None and not self._ranged:

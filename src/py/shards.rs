@@ -141,6 +141,13 @@ impl PyShardReader {
         Ok(self.window(Arc::new(window)))
     }
 
+    /// Whether windows fetch their samples' byte ranges (remote, with an
+    /// index), rather than whole shards fetched ahead.
+    #[getter]
+    fn ranged(&self) -> bool {
+        self.set.ranged()
+    }
+
     /// `(pieces served, bytes held)` of the pieces an indexed remote source's
     /// windows fetched, kept for later windows within `prefetch_bytes`.
     #[getter]
