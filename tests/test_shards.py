@@ -306,6 +306,34 @@ def test_the_order_does_not_depend_on_threads_or_workers(
     assert epoch_ids(loader(tars, shuffle=True, seed=5, shuffle_window=8, **kw)) == reference
 
 
+@pytest.mark.parametrize(
+    "kw", [{"num_threads": 2}, {"num_workers": 2, "worker_start_method": "spawn"}]
+)
+def test_a_large_shard_read_by_small_windows_from_its_marks_gives_what_gzip_gives(
+    tmp_path: Path, kw: dict[str, Any]
+) -> None:
+    # Windows of 24 start inside shards of 300 and 450 samples: the plain shards' reads
+    # start at their marks (where every 128th sample starts: found by counting, or in a
+    # spawned worker by its first reads), the gzip ones' from the start. Same batches.
+    members = labelled_members(range(750), extra=True)
+    plain = [
+        write_tar(tmp_path / "a.tar", members[: 4 * 300]),
+        write_tar(tmp_path / "b.tar", members[4 * 300 :]),
+    ]
+    gz = [
+        write_tar(tmp_path / "a.tar.gz", members[: 4 * 300], gz=True),
+        write_tar(tmp_path / "b.tar.gz", members[4 * 300 :], gz=True),
+    ]
+    opts = {"shuffle": True, "seed": 2, "shuffle_window": 24, **kw}
+    for epoch in range(2):
+        got = [loader(p, 8, **opts) for p in (plain, gz)]
+        for dl in got:
+            dl.set_epoch(epoch)
+        from_marks, from_start = (epoch_ids(dl) for dl in got)
+        assert from_marks == from_start
+        assert sorted(i for b in from_marks for i in b) == list(range(750))
+
+
 @pytest.mark.parametrize("world", [2, 3, 5, 9])
 def test_ranks_read_every_sample_once_in_lockstep(tars: list[Path], world: int) -> None:
     # 7 shards of uneven sizes: fewer shards than ranks x workers for world >= 4.

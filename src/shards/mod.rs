@@ -32,6 +32,7 @@ mod feed;
 pub mod index;
 pub mod jsonl;
 mod kept;
+pub mod marks;
 pub mod mds;
 pub(crate) mod parallel;
 pub mod parquet;
@@ -45,6 +46,7 @@ use std::io::{self, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
+use marks::Marks;
 
 pub use error::{FeedError, ShardError, ShardSetError};
 pub use feed::{EpochWindows, FedBatch, WindowFeed};
@@ -173,6 +175,21 @@ impl ShardReader {
     /// Whether the shard is empty.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// What marks found in this shard are for ([`marks::Stamp`]): its
+    /// length and, for a file, its modification time.
+    pub fn stamp(&self) -> marks::Stamp {
+        match self {
+            ShardReader::File { file, len } => marks::Stamp {
+                len: *len,
+                modified: file.metadata().and_then(|m| m.modified()).ok(),
+            },
+            ShardReader::Memory(m) => marks::Stamp {
+                len: m.len,
+                modified: None,
+            },
+        }
     }
 }
 
@@ -486,6 +503,38 @@ pub trait ShardFormat: Send + Sync {
     /// the shard has fewer than `hi` samples ([`ShardError::Changed`]).
     fn read(&self, shard: &Shard, lo: u64, hi: u64, each: Each<'_>) -> Result<(), ShardError>;
 
+    /// [`Self::count`], recording in `marks` where the shard's samples
+    /// start, for a format whose reads can seek to a sample (plain tar); the
+    /// default only counts.
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::count`].
+    fn count_marked(&self, shard: &Shard, marks: &Marks) -> Result<ShardInfo, ShardError> {
+        let _ = marks;
+        self.count(shard)
+    }
+
+    /// [`Self::read`] of the whole shard `shard`, starting at the last of
+    /// `marks` at or before `lo` and recording the marks it walks over, for
+    /// a format whose reads can seek to a sample (plain tar); the default
+    /// reads from the shard's start.
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::read`].
+    fn read_marked(
+        &self,
+        shard: &Shard,
+        lo: u64,
+        hi: u64,
+        marks: &Marks,
+        each: Each<'_>,
+    ) -> Result<(), ShardError> {
+        let _ = marks;
+        self.read(shard, lo, hi, each)
+    }
+
     /// How a sample of this format is laid out, for the bindings that turn
     /// it into Python objects and for messages.
     fn layout(&self) -> SampleLayout;
@@ -587,22 +636,42 @@ fn fuzz_one(name: &str, format: &dyn ShardFormat, shard: &Shard) -> Result<Vec<S
     found.push(format!("count: {info:?}"));
     // Read everything, then the second half: what a rank reading from a
     // member on gets. Delivered numbers must be in order and in range.
+    // Every sample marked (by a count, then by the first read), so that the
+    // second read starts at a mark: reads from marks must deliver what
+    // reads from the start do.
+    let marks = marks::Marks::every(1);
+    let recount = format.count_marked(shard, &marks);
+    if recount.as_ref().ok() != Some(&info) {
+        return Err(format!(
+            "{name}: counted {info:?}, then {recount:?} with marks"
+        ));
+    }
     for lo in [0, info.samples / 2] {
         let mut next = lo;
         let mut bad = None;
+        let mut delivered = Vec::new();
         let result = format.read(shard, lo, info.samples, &mut |n, sample| {
             if n != next && bad.is_none() {
                 bad = Some(format!("{name}: sample {n} delivered where {next} was due"));
             }
             next = n + 1;
-            found.push(match sample {
-                Ok(sample) => format!("sample {n}: {sample:?}"),
-                Err(e) => format!("sample {n}: {e}"),
-            });
+            delivered.push(described(n, sample));
         });
         if let Some(bad) = bad {
             return Err(bad);
         }
+        let mut again = Vec::new();
+        let marked = format.read_marked(shard, lo, info.samples, &marks, &mut |n, sample| {
+            again.push(described(n, sample));
+        });
+        let ended = |r: &Result<(), ShardError>| r.as_ref().map_err(ToString::to_string).err();
+        if again != delivered || ended(&marked) != ended(&result) {
+            return Err(format!(
+                "{name}: a read of {lo}.. from marks differs from one from the start: \
+                 {again:?} {marked:?} against {delivered:?} {result:?}"
+            ));
+        }
+        found.extend(delivered);
         if let Err(e) = &result {
             caught_panic(name, e)?;
             found.push(format!("read {lo}..: {e}"));
@@ -617,6 +686,14 @@ fn fuzz_one(name: &str, format: &dyn ShardFormat, shard: &Shard) -> Result<Vec<S
         }
     }
     Ok(found)
+}
+
+/// A sample delivered to a fuzzed read, as text.
+fn described(n: u64, sample: Result<Sample, ShardError>) -> String {
+    match sample {
+        Ok(sample) => format!("sample {n}: {sample:?}"),
+        Err(e) => format!("sample {n}: {e}"),
+    }
 }
 
 /// A panic of a decoder crate, caught and turned into an error by the

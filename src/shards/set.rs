@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use super::error::ShardSetError;
 use super::index::SampleOffsets;
 use super::kept::Kept;
+use super::marks::Marks;
 use super::parallel::in_parallel;
 use super::window::{read_piece, Window};
 use super::{Shard, ShardData, ShardError, ShardFormat, ShardInfo};
@@ -25,6 +26,9 @@ pub struct ShardSet {
     /// The pieces windows fetched by their offsets, kept for later windows
     /// within the remote's `prefetch_bytes` (see [`Kept`]).
     kept: Mutex<Kept>,
+    /// Each shard's marks, found by counting it and by reading it: where a
+    /// read of a whole shard starts (see [`Marks`]).
+    marks: Vec<Marks>,
 }
 
 impl ShardSet {
@@ -68,6 +72,7 @@ impl ShardSet {
             remote,
             offsets,
             kept: Mutex::new(kept),
+            marks: (0..shards).map(|_| Marks::new()).collect(),
         })
     }
 
@@ -141,10 +146,19 @@ impl ShardSet {
         })
     }
 
-    /// Every shard counted ([`ShardFormat::count`]) on up to `threads`
-    /// threads; results in shard order.
+    /// Every shard counted ([`ShardFormat::count_marked`]: a plain tar
+    /// shard's marks are kept for its reads) on up to `threads` threads;
+    /// results in shard order.
     pub fn count(&self, threads: usize) -> Vec<Result<ShardInfo, ShardError>> {
-        self.scan(threads, |shard| self.format.count(shard))
+        in_parallel(self.paths.len(), threads.max(1), |i| {
+            let shard = self.for_count(i)?;
+            self.format.count_marked(&shard, &self.marks[i])
+        })
+    }
+
+    /// How many marks are known for shard `shard` (see [`Marks`]).
+    pub fn marks(&self, shard: usize) -> usize {
+        self.marks.get(shard).map_or(0, Marks::len)
     }
 
     /// Shard `shard` for reading: its file, or its bytes once fetched
@@ -250,17 +264,18 @@ impl ShardSet {
             let (shard, lo, hi) = pieces[i];
             // A fetched piece is a shard of its own, from its sample `lo`.
             let taken = fetched[i].lock().map(|mut f| f.take()).ok().flatten();
-            let (data, base) = match taken {
-                Some(data) => (data, lo),
-                None => (self.for_read(shard), 0),
+            // A whole shard is read from its marks.
+            let (data, base, marks) = match taken {
+                Some(data) => (data, lo, None),
+                None => (self.for_read(shard), 0, Some(&self.marks[shard])),
             };
             read_piece(
                 &*self.format,
                 &self.paths[shard],
                 (shard, lo, hi),
                 first_ids[i],
-                data,
-                base,
+                (data, base),
+                marks,
             )
         });
         Ok(Window::new(Arc::clone(&self.paths), spans))

@@ -5,8 +5,13 @@
 //! `.tar` all read. A shard file is streamed, never held in memory whole (a
 //! shard in memory, [`Shard::memory`], is read the same way). A plain
 //! shard is read with seeks over member data that is not wanted: counting
-//! reads its headers only (with the few KiB of buffer after each), and [`ShardFormat::read`] of `lo..hi` reads the
-//! headers before `lo`, the members of `lo..hi` and one header after them. A
+//! reads its headers only (with the few KiB of buffer after each), and
+//! [`ShardFormat::read`] of `lo..hi` reads the headers before `lo`, the
+//! members of `lo..hi` and one header after them. With marks
+//! ([`ShardFormat::count_marked`], [`ShardFormat::read_marked`]: where every
+//! 128th sample starts, found by counting or by earlier reads) a read starts
+//! at the last mark at or before `lo` instead, so reading a large shard by
+//! windows does not walk its first headers again for every window. A
 //! compressed shard has to be decompressed from its start up to `hi`.
 //!
 //! # Layout
@@ -76,6 +81,7 @@ use std::path::Path;
 use std::rc::Rc;
 
 use super::jsonl::{sniff, Codec};
+use super::marks::{Marks, Stamp};
 use super::{
     not_fetched, Each, Sample, SampleLayout, Shard, ShardError, ShardFormat, ShardInfo, Value,
 };
@@ -98,11 +104,12 @@ impl ShardFormat for TarFormat {
     /// damage ([`ShardInfo::damage`]): a read of them stops before it, as a
     /// read stops once its last sample's next member (or the end) is seen.
     fn count(&self, shard: &Shard) -> Result<ShardInfo, ShardError> {
-        let mut info = ShardInfo::default();
-        if let Err(e) = walk(shard, &mut Job::Count(&mut info)) {
-            info.damage = Some(super::Damage::of(&e).ok_or(e)?);
-        }
-        Ok(info)
+        count(shard, None)
+    }
+
+    /// A plain shard's count records a mark every [`STRIDE`](super::marks::STRIDE) samples.
+    fn count_marked(&self, shard: &Shard, marks: &Marks) -> Result<ShardInfo, ShardError> {
+        count(shard, Some(marks))
     }
 
     fn layout(&self) -> SampleLayout {
@@ -110,25 +117,53 @@ impl ShardFormat for TarFormat {
     }
 
     fn read(&self, shard: &Shard, lo: u64, hi: u64, each: Each<'_>) -> Result<(), ShardError> {
-        if lo >= hi {
-            return Ok(());
-        }
-        let found = walk(
-            shard,
-            &mut Job::Read {
-                range: lo..hi,
-                each,
-            },
-        )?;
-        if found < hi {
-            return Err(ShardError::Changed {
-                shard: shard.name.clone(),
-                expected: hi,
-                found,
-            });
-        }
-        Ok(())
+        read(shard, lo..hi, None, each)
     }
+
+    /// A plain shard is read from the last mark at or before `lo` (its
+    /// headers before it are not walked again), recording the marks it
+    /// walks over; a compressed one from its start.
+    fn read_marked(
+        &self,
+        shard: &Shard,
+        lo: u64,
+        hi: u64,
+        marks: &Marks,
+        each: Each<'_>,
+    ) -> Result<(), ShardError> {
+        read(shard, lo..hi, Some(marks), each)
+    }
+}
+
+/// [`TarFormat::count`], recording marks in `marks` if given.
+fn count(shard: &Shard, marks: Option<&Marks>) -> Result<ShardInfo, ShardError> {
+    let mut info = ShardInfo::default();
+    if let Err(e) = walk(shard, &mut Job::Count(&mut info), marks) {
+        info.damage = Some(super::Damage::of(&e).ok_or(e)?);
+    }
+    Ok(info)
+}
+
+/// [`TarFormat::read`] of `range`, from the marks in `marks` if given.
+fn read(
+    shard: &Shard,
+    range: Range<u64>,
+    marks: Option<&Marks>,
+    each: Each<'_>,
+) -> Result<(), ShardError> {
+    let hi = range.end;
+    if range.is_empty() {
+        return Ok(());
+    }
+    let found = walk(shard, &mut Job::Read { range, each }, marks)?;
+    if found < hi {
+        return Err(ShardError::Changed {
+            shard: shard.name.clone(),
+            expected: hi,
+            found,
+        });
+    }
+    Ok(())
 }
 
 /// What a walk over a shard's members is for.
@@ -143,16 +178,30 @@ enum Job<'a> {
     },
 }
 
+/// A walk's marks, and the version of the shard it walks (its marks are
+/// for that version only).
+#[derive(Clone, Copy)]
+struct Marking<'m> {
+    marks: &'m Marks,
+    stamp: Stamp,
+}
+
 /// Opens `shard` and walks its members for `job`, returning the number of
 /// samples walked over (all of them, or up to the end of a read's range).
-fn walk(shard: &Shard, job: &mut Job<'_>) -> Result<u64, ShardError> {
+/// With `marks`, a plain shard's walk records marks, and a read starts at
+/// the last one at or before its first sample.
+fn walk(shard: &Shard, job: &mut Job<'_>, marks: Option<&Marks>) -> Result<u64, ShardError> {
     let reader = shard.open()?;
     let len = reader.len();
+    let marking = marks.map(|marks| Marking {
+        marks,
+        stamp: reader.stamp(),
+    });
     let mut reader = BufReader::with_capacity(FILE_BUFFER, reader);
     let shard = shard.name.as_path();
     let codec = sniff(&mut reader).map_err(|e| ShardError::io(shard, e))?;
     match codec {
-        Codec::Plain => walk_seekable(shard, reader, len, job),
+        Codec::Plain => walk_seekable(shard, reader, len, job, marking),
         Codec::Gzip => walk_stream(
             shard,
             codec,
@@ -168,19 +217,32 @@ fn walk(shard: &Shard, job: &mut Job<'_>) -> Result<u64, ShardError> {
     }
 }
 
-/// Walks an uncompressed tar of `len` bytes, seeking over unwanted data.
+/// Walks an uncompressed tar of `len` bytes, seeking over unwanted data: a
+/// read from the last of `marking`'s marks at or before its first sample.
 fn walk_seekable<R: Read + Seek>(
     shard: &Path,
-    reader: R,
+    mut reader: R,
     len: u64,
     job: &mut Job<'_>,
+    marking: Option<Marking<'_>>,
 ) -> Result<u64, ShardError> {
-    let walker = Walker::new(shard, Codec::Plain, Some(len));
+    let from = match (&*job, marking) {
+        (Job::Read { range, .. }, Some(m)) => m.marks.before(m.stamp, range.start),
+        _ => None,
+    };
+    let (first, origin) = from.unwrap_or((0, 0));
+    if origin > 0 {
+        reader
+            .seek(SeekFrom::Start(origin))
+            .map_err(|e| ShardError::io(shard, e))?;
+    }
+    let mut walker = Walker::new(shard, Codec::Plain, Some(len), origin);
+    walker.marking = marking;
     let mut archive = walker.archive(reader);
     let entries = archive
         .entries_with_seek()
         .map_err(|e| walker.corrupt_header(&e))?;
-    walker.run(entries, job)
+    walker.run(entries, job, first)
 }
 
 /// Walks a decompressed tar stream.
@@ -190,10 +252,10 @@ fn walk_stream<R: Read>(
     reader: R,
     job: &mut Job<'_>,
 ) -> Result<u64, ShardError> {
-    let walker = Walker::new(shard, codec, None);
+    let walker = Walker::new(shard, codec, None, 0);
     let mut archive = walker.archive(reader);
     let entries = archive.entries().map_err(|e| walker.corrupt_header(&e))?;
-    walker.run(entries, job)
+    walker.run(entries, job, 0)
 }
 
 /// Where the tar reader is in the stream it reads, shared between the
@@ -268,17 +330,29 @@ struct Walker<'p> {
     len: Option<u64>,
     state: Rc<StreamState>,
     last: Option<Member>,
+    /// Where in the shard the walk starts (a mark's offset, or 0): the tar
+    /// reader's positions, and the stream's, are from there.
+    origin: u64,
+    /// Where the walk records the marks it walks over, if anywhere.
+    marking: Option<Marking<'p>>,
 }
 
 impl<'p> Walker<'p> {
-    fn new(shard: &'p Path, codec: Codec, len: Option<u64>) -> Self {
+    fn new(shard: &'p Path, codec: Codec, len: Option<u64>, origin: u64) -> Self {
         Self {
             shard,
             codec,
             len,
             state: Rc::default(),
             last: None,
+            origin,
+            marking: None,
         }
+    }
+
+    /// Where the walk is in the shard.
+    fn pos(&self) -> u64 {
+        self.origin + self.state.pos.get()
     }
 
     /// A tar archive over `reader`, whose reads and seeks this walker follows
@@ -290,17 +364,24 @@ impl<'p> Walker<'p> {
         })
     }
 
-    /// Walks the members of `entries` for `job`; see [`walk`].
+    /// Walks the members of `entries`, whose first is sample `first`'s, for
+    /// `job`; see [`walk`].
     fn run<R: Read>(
         mut self,
         mut entries: tar::Entries<'_, R>,
         job: &mut Job<'_>,
+        first: u64,
     ) -> Result<u64, ShardError> {
         // Every key met so far: one met again after another key is a split.
         let mut seen: HashSet<String> = HashSet::new();
         let mut group: Option<Group> = None;
-        // Samples completed.
-        let mut done = 0u64;
+        // Samples completed (or, from a mark, the samples before it).
+        let mut done = first;
+        // Where the next entry's headers start (its long name or pax ones
+        // included): where the entry before it ends, padded to a block.
+        // Unknown after a GNU sparse entry, whose extra headers the tar
+        // reader reads after its first.
+        let mut chain = Some(self.origin);
         loop {
             let mut entry = match entries.next() {
                 Some(Ok(entry)) => entry,
@@ -312,7 +393,12 @@ impl<'p> Walker<'p> {
             };
             let size = entry.size();
             let (name, sparse) = member_name(&mut entry);
-            let start = entry.raw_file_position();
+            let start = entry.raw_file_position() + self.origin;
+            let headers = chain;
+            chain = match entry.header().entry_type() {
+                tar::EntryType::GNUSparse => None,
+                _ => start.saturating_add(size).checked_next_multiple_of(512),
+            };
             self.last = Some(Member {
                 name,
                 data: start..start.saturating_add(size),
@@ -345,6 +431,9 @@ impl<'p> Walker<'p> {
                         Job::Count(_) => return Err(e),
                         Job::Read { .. } => error = Some(e),
                     }
+                }
+                if let (Some(m), Some(at)) = (self.marking, headers) {
+                    m.marks.record(m.stamp, done, at);
                 }
                 group = Some(Group {
                     key: key.to_owned(),
@@ -406,7 +495,7 @@ impl<'p> Walker<'p> {
     /// which GNU tar and webdataset read as whole (and which a cut at a
     /// header boundary cannot be told from).
     fn ended_after_a_member(&self) -> bool {
-        let end = self.len.unwrap_or_else(|| self.state.pos.get());
+        let end = self.len.unwrap_or_else(|| self.pos());
         self.last
             .as_ref()
             .is_some_and(|m| end >= m.data.end.next_multiple_of(512))
@@ -463,7 +552,7 @@ impl<'p> Walker<'p> {
             return self.truncated(Some(&e));
         }
         match &self.last {
-            Some(m) if self.state.pos.get() < m.data.end => ShardError::corrupt(
+            Some(m) if self.pos() < m.data.end => ShardError::corrupt(
                 self.shard,
                 format!("member {}", m.name),
                 format!("{} cannot be read: {e}", self.codec.name()),
@@ -486,7 +575,7 @@ impl<'p> Walker<'p> {
     fn truncated(&self, e: Option<&io::Error>) -> ShardError {
         // Where the stream ended: an uncompressed file is its length (the
         // reader may have sought past it), a stream where reading stopped.
-        let end = self.len.unwrap_or_else(|| self.state.pos.get());
+        let end = self.len.unwrap_or_else(|| self.pos());
         let what = self.codec.name();
         let said = e.map(|e| format!(" ({e})")).unwrap_or_default();
         match &self.last {

@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use super::marks::Marks;
 use super::{Sample, Shard, ShardError, ShardFormat};
 
 /// A sample of a window, or the error that kept it from being read. Behind a
@@ -59,27 +60,32 @@ pub fn lock_entry(entry: &Entry) -> MutexGuard<'_, Result<Sample, Arc<ShardError
 
 /// Reads the piece `(shard, lo, hi)` of the shard at `path` from `data`,
 /// whose sample `base` is the shard's sample 0 (a whole shard: 0; a piece
-/// fetched by its offsets: `lo`); its first sample has global id `first`.
+/// fetched by its offsets: `lo`), from `marks` if given (a whole shard's);
+/// its first sample has global id `first`.
 pub(super) fn read_piece(
     format: &dyn ShardFormat,
     path: &Path,
     (shard, lo, hi): (usize, u64, u64),
     first: u64,
-    data: Result<Shard, ShardError>,
-    base: u64,
+    (data, base): (Result<Shard, ShardError>, u64),
+    marks: Option<&Marks>,
 ) -> Span {
     let n = usize::try_from(hi - lo).expect("a piece fits in memory");
     let mut samples: Vec<Option<Result<Sample, Arc<ShardError>>>> = Vec::with_capacity(n);
     samples.resize_with(n, || None);
     let result = data.and_then(|data| {
-        format.read(&data, lo - base, hi - base, &mut |k, sample| {
+        let each: super::Each<'_> = &mut |k, sample| {
             if let Some(slot) = (k + base)
                 .checked_sub(lo)
                 .and_then(|i| samples.get_mut(usize::try_from(i).ok()?))
             {
                 *slot = Some(sample.map_err(Arc::new));
             }
-        })
+        };
+        match marks {
+            Some(marks) => format.read_marked(&data, lo - base, hi - base, marks, each),
+            None => format.read(&data, lo - base, hi - base, each),
+        }
     });
     // What the reader did not deliver is lost with the error that ended it
     // (the rest of the shard), or, should a reader stop short without one,

@@ -528,7 +528,7 @@ fn plain_shards_seek_over_unwanted_data() {
                 read: Rc::clone(&read),
             },
         );
-        let found = walk_seekable(Path::new("mem.tar"), reader, len, job).unwrap();
+        let found = walk_seekable(Path::new("mem.tar"), reader, len, job, None).unwrap();
         (found, read.get())
     };
     let mut info = ShardInfo::default();
@@ -720,3 +720,5 @@ proptest! {
         }
     }
 }
+
+mod marked;
