@@ -2,7 +2,7 @@
 
 ``python benches/build_ab.py --build NAME=PYTHON [--build NAME=PYTHON ...] [--rounds 8]
 [--jobs train,exact] [--threads 2] [--batch-size 32] [--n 1000] [--env FERROFEED_CPU=baseline]
-[--source folder|tar]``
+[--source folder|tar] [--shard-size 256] [--shuffle-window W]``
 
 Each ``--build`` names a Python interpreter (a venv's ``bin/python``) with one build of
 ferrofeed installed: the release wheel (``make wheel``: fat LTO, one codegen unit) in one,
@@ -14,8 +14,10 @@ Data: ``--n`` ImageNet-like JPEGs made from scikit-image's real photos
 made once and read by every build (scikit-image and Pillow must be installed where this
 script runs and in the builds' interpreters, which import ``_common``).
 
-``--source tar`` packs the same JPEGs as WebDataset tar shards of 256 (``jpg``, ``cls``) and
-reads them with ``TarShards`` and the native chain (``image="jpg", label="cls"``) instead.
+``--source tar`` packs the same JPEGs as WebDataset tar shards of ``--shard-size`` samples
+(default 256; ``jpg``, ``cls``) and reads them with ``TarShards`` and the native chain
+(``image="jpg", label="cls"``, ``shuffle_window=--shuffle-window`` when given) instead:
+shards larger than the shuffle window are read a piece at a time.
 
 Each run is a fresh interpreter of one build (``_runs.run_fresh``): ``DataLoader(folder,
 batch_size, transform=_common.native_op(job), num_threads)``, one warm-up epoch, then
@@ -57,7 +59,10 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
 
     shards = spec.get("shards")
     if shards:
-        run = _runs.native_epochs(ferrofeed.TarShards(shards), spec, image="jpg", label="cls")
+        window = {"shuffle_window": spec["shuffle_window"]} if spec.get("shuffle_window") else {}
+        run = _runs.native_epochs(
+            ferrofeed.TarShards(shards), spec, image="jpg", label="cls", **window
+        )
     else:
         run = _runs.native_epochs(spec["folder"], spec)
     return {**run, "build_info": ferrofeed.build_info()}
@@ -122,7 +127,11 @@ def main(argv: list[str]) -> None:
         "--source",
         choices=("folder", "tar"),
         default="folder",
-        help="read the JPEGs from an image folder (default) or packed as tar shards of 256",
+        help="read the JPEGs from an image folder (default) or packed as tar shards",
+    )
+    p.add_argument("--shard-size", type=int, default=256, help="samples per tar shard (256)")
+    p.add_argument(
+        "--shuffle-window", type=int, default=None, help="tar shards' shuffle window (default)"
     )
     p.add_argument("--out", default="bench-results/build_ab")
     p.add_argument("--name", default="build_ab")
@@ -149,7 +158,7 @@ def main(argv: list[str]) -> None:
         files, data = _common.make_jpegs(folder, args.n, args.seed, varied=True, folders=True)
         shards = None
         if args.source == "tar":
-            shards = _common.pack_tar_shards(files, os.path.join(work, "tar"), 256)
+            shards = _common.pack_tar_shards(files, os.path.join(work, "tar"), args.shard_size)
         names = list(builds)
         for r in range(args.rounds):
             order = names[r % len(names) :] + names[: r % len(names)]
@@ -162,6 +171,7 @@ def main(argv: list[str]) -> None:
                         "threads": args.threads,
                         "batch_size": args.batch_size,
                         "epochs": args.epochs,
+                        "shuffle_window": args.shuffle_window,
                     }
                     res = _runs.run_fresh(__file__, spec, work, args.timeout, python=builds[b])
                     res.update(build=b, job=job, round=r)

@@ -71,6 +71,27 @@ def test_build_ab_runs_every_build_every_round(tmp_path: Path) -> None:
     assert "| exact | b |" in table
 
 
+@pytest.mark.timeout(240)
+def test_build_ab_reads_tar_shards_of_the_size_and_window_given(tmp_path: Path) -> None:
+    pytest.importorskip("PIL")
+    pytest.importorskip("skimage")
+    out = tmp_path / "ab"
+    builds = ["--build", f"a={sys.executable}", "--build", f"b={sys.executable}"]
+    run = ["--rounds", "1", "--n", "48", "--epochs", "1", "--batch-size", "8", "--out", str(out)]
+    tar = ["--source", "tar", "--shard-size", "20", "--shuffle-window", "16"]
+    proc = subprocess.run(
+        [sys.executable, str(BENCHES / "build_ab.py"), *builds, *run, *tar],
+        capture_output=True,
+        text=True,
+        timeout=220,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((out / "build_ab.json").read_text())
+    assert (result["args"]["shard_size"], result["args"]["shuffle_window"]) == (20, 16)
+    assert [r["images"] for r in result["runs"]] == [48, 48]
+
+
 def test_build_ab_refuses_a_single_build() -> None:
     proc = subprocess.run(
         [sys.executable, str(BENCHES / "build_ab.py"), "--build", f"a={sys.executable}"],
