@@ -11,6 +11,83 @@
 
 use std::fs::File;
 use std::path::Path;
+use std::sync::Arc;
+
+/// Bytes left where they are in an open file: `len` bytes at `offset` (a
+/// tar member that the native image chain's decode threads read themselves,
+/// rather than the one thread that reads a window of a shard).
+#[derive(Debug, Clone)]
+pub struct FileRange {
+    file: Arc<File>,
+    offset: u64,
+    len: u64,
+}
+
+impl FileRange {
+    /// `len` bytes of `file` from `offset`.
+    pub fn new(file: Arc<File>, offset: u64, len: u64) -> Self {
+        Self { file, offset, len }
+    }
+
+    /// Where the bytes start in the file.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// How many bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Reads the bytes (`pread`: the file's position is not used, so any
+    /// number of threads read ranges of one file at once). Read into the
+    /// buffer's spare capacity (rustix's `spare_capacity`), not zeroed first.
+    ///
+    /// # Errors
+    ///
+    /// The OS error of the read; `UnexpectedEof` when the file now ends
+    /// before the range does (it was cut since the range was found).
+    pub fn read(&self) -> std::io::Result<Vec<u8>> {
+        use std::io::{Error, ErrorKind};
+
+        let len = usize::try_from(self.len)
+            .map_err(|_| Error::new(ErrorKind::OutOfMemory, "range too large"))?;
+        let mut data = Vec::new();
+        data.try_reserve_exact(len)?;
+        while data.len() < len {
+            let at = self.offset + data.len() as u64;
+            match rustix::io::pread(&*self.file, rustix::buffer::spare_capacity(&mut data), at) {
+                Ok(0) => {
+                    return Err(Error::new(
+                        ErrorKind::UnexpectedEof,
+                        format!(
+                            "the file ends {} bytes into the {len} at byte {}",
+                            data.len(),
+                            self.offset
+                        ),
+                    ))
+                }
+                Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        // The spare capacity may have been larger than asked for.
+        data.truncate(len);
+        Ok(data)
+    }
+}
+
+/// The same bytes of the same open file.
+impl PartialEq for FileRange {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.file, &other.file) && self.offset == other.offset && self.len == other.len
+    }
+}
 
 /// Opens `path` for reading; it must be a regular file (or a symlink to
 /// one). Returns the file and its size.
@@ -73,6 +150,30 @@ pub(crate) fn process_is_dead(pid: i32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_file_range_reads_its_bytes_and_says_when_the_file_was_cut() {
+        use std::io::Write;
+
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        f.write_all(b"0123456789").unwrap();
+        let file = Arc::new(File::open(f.path()).unwrap());
+        let range = FileRange::new(Arc::clone(&file), 3, 4);
+        assert_eq!(range.read().unwrap(), b"3456");
+        assert_eq!(
+            (range.offset(), range.len(), range.is_empty()),
+            (3, 4, false)
+        );
+        assert_eq!(range, range.clone());
+        assert_ne!(range, FileRange::new(Arc::clone(&file), 3, 5));
+        assert!(FileRange::new(Arc::clone(&file), 10, 0)
+            .read()
+            .unwrap()
+            .is_empty());
+        f.as_file().set_len(5).unwrap();
+        let e = range.read().unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof);
+    }
 
     #[test]
     fn a_fifo_and_a_directory_are_refused_at_once() {

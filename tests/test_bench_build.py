@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,39 +22,28 @@ pytestmark = pytest.mark.slow
 BENCHES = Path(__file__).resolve().parents[1] / "benches"
 
 
-@pytest.mark.timeout(240)
-def test_build_ab_runs_every_build_every_round(tmp_path: Path) -> None:
+def build_ab(out: Path, *args: str) -> dict[str, Any]:
+    """Run benches/build_ab.py with two builds (both this interpreter), into ``out``."""
     pytest.importorskip("PIL")
     pytest.importorskip("skimage")
-    out = tmp_path / "ab"
+    builds = ["--build", f"a={sys.executable}", "--build", f"b={sys.executable}"]
     proc = subprocess.run(
-        [
-            sys.executable,
-            str(BENCHES / "build_ab.py"),
-            "--build",
-            f"a={sys.executable}",
-            "--build",
-            f"b={sys.executable}",
-            "--rounds",
-            "2",
-            "--n",
-            "48",
-            "--epochs",
-            "1",
-            "--batch-size",
-            "16",
-            "--jobs",
-            "train,exact",
-            "--out",
-            str(out),
-        ],
+        [sys.executable, str(BENCHES / "build_ab.py"), *builds, "--out", str(out), *args],
         capture_output=True,
         text=True,
         timeout=220,
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads((out / "build_ab.json").read_text())
+    result: dict[str, Any] = json.loads((out / "build_ab.json").read_text())
+    return result
+
+
+@pytest.mark.timeout(240)
+def test_build_ab_runs_every_build_every_round(tmp_path: Path) -> None:
+    out = tmp_path / "ab"
+    run = ["--rounds", "2", "--n", "48", "--epochs", "1", "--batch-size", "16"]
+    result = build_ab(out, *run, "--jobs", "train,exact")
     runs = result["runs"]
     assert sorted((r["round"], r["job"], r["build"]) for r in runs) == sorted(
         (k, job, b) for k in range(2) for job in ("train", "exact") for b in ("a", "b")
@@ -73,21 +63,9 @@ def test_build_ab_runs_every_build_every_round(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(240)
 def test_build_ab_reads_tar_shards_of_the_size_and_window_given(tmp_path: Path) -> None:
-    pytest.importorskip("PIL")
-    pytest.importorskip("skimage")
-    out = tmp_path / "ab"
-    builds = ["--build", f"a={sys.executable}", "--build", f"b={sys.executable}"]
-    run = ["--rounds", "1", "--n", "48", "--epochs", "1", "--batch-size", "8", "--out", str(out)]
+    run = ["--rounds", "1", "--n", "48", "--epochs", "1", "--batch-size", "8"]
     tar = ["--source", "tar", "--shard-size", "20", "--shuffle-window", "16"]
-    proc = subprocess.run(
-        [sys.executable, str(BENCHES / "build_ab.py"), *builds, *run, *tar],
-        capture_output=True,
-        text=True,
-        timeout=220,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads((out / "build_ab.json").read_text())
+    result = build_ab(tmp_path / "ab", *run, *tar)
     assert (result["args"]["shard_size"], result["args"]["shuffle_window"]) == (20, 16)
     assert [r["images"] for r in result["runs"]] == [48, 48]
 

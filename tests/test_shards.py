@@ -515,6 +515,51 @@ def test_native_batches_equal_a_python_transform_of_the_same_bytes(image_tars: l
     assert sorted(int(i) for _, y in got for i in y) == list(range(20))
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_native_images_left_in_a_large_shard_decode_as_read_ones(
+    tmp_path: Path, workers: int
+) -> None:
+    # Windows of 96 over one shard of 200: pieces of 64 samples or more leave the image
+    # members in the file (the decode threads read them); sample 150's is corrupt.
+    rng = np.random.default_rng(3)
+    members: list[Member] = []
+    for i in range(200):
+        image = b"\xff\xd8\xff garbage" if i == 150 else jpeg(rng)
+        members += [(f"k{i:05d}.jpg", image), (f"k{i:05d}.cls", str(i).encode())]
+    big = [write_tar(tmp_path / "big.tar", members)]
+    kw: dict[str, Any] = {"shuffle": True, "seed": 4, "shuffle_window": 96, "on_error": "skip"}
+    native = ff.DataLoader(
+        ff.TarShards(big),
+        8,
+        transform=ops.decode_image(**SPEC),
+        image="jpg",
+        label="cls",
+        num_threads=2,
+        num_workers=workers,
+        **kw,
+    )
+
+    def python(sample: dict[str, Any]) -> tuple[Any, int]:
+        return ff.io.decode_image(sample["jpg"], **SPEC), sample["cls"]
+
+    reference = ff.DataLoader(ff.TarShards(big), 8, transform=python, **kw)
+    got = [(np.asarray(x), np.asarray(y)) for x, y in native]
+    want = [(np.asarray(x), np.asarray(y)) for x, y in reference]
+    assert len(got) == len(want) == 25
+    for (gx, gy), (wx, wy) in zip(got, want, strict=True):
+        np.testing.assert_array_equal(gy, wy)
+        np.testing.assert_array_equal(gx, wx)
+    assert sorted(int(i) for _, y in got for i in y) == [i for i in range(200) if i != 150]
+    ((index, reason),) = native.stats()["skipped"]
+    assert index == 150
+    assert "big.tar: member k00150.jpg" in reason, reason
+    strict = ff.DataLoader(
+        ff.TarShards(big), 8, transform=ops.decode_image(size=16), image="jpg", label="cls"
+    )
+    with pytest.raises(ff.ImageDecodeError, match=r"big\.tar: member k00150\.jpg"):
+        list(strict)
+
+
 def test_native_missing_field_names_shard_and_sample(
     tmp_path: Path, image_tars: list[Path]
 ) -> None:

@@ -367,7 +367,7 @@ class _ShardReader:
 class _ShardFeed:
     """A sharded source's windows, read ahead of its batches in the core (internal)."""
 
-    def __new__(cls, reader: _ShardReader) -> Self: ...
+    def __new__(cls, reader: _ShardReader, located: list[str] = ...) -> Self: ...
     def epoch(self, plan: ShardPlan, read_ahead: bool = True) -> _ShardEpoch:
         """Return ``plan``'s batches from its start, each with its window, read a window ahead."""
     @property

@@ -68,8 +68,12 @@ class ShardSource(ElasticSource):
             raise ValueError(f"image= names no field: {image!r}")
         self._resolve(native)
         # The windows, read ahead in the core (see `read`); it keeps the next epoch's first
-        # window between epochs.
-        self._feed = _core._ShardFeed(shards._reader)
+        # window between epochs. For the native chain, a window of local tar shards leaves
+        # the image members' bytes in their files: each decode thread reads its image's, so
+        # the one thread that reads a window only walks its headers.
+        labels = set((config.label or "").split(";"))
+        located = [f for f in self._fields if f not in labels] if native else []
+        self._feed = _core._ShardFeed(shards._reader, located)
         # The plan refuses, now rather than at the first batch, a split it cannot make
         # (batches of 1 over an uneven split, fewer samples than ranks).
         self.plan(0)

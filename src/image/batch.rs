@@ -79,6 +79,9 @@ pub enum Source<'a> {
     Owned(Vec<u8>),
     /// Bytes borrowed for the call.
     Borrowed(&'a [u8]),
+    /// Bytes left in a file (a local tar shard's member), read by the
+    /// thread that decodes them.
+    Located(crate::fs::FileRange),
 }
 
 impl Source<'_> {
@@ -92,6 +95,10 @@ impl Source<'_> {
             Source::Path(p) => read_named(p, name).map(Cow::Owned),
             Source::Owned(v) => Ok(Cow::Borrowed(v)),
             Source::Borrowed(b) => Ok(Cow::Borrowed(b)),
+            Source::Located(at) => at.read().map(Cow::Owned).map_err(|source| ImageError::Io {
+                name: name.to_owned(),
+                source,
+            }),
         }
     }
 }

@@ -321,6 +321,7 @@ impl LoadBatch {
                 Item::Bytes {
                     data, name, label, ..
                 } => (Source::Owned(data), name, label),
+                Item::Located { at, name, label } => (Source::Located(at), name, label),
                 other => return Err(wrong_item("decode_batch", "paths or bytes", &other)),
             };
             let seed = crop_seed(self.seed, self.epoch, index);

@@ -30,6 +30,8 @@ pub(super) fn to_py<'py>(py: Python<'py>, v: &Value) -> PyResult<Bound<'py, PyAn
         Value::Float(f) => f.into_pyobject(py)?.into_any(),
         Value::Str(s) => s.into_pyobject(py)?.into_any(),
         Value::Bytes(b) => PyBytes::new(py, b).into_any(),
+        // Read now: the bytes were left in the shard's file for the native chain.
+        Value::Located(at) => PyBytes::new(py, &py.detach(|| at.read())?).into_any(),
         Value::List(items) => {
             let l = PyList::empty(py);
             for item in items {

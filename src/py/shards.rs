@@ -187,9 +187,13 @@ struct PyShardFeed {
 
 #[pymethods]
 impl PyShardFeed {
+    /// `located`: fields whose bytes the windows leave in local plain tar
+    /// shards' files, for the native image chain's decode threads to read
+    /// (its image fields).
     #[new]
-    fn new(reader: Bound<'_, PyShardReader>) -> Self {
-        let feed = Arc::new(WindowFeed::new(Arc::clone(&reader.get().set)));
+    #[pyo3(signature = (reader, located=Vec::new()))]
+    fn new(reader: Bound<'_, PyShardReader>, located: Vec<String>) -> Self {
+        let feed = Arc::new(WindowFeed::locating(Arc::clone(&reader.get().set), located));
         Self {
             reader: reader.unbind(),
             feed,
@@ -389,15 +393,25 @@ impl PyShardWindow {
         }
         let items = found
             .into_iter()
-            .map(|(data, name, label)| Item::Bytes {
-                data,
-                name,
-                label,
-                pos: None,
+            .map(|(data, name, label)| match data {
+                ImageData::Bytes(data) => Item::Bytes {
+                    data,
+                    name,
+                    label,
+                    pos: None,
+                },
+                ImageData::Located(at) => Item::Located { at, name, label },
             })
             .collect();
         Ok((PyPlanGroup::from_items(batch_no, kept, items), skipped))
     }
+}
+
+/// A sample's image for the native chain: its bytes, read with the window,
+/// or where they are in the shard's file (read by the decode thread).
+enum ImageData {
+    Bytes(Vec<u8>),
+    Located(crate::fs::FileRange),
 }
 
 impl PyShardWindow {
@@ -411,7 +425,7 @@ impl PyShardWindow {
         id: u64,
         image: &[String],
         label: Option<&str>,
-    ) -> PyResult<(Vec<u8>, String, Option<i64>)> {
+    ) -> PyResult<(ImageData, String, Option<i64>)> {
         let (shard, entry) = self.entry(id)?;
         let mut entry = lock(entry);
         let sample = entry.as_mut().map_err(|e| shard_error(py, e))?;
@@ -440,7 +454,7 @@ impl PyShardWindow {
             return Err(missing("image", &quoted(image)));
         };
         match value {
-            Value::Bytes(_) => {}
+            Value::Bytes(_) | Value::Located(_) => {}
             other => {
                 return Err(shard_exception(
                     py,
@@ -489,15 +503,16 @@ impl PyShardWindow {
             SampleLayout::Members => format!("{shard}: member {}.{field}", sample.key),
             _ => format!("{shard}: {at}, field {field:?}"),
         };
-        // Taken, not copied: checked above to be bytes.
+        // Taken, not copied: checked above to be bytes (or where they are).
         let data = sample
             .fields
             .iter_mut()
             .find_map(|(k, v)| match v {
-                Value::Bytes(b) if k == field => Some(std::mem::take(b)),
+                Value::Bytes(b) if k == field => Some(ImageData::Bytes(std::mem::take(b))),
+                Value::Located(at) if k == field => Some(ImageData::Located(at.clone())),
                 _ => None,
             })
-            .unwrap_or_default();
+            .unwrap_or(ImageData::Bytes(Vec::new()));
         Ok((data, name, label))
     }
 
@@ -525,7 +540,7 @@ fn value_kind(v: &Value) -> &'static str {
         Value::Int(_) => "an int",
         Value::Float(_) => "a float",
         Value::Str(_) => "text",
-        Value::Bytes(_) => "bytes",
+        Value::Bytes(_) | Value::Located(_) => "bytes",
         Value::List(_) => "a list",
         Value::Map(_) => "a map",
         Value::UInt(_) => "an int beyond 64 bits",

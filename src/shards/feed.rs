@@ -42,17 +42,22 @@ enum Read {
 
 impl Read {
     /// Starts reading `pieces` of `set`, whose first samples have the global
-    /// ids `first_ids`.
+    /// ids `first_ids`, leaving the fields `located` in local tar shards'
+    /// files ([`ShardSet::read_locating`]).
     fn start(
         set: &Arc<ShardSet>,
         pieces: Vec<Piece>,
         first_ids: Vec<u64>,
+        located: &Arc<[String]>,
     ) -> Result<Self, FeedError> {
         let rt = crate::runtime::current().map_err(FeedError::Runtime)?;
         let (tx, rx) = sync_channel(1);
         let set = Arc::clone(set);
+        let located = Arc::clone(located);
         let task = rt.spawn_blocking(move || {
-            let read = catch_unwind(AssertUnwindSafe(|| set.read(&pieces, &first_ids)));
+            let read = catch_unwind(AssertUnwindSafe(|| {
+                set.read_locating(&pieces, &first_ids, &located)
+            }));
             // The receiver is gone when the read is no longer wanted.
             let _ = tx.send(read.map_err(|p| crate::panic::message(&*p)));
         });
@@ -99,6 +104,8 @@ struct Slot {
 /// first window between epochs.
 pub struct WindowFeed {
     set: Arc<ShardSet>,
+    /// The fields whose bytes reads leave in local tar shards' files.
+    located: Arc<[String]>,
     ahead: Mutex<Slot>,
     /// Window reads started, for tests and stats.
     reads: AtomicU64,
@@ -107,8 +114,17 @@ pub struct WindowFeed {
 impl WindowFeed {
     /// A feed of `set`'s windows.
     pub fn new(set: Arc<ShardSet>) -> Self {
+        Self::locating(set, Vec::new())
+    }
+
+    /// A feed of `set`'s windows whose reads leave the bytes of the fields
+    /// `located` where they are in local plain tar shards
+    /// ([`super::Value::Located`]): the native image chain's image fields,
+    /// which its decode threads then read.
+    pub fn locating(set: Arc<ShardSet>, located: Vec<String>) -> Self {
         Self {
             set,
+            located: located.into(),
             ahead: Mutex::new(Slot {
                 pid: std::process::id(),
                 ahead: None,
@@ -152,7 +168,7 @@ impl WindowFeed {
     /// Starts reading `pieces`, whose first samples have the global ids
     /// `first_ids`.
     fn start(&self, pieces: Vec<Piece>, first_ids: Vec<u64>) -> Result<Read, FeedError> {
-        let read = Read::start(&self.set, pieces, first_ids)?;
+        let read = Read::start(&self.set, pieces, first_ids, &self.located)?;
         self.reads.fetch_add(1, Ordering::Relaxed);
         Ok(read)
     }

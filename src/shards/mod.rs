@@ -50,7 +50,7 @@ use marks::Marks;
 
 pub use error::{FeedError, ShardError, ShardSetError};
 pub use feed::{EpochWindows, FedBatch, WindowFeed};
-pub use set::ShardSet;
+pub use set::{ShardSet, LOCATE_MIN};
 pub use window::{lock_entry, Entry, Window};
 
 /// Where a shard's bytes are.
@@ -354,6 +354,11 @@ pub enum Value {
     /// Raw bytes (a tar member's content, a Parquet binary column, a
     /// Hugging Face image column's `bytes`).
     Bytes(Vec<u8>),
+    /// Raw bytes left in the shard's file: a plain local tar shard's member
+    /// of a field a read was asked to locate ([`WholeRead::located`]: the
+    /// native image chain's image, read by its decode threads). Bytes all
+    /// the same to whoever reads them ([`crate::fs::FileRange::read`]).
+    Located(crate::fs::FileRange),
     /// A list (a JSON array, a Parquet list).
     List(Vec<Value>),
     /// Named fields in stored order (a JSON object, a Parquet struct or map
@@ -515,24 +520,18 @@ pub trait ShardFormat: Send + Sync {
         self.count(shard)
     }
 
-    /// [`Self::read`] of the whole shard `shard`, starting at the last of
-    /// `marks` at or before `lo` and recording the marks it walks over, for
-    /// a format whose reads can seek to a sample (plain tar); the default
-    /// reads from the shard's start.
+    /// [`Self::read`] of samples `read.lo..read.hi` of the whole shard
+    /// `shard`, with what [`WholeRead`] lets a format do faster: start at
+    /// the last of its marks at or before `lo` (recording the marks it walks
+    /// over), and leave the bytes of the fields it names to locate in the
+    /// shard's file ([`Value::Located`]). Plain local tar shards do both;
+    /// the default reads as [`Self::read`].
     ///
     /// # Errors
     ///
     /// As [`Self::read`].
-    fn read_marked(
-        &self,
-        shard: &Shard,
-        lo: u64,
-        hi: u64,
-        marks: &Marks,
-        each: Each<'_>,
-    ) -> Result<(), ShardError> {
-        let _ = marks;
-        self.read(shard, lo, hi, each)
+    fn read_whole(&self, shard: &Shard, read: &WholeRead, each: Each) -> Result<(), ShardError> {
+        self.read(shard, read.lo, read.hi, each)
     }
 
     /// How a sample of this format is laid out, for the bindings that turn
@@ -549,6 +548,23 @@ pub trait ShardFormat: Send + Sync {
         let _ = fetched;
         None
     }
+}
+
+/// A read of samples `lo..hi` of a whole shard, and what it may use
+/// ([`ShardFormat::read_whole`]).
+#[derive(Debug, Clone, Copy)]
+pub struct WholeRead<'a> {
+    /// The first sample read.
+    pub lo: u64,
+    /// One past the last.
+    pub hi: u64,
+    /// The shard's marks: where to start, and where to record those it
+    /// walks over.
+    pub marks: &'a Marks,
+    /// Fields whose bytes may be left in the shard's file
+    /// ([`Value::Located`]) instead of read: the native image chain's image
+    /// fields.
+    pub located: &'a [String],
 }
 
 /// How a format's samples are laid out ([`ShardFormat::layout`]).
@@ -637,7 +653,8 @@ fn fuzz_one(name: &str, format: &dyn ShardFormat, shard: &Shard) -> Result<Vec<S
     // Read everything, then the second half: what a rank reading from a
     // member on gets. Delivered numbers must be in order and in range.
     // Every sample marked (by a count, then by the first read), so that the
-    // second read starts at a mark: reads from marks must deliver what
+    // second read starts at a mark, and the usual fields located (left in a
+    // file, read when described): reads of a whole shard must deliver what
     // reads from the start do.
     let marks = marks::Marks::every(1);
     let recount = format.count_marked(shard, &marks);
@@ -661,7 +678,13 @@ fn fuzz_one(name: &str, format: &dyn ShardFormat, shard: &Shard) -> Result<Vec<S
             return Err(bad);
         }
         let mut again = Vec::new();
-        let marked = format.read_marked(shard, lo, info.samples, &marks, &mut |n, sample| {
+        let whole = WholeRead {
+            lo,
+            hi: info.samples,
+            marks: &marks,
+            located: &FUZZ_LOCATED.map(str::to_owned),
+        };
+        let marked = format.read_whole(shard, &whole, &mut |n, sample| {
             again.push(described(n, sample));
         });
         let ended = |r: &Result<(), ShardError>| r.as_ref().map_err(ToString::to_string).err();
@@ -688,10 +711,24 @@ fn fuzz_one(name: &str, format: &dyn ShardFormat, shard: &Shard) -> Result<Vec<S
     Ok(found)
 }
 
-/// A sample delivered to a fuzzed read, as text.
+/// The fields a fuzzed read of a whole shard leaves in its file.
+const FUZZ_LOCATED: [&str; 6] = ["jpg", "png", "cls", "txt", "json", "bin"];
+
+/// A sample delivered to a fuzzed read, as text: a value left in the file
+/// as the bytes read from it.
 fn described(n: u64, sample: Result<Sample, ShardError>) -> String {
     match sample {
-        Ok(sample) => format!("sample {n}: {sample:?}"),
+        Ok(mut sample) => {
+            for (_, v) in &mut sample.fields {
+                if let Value::Located(at) = v {
+                    *v = match at.read() {
+                        Ok(bytes) => Value::Bytes(bytes),
+                        Err(e) => Value::Str(format!("not read: {e}")),
+                    };
+                }
+            }
+            format!("sample {n}: {sample:?}")
+        }
         Err(e) => format!("sample {n}: {e}"),
     }
 }

@@ -237,6 +237,24 @@ impl ShardSet {
     /// [`ShardSetError::Piece`] for a piece outside the shards, and
     /// [`ShardSetError::FirstIds`] unless there is one first id per piece.
     pub fn read(&self, pieces: &[Piece], first_ids: &[u64]) -> Result<Window, ShardSetError> {
+        self.read_locating(pieces, first_ids, &[])
+    }
+
+    /// [`Self::read`], leaving the bytes of the fields `located` where they
+    /// are in local plain tar shards ([`super::Value::Located`]) in pieces
+    /// of at least [`LOCATE_MIN`] samples: the native image chain names its
+    /// image fields, whose bytes its decode threads then read, so that the
+    /// one thread that reads a window of one piece only walks its headers.
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::read`].
+    pub fn read_locating(
+        &self,
+        pieces: &[Piece],
+        first_ids: &[u64],
+        located: &[String],
+    ) -> Result<Window, ShardSetError> {
         if pieces.len() != first_ids.len() {
             return Err(ShardSetError::FirstIds {
                 ids: first_ids.len(),
@@ -264,10 +282,11 @@ impl ShardSet {
             let (shard, lo, hi) = pieces[i];
             // A fetched piece is a shard of its own, from its sample `lo`.
             let taken = fetched[i].lock().map(|mut f| f.take()).ok().flatten();
-            // A whole shard is read from its marks.
-            let (data, base, marks) = match taken {
+            // A whole shard is read from its marks; a long piece of it locates.
+            let located = if hi - lo >= LOCATE_MIN { located } else { &[] };
+            let (data, base, whole) = match taken {
                 Some(data) => (data, lo, None),
-                None => (self.for_read(shard), 0, Some(&self.marks[shard])),
+                None => (self.for_read(shard), 0, Some((&self.marks[shard], located))),
             };
             read_piece(
                 &*self.format,
@@ -275,12 +294,19 @@ impl ShardSet {
                 (shard, lo, hi),
                 first_ids[i],
                 (data, base),
-                marks,
+                whole,
             )
         });
         Ok(Window::new(Arc::clone(&self.paths), spans))
     }
 }
+
+/// The fewest samples of a piece whose fields are located
+/// ([`ShardSet::read_locating`]). A piece's members left in its file keep the
+/// file open (one descriptor per piece) until its last one is decoded; short
+/// pieces (a window across many small shards) are read on a thread each
+/// anyway, and reading them whole keeps the descriptors few.
+pub const LOCATE_MIN: u64 = 64;
 
 /// The threads a window's pieces are read on: one per piece, at most the
 /// machine's cores and 8 (a piece is a file read or a fetch's wait plus

@@ -11,8 +11,11 @@
 //! ([`ShardFormat::count_marked`], [`ShardFormat::read_marked`]: where every
 //! 128th sample starts, found by counting or by earlier reads) a read starts
 //! at the last mark at or before `lo` instead, so reading a large shard by
-//! windows does not walk its first headers again for every window. A
-//! compressed shard has to be decompressed from its start up to `hi`.
+//! windows does not walk its first headers again for every window. Such a
+//! read of a plain file can also leave the members of the fields it is asked
+//! to locate in the file ([`Value::Located`]: found, not read), for the
+//! native image chain's decode threads to read. A compressed shard has to
+//! be decompressed from its start up to `hi`, and its members are read.
 //!
 //! # Layout
 //!
@@ -75,16 +78,20 @@
 
 use std::cell::Cell;
 use std::collections::HashSet;
+use std::fs::File;
 use std::io::{self, BufReader, Read, Seek, SeekFrom};
 use std::ops::Range;
 use std::path::Path;
 use std::rc::Rc;
+use std::sync::Arc;
 
 use super::jsonl::{sniff, Codec};
 use super::marks::{Marks, Stamp};
 use super::{
-    not_fetched, Each, Sample, SampleLayout, Shard, ShardError, ShardFormat, ShardInfo, Value,
+    not_fetched, Each, Sample, SampleLayout, Shard, ShardError, ShardFormat, ShardInfo,
+    ShardReader, Value, WholeRead,
 };
+use crate::fs::FileRange;
 
 /// Buffer for reading a shard: small, as counting a plain shard reads a
 /// header and seeks; a member read goes around it when larger.
@@ -122,40 +129,36 @@ impl ShardFormat for TarFormat {
 
     /// A plain shard is read from the last mark at or before `lo` (its
     /// headers before it are not walked again), recording the marks it
-    /// walks over; a compressed one from its start.
-    fn read_marked(
-        &self,
-        shard: &Shard,
-        lo: u64,
-        hi: u64,
-        marks: &Marks,
-        each: Each<'_>,
-    ) -> Result<(), ShardError> {
-        read(shard, lo..hi, Some(marks), each)
+    /// walks over; a compressed one from its start. A plain shard's file
+    /// leaves the members of the fields to locate where they are
+    /// ([`Value::Located`]: found, not read).
+    fn read_whole(&self, shard: &Shard, whole: &WholeRead, each: Each) -> Result<(), ShardError> {
+        read(shard, whole.lo..whole.hi, Some(whole), each)
     }
 }
 
 /// [`TarFormat::count`], recording marks in `marks` if given.
 fn count(shard: &Shard, marks: Option<&Marks>) -> Result<ShardInfo, ShardError> {
     let mut info = ShardInfo::default();
-    if let Err(e) = walk(shard, &mut Job::Count(&mut info), marks) {
+    if let Err(e) = walk(shard, &mut Job::Count(&mut info), marks, &[]) {
         info.damage = Some(super::Damage::of(&e).ok_or(e)?);
     }
     Ok(info)
 }
 
-/// [`TarFormat::read`] of `range`, from the marks in `marks` if given.
+/// [`TarFormat::read`] of `range`, or [`TarFormat::read_whole`] with `whole`.
 fn read(
     shard: &Shard,
     range: Range<u64>,
-    marks: Option<&Marks>,
+    whole: Option<&WholeRead<'_>>,
     each: Each<'_>,
 ) -> Result<(), ShardError> {
     let hi = range.end;
     if range.is_empty() {
         return Ok(());
     }
-    let found = walk(shard, &mut Job::Read { range, each }, marks)?;
+    let (marks, located) = whole.map_or((None, &[][..]), |w| (Some(w.marks), w.located));
+    let found = walk(shard, &mut Job::Read { range, each }, marks, located)?;
     if found < hi {
         return Err(ShardError::Changed {
             shard: shard.name.clone(),
@@ -189,19 +192,43 @@ struct Marking<'m> {
 /// Opens `shard` and walks its members for `job`, returning the number of
 /// samples walked over (all of them, or up to the end of a read's range).
 /// With `marks`, a plain shard's walk records marks, and a read starts at
-/// the last one at or before its first sample.
-fn walk(shard: &Shard, job: &mut Job<'_>, marks: Option<&Marks>) -> Result<u64, ShardError> {
+/// the last one at or before its first sample; a read of a plain shard's
+/// file leaves the members of the fields `located` in it.
+fn walk(
+    shard: &Shard,
+    job: &mut Job<'_>,
+    marks: Option<&Marks>,
+    located: &[String],
+) -> Result<u64, ShardError> {
     let reader = shard.open()?;
     let len = reader.len();
     let marking = marks.map(|marks| Marking {
         marks,
         stamp: reader.stamp(),
     });
+    // The file again (a second descriptor, closed with the last member left
+    // in it), for the members left where they are.
+    let file = match &reader {
+        ShardReader::File { file, .. }
+            if !located.is_empty() && matches!(job, Job::Read { .. }) =>
+        {
+            Some(Arc::new(
+                file.try_clone()
+                    .map_err(|e| ShardError::io(&shard.name, e))?,
+            ))
+        }
+        _ => None,
+    };
     let mut reader = BufReader::with_capacity(FILE_BUFFER, reader);
     let shard = shard.name.as_path();
     let codec = sniff(&mut reader).map_err(|e| ShardError::io(shard, e))?;
     match codec {
-        Codec::Plain => walk_seekable(shard, reader, len, job, marking),
+        Codec::Plain => {
+            let mut walker = Walker::new(shard, Codec::Plain, Some(len), 0);
+            walker.marking = marking;
+            walker.located = file.map(|f| (f, located));
+            walk_seekable(walker, reader, job)
+        }
         Codec::Gzip => walk_stream(
             shard,
             codec,
@@ -217,16 +244,15 @@ fn walk(shard: &Shard, job: &mut Job<'_>, marks: Option<&Marks>) -> Result<u64, 
     }
 }
 
-/// Walks an uncompressed tar of `len` bytes, seeking over unwanted data: a
-/// read from the last of `marking`'s marks at or before its first sample.
+/// Walks an uncompressed tar with `walker` (made for it, from its start),
+/// seeking over unwanted data: a read from the last of the walker's marks at
+/// or before its first sample.
 fn walk_seekable<R: Read + Seek>(
-    shard: &Path,
+    mut walker: Walker<'_>,
     mut reader: R,
-    len: u64,
     job: &mut Job<'_>,
-    marking: Option<Marking<'_>>,
 ) -> Result<u64, ShardError> {
-    let from = match (&*job, marking) {
+    let from = match (&*job, walker.marking) {
         (Job::Read { range, .. }, Some(m)) => m.marks.before(m.stamp, range.start),
         _ => None,
     };
@@ -234,10 +260,9 @@ fn walk_seekable<R: Read + Seek>(
     if origin > 0 {
         reader
             .seek(SeekFrom::Start(origin))
-            .map_err(|e| ShardError::io(shard, e))?;
+            .map_err(|e| ShardError::io(walker.shard, e))?;
+        walker.origin = origin;
     }
-    let mut walker = Walker::new(shard, Codec::Plain, Some(len), origin);
-    walker.marking = marking;
     let mut archive = walker.archive(reader);
     let entries = archive
         .entries_with_seek()
@@ -335,6 +360,9 @@ struct Walker<'p> {
     origin: u64,
     /// Where the walk records the marks it walks over, if anywhere.
     marking: Option<Marking<'p>>,
+    /// The shard's file, and the fields whose members are left in it
+    /// ([`Value::Located`]), if any.
+    located: Option<(Arc<File>, &'p [String])>,
 }
 
 impl<'p> Walker<'p> {
@@ -347,6 +375,7 @@ impl<'p> Walker<'p> {
             last: None,
             origin,
             marking: None,
+            located: None,
         }
     }
 
@@ -455,8 +484,11 @@ impl<'p> Walker<'p> {
                 g.fields.clear();
                 continue;
             }
-            let data = self.read_data(&mut entry, name, start, size)?;
-            g.fields.push((ext, Value::Bytes(data)));
+            let value = match self.locate(&ext, start, size) {
+                Some(at) => Value::Located(at),
+                None => Value::Bytes(self.read_data(&mut entry, name, start, size)?),
+            };
+            g.fields.push((ext, value));
         }
         if let Some(g) = group.take() {
             done += 1;
@@ -499,6 +531,19 @@ impl<'p> Walker<'p> {
         self.last
             .as_ref()
             .is_some_and(|m| end >= m.data.end.next_multiple_of(512))
+    }
+
+    /// Where member data of field `ext`, `size` bytes at `start`, is left in
+    /// the shard's file, when the walk locates that field's members and the
+    /// file holds the whole member (a member cut short is read, to fail as
+    /// read members do).
+    fn locate(&self, ext: &str, start: u64, size: u64) -> Option<FileRange> {
+        let (file, fields) = self.located.as_ref()?;
+        let inside = start
+            .checked_add(size)
+            .is_some_and(|end| end <= self.len.unwrap_or(0));
+        (inside && fields.iter().any(|f| f == ext))
+            .then(|| FileRange::new(Arc::clone(file), start, size))
     }
 
     /// Reads the `size` bytes of data of the member `name` (at `start` in the

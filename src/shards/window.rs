@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::marks::Marks;
-use super::{Sample, Shard, ShardError, ShardFormat};
+use super::{Sample, Shard, ShardError, ShardFormat, WholeRead};
 
 /// A sample of a window, or the error that kept it from being read. Behind a
 /// lock of its own: the native chain takes its image bytes out (a move, not a
@@ -60,15 +60,16 @@ pub fn lock_entry(entry: &Entry) -> MutexGuard<'_, Result<Sample, Arc<ShardError
 
 /// Reads the piece `(shard, lo, hi)` of the shard at `path` from `data`,
 /// whose sample `base` is the shard's sample 0 (a whole shard: 0; a piece
-/// fetched by its offsets: `lo`), from `marks` if given (a whole shard's);
-/// its first sample has global id `first`.
+/// fetched by its offsets: `lo`), with `whole` if given (a whole shard's
+/// marks, and the fields to locate: [`WholeRead`]); its first sample has
+/// global id `first`.
 pub(super) fn read_piece(
     format: &dyn ShardFormat,
     path: &Path,
     (shard, lo, hi): (usize, u64, u64),
     first: u64,
     (data, base): (Result<Shard, ShardError>, u64),
-    marks: Option<&Marks>,
+    whole: Option<(&Marks, &[String])>,
 ) -> Span {
     let n = usize::try_from(hi - lo).expect("a piece fits in memory");
     let mut samples: Vec<Option<Result<Sample, Arc<ShardError>>>> = Vec::with_capacity(n);
@@ -82,8 +83,16 @@ pub(super) fn read_piece(
                 *slot = Some(sample.map_err(Arc::new));
             }
         };
-        match marks {
-            Some(marks) => format.read_marked(&data, lo - base, hi - base, marks, each),
+        match whole {
+            Some((marks, located)) => {
+                let read = WholeRead {
+                    lo: lo - base,
+                    hi: hi - base,
+                    marks,
+                    located,
+                };
+                format.read_whole(&data, &read, each)
+            }
             None => format.read(&data, lo - base, hi - base, each),
         }
     });

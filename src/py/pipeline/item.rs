@@ -28,6 +28,13 @@ pub(crate) enum Item {
         /// As for `Path`: the position in the source, if known.
         pos: Option<u64>,
     },
+    /// Encoded bytes left in a file (a tar member of a local shard), read
+    /// by the thread that decodes them; named for errors.
+    Located {
+        at: crate::fs::FileRange,
+        name: String,
+        label: Option<i64>,
+    },
     /// A decoded image.
     Image {
         image: crate::image::DecodedImage,
@@ -68,7 +75,7 @@ impl Item {
             Item::Int(_) => "an int",
             Item::List(_) => "a list",
             Item::Path { .. } => "a path",
-            Item::Bytes { .. } => "bytes",
+            Item::Bytes { .. } | Item::Located { .. } => "bytes",
             Item::Image { .. } => "a decoded image",
             Item::Batch { .. } | Item::Loaded { .. } => "a batch",
             Item::Group { .. } => "a group of the epoch plan",
@@ -148,6 +155,10 @@ impl Item {
             Item::Int(i) => i.into_pyobject(py)?.into_any().unbind(),
             Item::Path { path, label, .. } => labelled(path.into_pyobject(py)?.into_any(), label)?,
             Item::Bytes { data, label, .. } => {
+                labelled(pyo3::types::PyBytes::new(py, &data).into_any(), label)?
+            }
+            Item::Located { at, label, .. } => {
+                let data = py.detach(|| at.read())?;
                 labelled(pyo3::types::PyBytes::new(py, &data).into_any(), label)?
             }
             Item::Image { image, label, .. } => {

@@ -528,7 +528,8 @@ fn plain_shards_seek_over_unwanted_data() {
                 read: Rc::clone(&read),
             },
         );
-        let found = walk_seekable(Path::new("mem.tar"), reader, len, job, None).unwrap();
+        let walker = Walker::new(Path::new("mem.tar"), Codec::Plain, Some(len), 0);
+        let found = walk_seekable(walker, reader, job).unwrap();
         (found, read.get())
     };
     let mut info = ShardInfo::default();
