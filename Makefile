@@ -382,6 +382,10 @@ bench-mix: install-test ## A Mix of two sources against the same images as one s
 bench-gpu: install-test ## On a CUDA machine: copies to the GPU and loaders ending there, against PyTorch's pin_memory=True (benches/gpu_feed.py)
 	$(PY) benches/gpu_feed.py $(GPU_FEED_ARGS)
 
+.PHONY: device-pack
+device-pack: wheel install-test ## For a lent GPU machine (no network): the release wheel, pytest and the bench photos into target/device; there, `bash benches/device_check.sh` with target/device carried
+	$(PY) benches/device_pack.py --wheel "$$(ls -t $(WHEEL_DIR)/ferrofeed-*abi3*x86_64*.whl | head -1)"
+
 .PHONY: bench-ram-workers
 bench-ram-workers: install-test ## RAM of 2 ranks x 4 workers over 1M annotations: ferrofeed vs PyTorch's DataLoader (benches/ram_loaders.py)
 	$(PY) benches/ram_loaders.py $(RAM_LOADERS_ARGS)

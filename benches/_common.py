@@ -61,10 +61,32 @@ class JpegPlan:
     subsampling: int = 2
 
 
+#: A folder of the photos as ``NAME.png`` (``benches/device_pack.py`` writes it), read in
+#: place of scikit-image's: a lent GPU machine has no network to install scikit-image.
+PHOTOS_ENV = "FERROFEED_BENCH_PHOTOS"
+
+
 def _photos() -> list[Image.Image]:
+    folder = os.environ.get(PHOTOS_ENV)
+    if folder:
+        return [Image.open(Path(folder) / f"{name}.png").convert("RGB") for name in PHOTOS]
     import skimage.data
 
     return [Image.fromarray(getattr(skimage.data, name)()).convert("RGB") for name in PHOTOS]
+
+
+def save_photos(folder: str | Path) -> list[Path]:
+    """Write scikit-image's photos into ``folder`` as ``NAME.png`` (lossless); return them."""
+    import skimage.data
+
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name in PHOTOS:
+        path = out / f"{name}.png"
+        Image.fromarray(getattr(skimage.data, name)()).save(path)
+        paths.append(path)
+    return paths
 
 
 def _varied_size(rng: random.Random) -> tuple[int, int]:
