@@ -8,7 +8,7 @@
 //! reads its headers only (with the few KiB of buffer after each), and
 //! [`ShardFormat::read`] of `lo..hi` reads the headers before `lo`, the
 //! members of `lo..hi` and one header after them. With marks
-//! ([`ShardFormat::count_marked`], [`ShardFormat::read_marked`]: where every
+//! ([`ShardFormat::count_marked`], [`ShardFormat::read_whole`]: where every
 //! 128th sample starts, found by counting or by earlier reads) a read starts
 //! at the last mark at or before `lo` instead, so reading a large shard by
 //! windows does not walk its first headers again for every window. Such a
