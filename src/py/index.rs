@@ -110,7 +110,7 @@ fn _scan_shards(
     )>,
 > {
     let set = std::sync::Arc::clone(&reader.get().set);
-    let results = py.detach(move || set.scan(threads, scan_tar));
+    let results = py.detach(move || set.scan(threads, |_, shard| scan_tar(shard)));
     let mut out = Vec::with_capacity(results.len());
     for r in results {
         let s = r.map_err(|e| shard_error(py, &e))?;

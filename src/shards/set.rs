@@ -134,15 +134,16 @@ impl ShardSet {
         Ok(Shard::memory(name, bytes))
     }
 
-    /// `f` of every shard as counting reads it ([`Self::for_count`]), on up
-    /// to `threads` threads; results in shard order.
+    /// `f` of every shard (its number, and the shard as counting reads it:
+    /// [`Self::for_count`]), on up to `threads` threads; results in shard
+    /// order.
     pub fn scan<R: Send>(
         &self,
         threads: usize,
-        f: impl Fn(&Shard) -> Result<R, ShardError> + Sync,
+        f: impl Fn(usize, &Shard) -> Result<R, ShardError> + Sync,
     ) -> Vec<Result<R, ShardError>> {
         in_parallel(self.paths.len(), threads.max(1), |i| {
-            self.for_count(i).and_then(|shard| f(&shard))
+            self.for_count(i).and_then(|shard| f(i, &shard))
         })
     }
 
@@ -150,9 +151,8 @@ impl ShardSet {
     /// shard's marks are kept for its reads) on up to `threads` threads;
     /// results in shard order.
     pub fn count(&self, threads: usize) -> Vec<Result<ShardInfo, ShardError>> {
-        in_parallel(self.paths.len(), threads.max(1), |i| {
-            let shard = self.for_count(i)?;
-            self.format.count_marked(&shard, &self.marks[i])
+        self.scan(threads, |i, shard| {
+            self.format.count_marked(shard, &self.marks[i])
         })
     }
 
